@@ -1,0 +1,1 @@
+"""Kernel sources: Triton (triton/) and CUDA (cuda/). Imported as sglang_snapmla.kernels."""

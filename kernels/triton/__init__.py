@@ -1,0 +1,1 @@
+"""Triton kernels for SnapMLA (called through sglang_snapmla.ops)."""

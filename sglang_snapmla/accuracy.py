@@ -1,0 +1,166 @@
+"""Accuracy report: SnapMLA and the paper's ablation configurations A-D against a float64 golden.
+
+    python -m sglang_snapmla.accuracy [--layers 12 --seeds 4 --batch 4 --heads 16 --seq-len 2048 ...]
+
+Synthetic caches shaped like real MLA latents (see `synthetic_layer`), many layers x seeds averaged, because a
+single sample is noisy when attention is peaked. Prints a table of RMSE, 1 - cosine and relative L2 against the
+golden, writes JSON and a PNG plot (per-layer error, one line per configuration, like the paper's Figure 4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .numerics import CONFIGS, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, decode_with_config, error_metrics, mla_decode_golden
+
+METRICS = ("rmse", "one_minus_cos", "rel_l2")
+
+
+@dataclass
+class SyntheticSpec:
+    """Parameters of the synthetic MLA layer (all documented in docs/ACCURACY.md)."""
+
+    batch: int = 4
+    heads: int = 16
+    seq_len: int = 2048  # longest sequence; others are drawn in [seq_len/4, seq_len]
+    s_q: int = 1
+    content_std: float = 1.5  # per-channel spread of c_kv around its shared mean
+    content_mean_std: float = 1.0  # the mean component shared by all tokens (per channel)
+    token_gain_sigma: float = 0.5  # log-normal per-token magnitude variation
+    rope_std: float = 2.0  # scale of the heavy-tailed RoPE key
+    rope_outlier: float = 1000.0  # magnitude reached by the outlier RoPE channels
+    rope_outlier_channels: int = 4
+    logit_std: float = 2.0  # target std of softmax logits (realistic, not argmax-like)
+
+
+def synthetic_layer(spec: SyntheticSpec, generator: torch.Generator):
+    """One synthetic decode problem shaped like a real MLA layer.
+
+    * c_kv = shared per-channel mean + per-token gain (log-normal) * N(0, content_std): mostly within +-10.
+    * k_rope = Student-t (3 dof) * rope_std, with a few channels scaled so their largest values reach
+      ~rope_outlier (RoPE keys have a few high-energy frequency pairs), clipped at 1.2 * rope_outlier.
+    * queries are Gaussian and rescaled so the exact logits have std `logit_std`.
+    * pages are shuffled in the pool (scattered paging), the pool's spare slots hold random data.
+    Returns (q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_scale).
+    """
+    g = generator
+    B, H, s_q = spec.batch, spec.heads, spec.s_q
+    lens = torch.randint(max(s_q, spec.seq_len // 4), spec.seq_len + 1, (B,), generator=g)
+    lens[0] = spec.seq_len
+    pages_per_seq = math.ceil(spec.seq_len / PAGE_SIZE)
+    num_pages = B * pages_per_seq + 1
+    S = num_pages * PAGE_SIZE
+    mean = torch.randn(KV_LORA_RANK, generator=g) * spec.content_mean_std
+    gain = torch.exp(torch.randn(S, 1, generator=g) * spec.token_gain_sigma)
+    c_kv = mean + gain * torch.randn(S, KV_LORA_RANK, generator=g) * spec.content_std
+    k_rope = _student_t(S, ROPE_DIM, 3.0, g) * spec.rope_std
+    hot = torch.randperm(ROPE_DIM, generator=g)[: spec.rope_outlier_channels]
+    k_rope[:, hot] *= spec.rope_outlier / (k_rope[:, hot].abs().amax(0) + 1e-6)
+    k_rope = k_rope.clamp(-1.2 * spec.rope_outlier, 1.2 * spec.rope_outlier)
+    perm = torch.randperm(num_pages - 1, generator=g) + 1  # page 0 stays unused, like SGLang's dummy slot
+    block_table = perm[: B * pages_per_seq].reshape(B, pages_per_seq).to(torch.int32)
+    q_nope = torch.randn(B, s_q, H, KV_LORA_RANK, generator=g)
+    q_rope = torch.randn(B, s_q, H, ROPE_DIM, generator=g)
+    softmax_scale = 1.0 / math.sqrt(KV_LORA_RANK + ROPE_DIM)
+    # rescale q so that the exact logits have the requested spread
+    slots = block_table[0, :1].long() * PAGE_SIZE + torch.arange(PAGE_SIZE)
+    logits = (torch.einsum("bqhd,kd->bqhk", q_nope, c_kv[slots])
+              + torch.einsum("bqhd,kd->bqhk", q_rope, k_rope[slots])) * softmax_scale
+    factor = spec.logit_std / logits.std().item()
+    return (q_nope * factor, q_rope * factor, c_kv, k_rope, block_table, lens.to(torch.int32), softmax_scale)
+
+
+def _student_t(rows: int, cols: int, dof: float, g: torch.Generator) -> torch.Tensor:
+    """Student-t samples from a seeded generator: N(0,1) / sqrt(chi2(dof) / dof)."""
+    z = torch.randn(rows, cols, generator=g)
+    chi2 = torch.randn(rows, cols, int(dof), generator=g).pow(2).sum(-1)
+    return z / torch.sqrt(chi2 / dof)
+
+
+def run_report(spec: SyntheticSpec, layers: int, seeds: int, base_seed: int = 0, progress: bool = True):
+    """Per-layer metrics averaged over seeds, for every configuration. Returns {config: {metric: [layers]}}."""
+    from tqdm import tqdm
+
+    per_layer = {name: {m: [0.0] * layers for m in METRICS} for name in CONFIGS}
+    jobs = [(layer, seed) for layer in range(layers) for seed in range(seeds)]
+    for layer, seed in tqdm(jobs, desc="layers x seeds", disable=not progress):
+        g = torch.Generator().manual_seed(base_seed * 1_000_003 + layer * 1009 + seed)
+        inputs = synthetic_layer(spec, g)
+        gold, _ = mla_decode_golden(*inputs)
+        for name, cfg in CONFIGS.items():
+            out, _ = decode_with_config(cfg, *inputs)
+            for metric, value in error_metrics(out, gold).items():
+                per_layer[name][metric][layer] += value / seeds
+    return per_layer
+
+
+def summarize(per_layer):
+    return {name: {m: sum(v) / len(v) for m, v in metrics.items()} for name, metrics in per_layer.items()}
+
+
+def format_table(summary) -> str:
+    lines = [f"| config | {'RMSE':>10} | {'1-cos':>10} | {'rel-L2':>10} | description |",
+             "|---|---:|---:|---:|---|"]
+    for name, m in summary.items():
+        lines.append(f"| {name} | {m['rmse']:10.3e} | {m['one_minus_cos']:10.3e} | {m['rel_l2']:10.3e} | "
+                     f"{CONFIGS[name].description} |")
+    return "\n".join(lines)
+
+
+def plot(per_layer, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    titles = {"rmse": "RMSE", "one_minus_cos": "1 - cosine", "rel_l2": "relative L2"}
+    for ax, metric in zip(axes, METRICS):
+        for name, metrics in per_layer.items():
+            ys = metrics[metric]
+            ax.plot(range(len(ys)), ys, marker="o", ms=3, label=name, lw=2.2 if name == "SnapMLA" else 1.2)
+        ax.set_yscale("log")
+        ax.set_xlabel("synthetic layer")
+        ax.set_title(titles[metric] + " vs float64 golden")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> None:
+    spec_defaults = SyntheticSpec()
+    p = argparse.ArgumentParser(prog="python -m sglang_snapmla.accuracy", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=12, help="synthetic layers (each its own distribution draw)")
+    p.add_argument("--seeds", type=int, default=4, help="seeds averaged per layer")
+    p.add_argument("--seed", type=int, default=0, help="base seed")
+    for field, value in asdict(spec_defaults).items():
+        p.add_argument("--" + field.replace("_", "-"), type=type(value), default=value)
+    p.add_argument("--out", type=Path, default=Path("accuracy_report"), help="folder for JSON and PNG")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    spec = SyntheticSpec(**{f: getattr(args, f) for f in asdict(spec_defaults)})
+    t0 = time.time()
+    per_layer = run_report(spec, args.layers, args.seeds, args.seed, progress=not args.no_progress)
+    summary = summarize(per_layer)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"spec": asdict(spec), "layers": args.layers, "seeds": args.seeds, "base_seed": args.seed,
+              "summary": summary, "per_layer": per_layer, "seconds": time.time() - t0}
+    (args.out / "accuracy.json").write_text(json.dumps(result, indent=1))
+    plot(per_layer, args.out / "accuracy.png")
+    print(format_table(summary))
+    print(f"\n{args.layers} layers x {args.seeds} seeds, {time.time() - t0:.1f} s; "
+          f"wrote {args.out / 'accuracy.json'} and {args.out / 'accuracy.png'}")
+
+
+if __name__ == "__main__":
+    main()

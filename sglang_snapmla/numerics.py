@@ -1,0 +1,345 @@
+"""SnapMLA numerics: the executable specification every kernel is tested against.
+
+Everything here is plain PyTorch (fp32 arithmetic, FP8/BF16 rounding emulated with torch's dtypes), written to
+be read, not to be fast. It runs on CPU or GPU.
+
+MLA decode is multi-query attention over a shared latent. Per token and layer the cache holds the compressed
+content ``c_kv`` (512) and the RoPE key ``k_rope`` (64); the key is ``[c_kv; k_rope]`` and the value is ``c_kv``.
+
+SnapMLA cache layout (per token, per layer; structure of arrays, see docs/DESIGN.md):
+
+* ``content``  float8_e4m3fn [512]  -- ``c_kv / scale`` rounded to FP8 (RNE, saturating)
+* ``scale``    float32              -- ``max(amax(|c_kv|) / 448, SCALE_FLOOR)``
+* ``rope``     bfloat16 [64]        -- ``k_rope / scale`` rounded to BF16 ("scale-domain alignment")
+
+644 bytes against 1152 for a BF16 cache. Because RoPE is stored pre-divided by the same scale as the content,
+``q8 . k8 + q_rope' . k_rope'`` is one accumulation in the scaled domain, multiplied once by ``sigma_q * sigma_k``.
+
+Decode (``snapmla_decode_reference``): content QK in FP8, RoPE QK in BF16, online softmax over 64-token blocks,
+``P' = P * sigma_k`` (the V scale fused into P), ``P'`` quantized to FP8 per (row, block) with a dynamic scale that
+multiplies the block's PV product before it joins the running accumulator, blocks in strictly increasing order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+KV_LORA_RANK = 512
+ROPE_DIM = 64
+PAGE_SIZE = 64
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# A zero content row must quantize to finite values: its scale is floored. 2**-20 sits far below any real
+# latent's amax/448 (~1e-2), and keeps RoPE / scale (<= 6.6e4 * 2**20) far from BF16/fp32 overflow even when
+# the Q and K floors multiply in the aligned RoPE dot product.
+SCALE_FLOOR = 2.0**-20
+# P' = P * sigma_k can be legitimately tiny; its floor only has to keep 0 / 0 out of an all-zero block.
+P_SCALE_FLOOR = torch.finfo(torch.float32).tiny
+BYTES_PER_TOKEN = KV_LORA_RANK * 1 + 4 + ROPE_DIM * 2  # 644
+BF16_BYTES_PER_TOKEN = (KV_LORA_RANK + ROPE_DIM) * 2  # 1152
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Containers
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class LatentCache:
+    """A flat pool of token slots (slot = page * PAGE_SIZE + offset) in SnapMLA's structure-of-arrays layout.
+
+    content: [S, 512] float8_e4m3fn (bfloat16 for the BF16 baseline)
+    scale:   [S] float32, one per token (per-tensor / per-block ablations broadcast theirs to tokens)
+    rope:    [S, 64] bfloat16, already divided by ``scale``
+    """
+
+    content: torch.Tensor
+    scale: torch.Tensor
+    rope: torch.Tensor
+
+
+@dataclass
+class QuantizedQuery:
+    """Queries in the decode kernel's input layout.
+
+    content: [..., H, 512] float8_e4m3fn (bfloat16 for the BF16 baseline)
+    scale:   [..., H] float32, one per (token, head)
+    rope:    [..., H, 64] bfloat16, already divided by ``scale``
+    """
+
+    content: torch.Tensor
+    scale: torch.Tensor
+    rope: torch.Tensor
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Quantizers
+# ----------------------------------------------------------------------------------------------------------
+def to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> float8_e4m3fn with round-to-nearest-even and saturation to +-448 (the GPU's cvt.rn.satfinite).
+
+    torch's own cast turns out-of-range values into NaN, hence the clamp (NaN stays NaN)."""
+    return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_with_scale(content: torch.Tensor, rope: torch.Tensor, scale: torch.Tensor,
+                        rope_to_fp8: bool = False):
+    """Quantize ``content`` to FP8 and align ``rope`` with a given scale broadcast over the last dim.
+
+    Returns (content_fp8, scale fp32, rope_aligned bf16). ``rope_to_fp8`` models RoPE-unaware quantization
+    (config A): RoPE shares the FP8 grid; the FP8 codes are stored in the bf16 array exactly (FP8 is a subset).
+    """
+    scale = scale.float()
+    s = scale.unsqueeze(-1)
+    content_q = to_fp8(content.float() / s)
+    rope_scaled = rope.float() / s
+    rope_q = to_fp8(rope_scaled).to(torch.bfloat16) if rope_to_fp8 else rope_scaled.to(torch.bfloat16)
+    return content_q, scale, rope_q
+
+
+def amax_scale(amax: torch.Tensor) -> torch.Tensor:
+    """scale = max(amax / 448, SCALE_FLOOR), in fp32."""
+    return torch.clamp_min(amax.float() / FP8_MAX, SCALE_FLOOR)
+
+
+def quantize_kv(c_kv: torch.Tensor, k_rope: torch.Tensor) -> LatentCache:
+    """SnapMLA K/V quantization, one scale per token.
+
+    c_kv [T, 512], k_rope [T, 64] (any float dtype; bf16 in serving) -> LatentCache of T slots."""
+    _check_last_dims(c_kv, k_rope, "c_kv", "k_rope")
+    scale = amax_scale(c_kv.float().abs().amax(-1))
+    return LatentCache(*quantize_with_scale(c_kv, k_rope, scale))
+
+
+def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor) -> QuantizedQuery:
+    """SnapMLA Q quantization, one scale per (token, head).
+
+    q_nope [..., H, 512] (already absorbed into the latent space), q_rope [..., H, 64] -> QuantizedQuery."""
+    _check_last_dims(q_nope, q_rope, "q_nope", "q_rope")
+    scale = amax_scale(q_nope.float().abs().amax(-1))
+    return QuantizedQuery(*quantize_with_scale(q_nope, q_rope, scale))
+
+
+def dequantize_kv(cache: LatentCache, slots: torch.Tensor | None = None):
+    """True (de-aligned) values of the cache at ``slots`` as bf16: (c_kv [N, 512], k_rope [N, 64]).
+
+    This is what fetch-dequant returns: fp32 products rounded once to bf16."""
+    content, scale, rope = cache.content, cache.scale, cache.rope
+    if slots is not None:
+        content, scale, rope = content[slots], scale[slots], rope[slots]
+    s = scale.float().unsqueeze(-1)
+    return (content.float() * s).to(torch.bfloat16), (rope.float() * s).to(torch.bfloat16)
+
+
+def _check_last_dims(content, rope, cname, rname):
+    if content.shape[-1] != KV_LORA_RANK or rope.shape[-1] != ROPE_DIM:
+        raise ValueError(f"SnapMLA needs {cname}[..., {KV_LORA_RANK}] and {rname}[..., {ROPE_DIM}] "
+                         f"(kv_lora_rank=512, qk_rope_head_dim=64); got {tuple(content.shape)} and "
+                         f"{tuple(rope.shape)}")
+    if content.shape[:-1] != rope.shape[:-1]:
+        raise ValueError(f"{cname} and {rname} disagree on leading dims: {tuple(content.shape)} vs {tuple(rope.shape)}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Paged decode: reference and golden
+# ----------------------------------------------------------------------------------------------------------
+def check_paged_inputs(batch: int, s_q: int, block_table: torch.Tensor, seq_lens: torch.Tensor):
+    """Validate page table and lengths (host-side; the reference is allowed to sync)."""
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"block_table must be [B={batch}, max_pages], got {tuple(block_table.shape)}")
+    if seq_lens.shape != (batch,):
+        raise ValueError(f"seq_lens must be [B={batch}], got {tuple(seq_lens.shape)}")
+    lens = seq_lens.tolist()
+    if min(lens) < s_q:
+        raise ValueError(f"every sequence must hold its {s_q} query tokens (seq_lens include them); got {lens}")
+    if max(lens) > block_table.shape[1] * PAGE_SIZE:
+        raise ValueError(f"seq_lens up to {max(lens)} need {math.ceil(max(lens) / PAGE_SIZE)} pages per row; "
+                         f"block_table has {block_table.shape[1]}")
+
+
+def _block_slots(block_table_row: torch.Tensor, block: int, device) -> torch.Tensor:
+    return block_table_row[block].long() * PAGE_SIZE + torch.arange(PAGE_SIZE, device=device)
+
+
+def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table: torch.Tensor,
+                             seq_lens: torch.Tensor, softmax_scale: float, p_quant: str = "fp8"):
+    """SnapMLA decode over a paged latent cache, step by step as the kernels do it.
+
+    q:           QuantizedQuery with content [B, s_q, H, 512], scale [B, s_q, H], rope [B, s_q, H, 64]
+    cache:       LatentCache over S slots (page p owns slots [p*64, p*64+64))
+    block_table: [B, max_pages] int32 physical page ids
+    seq_lens:    [B] int32 tokens per sequence, including the s_q query tokens (which are already in the cache)
+    p_quant:     "fp8"  -- P' = P * sigma_k quantized to FP8 per (row, 64-token block) (SnapMLA)
+                 "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
+    Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens).
+    Returns out [B, s_q, H, 512] fp32 and lse [B, H, s_q] fp32 (natural log of the softmax denominator).
+    """
+    B, s_q, H, _ = q.content.shape
+    check_paged_inputs(B, s_q, block_table, seq_lens)
+    if p_quant not in ("fp8", "bf16"):
+        raise ValueError(f"p_quant must be 'fp8' or 'bf16', got {p_quant!r}")
+    dev = q.content.device
+    out = torch.empty(B, s_q, H, KV_LORA_RANK, dtype=torch.float32, device=dev)
+    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
+    rows = s_q * H
+    for b in range(B):
+        seq_len = int(seq_lens[b])
+        qc = q.content[b].float().reshape(rows, KV_LORA_RANK)
+        qr = q.rope[b].float().reshape(rows, ROPE_DIM)
+        qs = q.scale[b].float().reshape(rows)
+        # last key position each row may attend to (rows are ordered (query token, head))
+        last_key = (seq_len - s_q + torch.arange(s_q, device=dev)).repeat_interleave(H)
+        m = torch.full((rows,), -math.inf, device=dev)
+        l = torch.zeros(rows, device=dev)
+        acc = torch.zeros(rows, KV_LORA_RANK, device=dev)
+        for blk in range(math.ceil(seq_len / PAGE_SIZE)):  # strictly increasing block order
+            slots = _block_slots(block_table[b], blk, dev)
+            kc = cache.content[slots].float()
+            ks = cache.scale[slots].float()
+            kr = cache.rope[slots].float()
+            # one accumulation in the scaled domain, then the two scales and the softmax scale
+            scores = (qc @ kc.T + qr @ kr.T) * (qs[:, None] * ks[None, :]) * softmax_scale
+            key_pos = blk * PAGE_SIZE + torch.arange(PAGE_SIZE, device=dev)
+            scores = scores.masked_fill(key_pos[None, :] > last_key[:, None], -math.inf)
+            m_new = torch.maximum(m, scores.amax(1))
+            alpha = torch.exp(m - m_new)  # 0 on the first block (m = -inf, m_new finite: key 0 is visible)
+            p = torch.exp(scores - m_new[:, None])
+            l = l * alpha + p.sum(1)
+            p_v = p * ks[None, :]  # V's per-token scale fused into P
+            if p_quant == "fp8":
+                p_scale = torch.clamp_min(p_v.amax(1) / FP8_MAX, P_SCALE_FLOOR)
+                pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
+            else:
+                pv = p_v.to(torch.bfloat16).float() @ kc
+            acc = acc * alpha[:, None] + pv
+            m = m_new
+        out[b] = (acc / l[:, None]).reshape(s_q, H, KV_LORA_RANK)
+        lse[b] = (m + torch.log(l)).reshape(s_q, H).T
+    return out, lse
+
+
+def gather_sequence(block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Slot ids [seq_len] of one sequence in token order."""
+    pages = block_table_row[: math.ceil(seq_len / PAGE_SIZE)].long()
+    slots = (pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=pages.device)[None, :]).reshape(-1)
+    return slots[:seq_len]
+
+
+def mla_decode_golden(q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Tensor, k_rope: torch.Tensor,
+                      block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float):
+    """Exact attention in float64 on unquantized inputs (same paging and causal rule as the reference).
+
+    q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64], c_kv [S, 512], k_rope [S, 64] (pools of S slots).
+    Returns out [B, s_q, H, 512] float64 and lse [B, H, s_q] float64."""
+    B, s_q, H, _ = q_nope.shape
+    check_paged_inputs(B, s_q, block_table, seq_lens)
+    dev = q_nope.device
+    out = torch.empty(B, s_q, H, KV_LORA_RANK, dtype=torch.float64, device=dev)
+    lse = torch.empty(B, H, s_q, dtype=torch.float64, device=dev)
+    for b in range(B):
+        seq_len = int(seq_lens[b])
+        slots = gather_sequence(block_table[b], seq_len)
+        kc, kr = c_kv[slots].double(), k_rope[slots].double()
+        scores = (torch.einsum("qhd,kd->qhk", q_nope[b].double(), kc)
+                  + torch.einsum("qhd,kd->qhk", q_rope[b].double(), kr)) * softmax_scale
+        last_key = seq_len - s_q + torch.arange(s_q, device=dev)
+        mask = torch.arange(seq_len, device=dev)[None, :] > last_key[:, None]  # [s_q, seq_len]
+        scores = scores.masked_fill(mask[:, None, :], -math.inf)
+        lse[b] = torch.logsumexp(scores, -1).T
+        out[b] = torch.einsum("qhk,kd->qhd", torch.softmax(scores, -1), kc)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Ablation configurations (paper, Table 2) and the BF16 cache: same decode path, different quantizers
+# ----------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class QuantConfig:
+    """How one configuration quantizes the cache and the queries, and how the decode rounds P'."""
+
+    name: str
+    description: str
+    quantize_kv: Callable[[torch.Tensor, torch.Tensor], LatentCache]
+    quantize_q: Callable[[torch.Tensor, torch.Tensor], QuantizedQuery]
+    p_quant: str = "fp8"
+
+
+def _rope_unaware_per_row(content, rope):
+    """Config A: one scale per row over all 576 dims; RoPE goes through FP8 with the content."""
+    amax = torch.maximum(content.float().abs().amax(-1), rope.float().abs().amax(-1))
+    return quantize_with_scale(content, rope, amax_scale(amax), rope_to_fp8=True)
+
+
+def _static_unit(content, rope):
+    """Config B: per-tensor static scale 1.0, RoPE-aware (RoPE kept in bf16)."""
+    return quantize_with_scale(content, rope, torch.ones(content.shape[:-1], device=content.device))
+
+
+def _per_tensor_dynamic(content, rope):
+    """Config C: one dynamic scale for the whole tensor (amax over all of it), RoPE-aware."""
+    scale = amax_scale(content.float().abs().amax()).expand(content.shape[:-1])
+    return quantize_with_scale(content, rope, scale)
+
+
+def _per_block_kv(content, rope):
+    """Config D, cache side: one scale per 64-token page (slots [64p, 64p+64)), RoPE-aware."""
+    S = content.shape[0]
+    if S % PAGE_SIZE:
+        raise ValueError(f"per-block quantization needs whole pages; got {S} slots")
+    amax = content.float().abs().reshape(S // PAGE_SIZE, -1).amax(-1)
+    return quantize_with_scale(content, rope, amax_scale(amax).repeat_interleave(PAGE_SIZE))
+
+
+def _per_block_q(content, rope):
+    """Config D, query side: one scale per query token shared by all its heads, RoPE-aware."""
+    amax = content.float().abs().amax(dim=(-2, -1), keepdim=False)
+    return quantize_with_scale(content, rope, amax_scale(amax).unsqueeze(-1).expand(content.shape[:-1]))
+
+
+def _bf16(content, rope):
+    ones = torch.ones(content.shape[:-1], device=content.device)
+    return content.to(torch.bfloat16), ones, rope.to(torch.bfloat16)
+
+
+def _kv(fn):
+    return lambda c, r: LatentCache(*fn(c, r))
+
+
+def _q(fn):
+    return lambda c, r: QuantizedQuery(*fn(c, r))
+
+
+CONFIGS: dict[str, QuantConfig] = {
+    "SnapMLA": QuantConfig("SnapMLA", "per-token FP8, RoPE-aware (bf16 RoPE, scale-aligned)", quantize_kv, quantize_q),
+    "A": QuantConfig("A", "per-token FP8, RoPE-unaware (all 576 dims in FP8)",
+                     _kv(_rope_unaware_per_row), _q(_rope_unaware_per_row)),
+    "B": QuantConfig("B", "per-tensor static scale 1.0, RoPE-aware", _kv(_static_unit), _q(_static_unit)),
+    "C": QuantConfig("C", "per-tensor dynamic scale, RoPE-aware", _kv(_per_tensor_dynamic), _q(_per_tensor_dynamic)),
+    "D": QuantConfig("D", "per-block FP8 (64-token page / per-token Q), RoPE-aware", _kv(_per_block_kv),
+                     _q(_per_block_q)),
+    "BF16": QuantConfig("BF16", "BF16 cache and queries, bf16 P (FlashMLA-like)", _kv(_bf16), _q(_bf16), "bf16"),
+}
+
+
+def decode_with_config(config: QuantConfig | str, q_nope, q_rope, c_kv, k_rope, block_table, seq_lens,
+                       softmax_scale):
+    """Quantize the unquantized inputs with ``config`` and run the reference decode. Shapes as the golden."""
+    if isinstance(config, str):
+        config = CONFIGS[config]
+    cache = config.quantize_kv(c_kv, k_rope)
+    q = config.quantize_q(q_nope, q_rope)
+    return snapmla_decode_reference(q, cache, block_table, seq_lens, softmax_scale, p_quant=config.p_quant)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Error metrics
+# ----------------------------------------------------------------------------------------------------------
+def error_metrics(out: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """RMSE, 1 - cosine and relative L2 of ``out`` against ``ref`` (flattened, in float64). NaN propagates."""
+    o, r = out.double().flatten(), ref.double().flatten()
+    d = o - r
+    cos = (o @ r) / (o.norm() * r.norm())
+    return {"rmse": float(d.pow(2).mean().sqrt()), "one_minus_cos": float(1 - cos),
+            "rel_l2": float(d.norm() / r.norm())}

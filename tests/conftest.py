@@ -1,0 +1,41 @@
+"""Test setup: CPU runs use Triton's interpreter (with our bf16/fp8 fix-up); GPU tests are marked `gpu`.
+
+Every test gets its own generator, seeded from the run's base seed (fresh each run unless SNAPMLA_TEST_SEED is
+set; printed in the header so a failure can be replayed) and the test's id.
+"""
+
+import os
+import random
+import zlib
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton_cpu  # noqa: E402  (must run after TRITON_INTERPRET is decided)
+
+triton_cpu.install()
+
+BASE_SEED = int(os.environ.get("SNAPMLA_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config):
+    return [f"snapmla: base seed {BASE_SEED} (replay with SNAPMLA_TEST_SEED={BASE_SEED}); "
+            f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; cuda={torch.cuda.is_available()}"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the Hopper host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gen(request):
+    seed = (BASE_SEED ^ zlib.crc32(request.node.nodeid.encode())) & 0x7FFFFFFF
+    return torch.Generator().manual_seed(seed)

@@ -1,0 +1,54 @@
+"""Shared builders for paged MLA decode problems and NaN-proof comparisons."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sglang_snapmla.numerics import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, error_metrics
+
+
+def paged_problem(gen: torch.Generator, seq_lens, heads: int, s_q: int = 1, zero_rows: int = 0,
+                  rope_outlier: float | None = None, spare_pages: int = 3):
+    """Unit-scale random MLA decode problem on a shuffled page pool.
+
+    Returns dict(q_nope [B,s_q,H,512], q_rope [B,s_q,H,64], c_kv [S,512], k_rope [S,64], block_table [B,P] int32,
+    seq_lens [B] int32, softmax_scale). Logits are O(1) (N(0,1) entries, scale 1/sqrt(576)).
+    `zero_rows` tokens per sequence get all-zero c_kv (their RoPE stays random), `rope_outlier` plants values of
+    that magnitude in a few RoPE channels."""
+    B = len(seq_lens)
+    pages = max(math.ceil(n / PAGE_SIZE) for n in seq_lens)
+    num_pages = B * pages + spare_pages + 1
+    S = num_pages * PAGE_SIZE
+    c_kv = torch.randn(S, KV_LORA_RANK, generator=gen)
+    k_rope = torch.randn(S, ROPE_DIM, generator=gen)
+    perm = torch.randperm(num_pages - 1, generator=gen)[: B * pages] + 1  # page 0 = dummy, never used
+    block_table = perm.reshape(B, pages).to(torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int32)
+    for b, n in enumerate(seq_lens):
+        if zero_rows:
+            pos = torch.randperm(n, generator=gen)[:zero_rows]
+            c_kv[block_table[b, pos // PAGE_SIZE].long() * PAGE_SIZE + pos % PAGE_SIZE] = 0
+    if rope_outlier is not None:
+        chans = torch.randperm(ROPE_DIM, generator=gen)[:4]
+        rows = torch.randperm(S, generator=gen)[: S // 8]
+        k_rope[rows[:, None], chans[None, :]] = rope_outlier * torch.sign(torch.randn(len(rows), 4, generator=gen))
+    q_nope = torch.randn(B, s_q, heads, KV_LORA_RANK, generator=gen)
+    q_rope = torch.randn(B, s_q, heads, ROPE_DIM, generator=gen)
+    return dict(q_nope=q_nope, q_rope=q_rope, c_kv=c_kv, k_rope=k_rope, block_table=block_table,
+                seq_lens=seq_lens_t, softmax_scale=1.0 / math.sqrt(KV_LORA_RANK + ROPE_DIM))
+
+
+def golden_args(p):
+    return (p["q_nope"], p["q_rope"], p["c_kv"], p["k_rope"], p["block_table"], p["seq_lens"], p["softmax_scale"])
+
+
+def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, what: str = ""):
+    """rel-L2 (and optionally 1-cos) of out vs ref under the bounds. NaN/inf anywhere fails."""
+    assert torch.isfinite(out).all(), f"{what}: non-finite values in output"
+    m = error_metrics(out, ref)
+    assert m["rel_l2"] <= rel_l2, f"{what}: rel-L2 {m['rel_l2']:.3e} > {rel_l2:.1e} ({m})"
+    if one_minus_cos is not None:
+        assert m["one_minus_cos"] <= one_minus_cos, f"{what}: 1-cos {m['one_minus_cos']:.3e} > {one_minus_cos:.1e}"
+    return m

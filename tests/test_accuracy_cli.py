@@ -1,0 +1,18 @@
+"""The accuracy report runs end to end and writes a table, JSON and a plot."""
+
+import json
+
+from sglang_snapmla import accuracy
+
+
+def test_accuracy_report_small(tmp_path, capsys):
+    accuracy.main(["--layers", "2", "--seeds", "2", "--batch", "2", "--heads", "4", "--seq-len", "256",
+                   "--out", str(tmp_path), "--no-progress"])
+    table = capsys.readouterr().out
+    for name in ("SnapMLA", "A", "B", "C", "D", "BF16"):
+        assert f"| {name} |" in table
+    data = json.loads((tmp_path / "accuracy.json").read_text())
+    assert set(data["summary"]) == set(accuracy.CONFIGS)
+    assert len(data["per_layer"]["SnapMLA"]["rel_l2"]) == 2
+    assert data["summary"]["BF16"]["rel_l2"] < data["summary"]["SnapMLA"]["rel_l2"] < 0.1
+    assert (tmp_path / "accuracy.png").stat().st_size > 10_000
