@@ -1,0 +1,114 @@
+"""Triton split-KV SnapMLA decode over a paged FP8 latent cache, and the combine of the splits.
+
+Program (b, split, row-tile): rows are the flattened (query token, head) pairs of sequence b (BLOCK_M of them);
+the split owns a contiguous range of 64-token pages, visited in strictly increasing order. Per page:
+  scores = (q8 . k8^T  [fp8 x fp8 dot]  +  q_rope' . k_rope'^T  [bf16 dot]) * sigma_q * sigma_k * scale*log2(e)
+  online softmax in base 2; P' = P * sigma_k; sigma_P = max(rowmax(P')/448, tiny); p8 = fp8(P'/sigma_P)
+  acc = acc * alpha + (p8 . k8 [fp8 x fp8 dot]) * sigma_P
+The split writes acc / l and its base-2 LSE; the combine kernel merges splits with their LSEs.
+No host synchronisation: page counts and split ranges are computed from device tensors inside the kernel.
+"""
+
+import triton
+import triton.language as tl
+
+LATENT: tl.constexpr = 512
+ROPE: tl.constexpr = 64
+PAGE: tl.constexpr = 64
+
+
+@triton.jit
+def decode_split_kernel(
+    q8_ptr, q_scale_ptr, q_rope_ptr,  # [B, R, 512] fp8, [B, R] fp32, [B, R, 64] bf16 with R = s_q * H (contiguous)
+    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
+    block_table_ptr, seq_lens_ptr,  # [B, max_pages] int32, [B] int32
+    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
+    stride_bt, R, H, S_Q,
+    qk_scale_log2,  # softmax_scale * log2(e)
+    NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
+):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = tl.program_id(2)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    dc = tl.arange(0, LATENT)
+    dr = tl.arange(0, ROPE)
+    keys = tl.arange(0, PAGE)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_pages = tl.cdiv(seq_len, PAGE)
+    per_split = tl.cdiv(n_pages, NUM_SPLITS)
+    first = split * per_split
+    last = tl.minimum(first + per_split, n_pages)
+    # query token of each row sees keys [0, seq_len - S_Q + token]
+    last_key = seq_len - S_Q + rows // H
+
+    q_row = (b * R + rows).to(tl.int64)
+    q8 = tl.load(q8_ptr + q_row[:, None] * LATENT + dc[None, :], mask=row_ok[:, None], other=0.0)
+    q_rope = tl.load(q_rope_ptr + q_row[:, None] * ROPE + dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_scale = tl.load(q_scale_ptr + q_row, mask=row_ok, other=0.0) * qk_scale_log2
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, LATENT], tl.float32)
+
+    for page_idx in range(first, last):
+        page = tl.load(block_table_ptr + b * stride_bt + page_idx).to(tl.int64)
+        slots = page * PAGE + keys
+        k8 = tl.load(kv_fp8_ptr + slots[:, None] * LATENT + dc[None, :])
+        k_rope = tl.load(kv_rope_ptr + slots[:, None] * ROPE + dr[None, :])
+        k_scale = tl.load(kv_scale_ptr + slots)
+
+        s = tl.dot(q8, tl.trans(k8))
+        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = s * q_scale[:, None] * k_scale[None, :]
+        key_pos = page_idx * PAGE + keys
+        s = tl.where(key_pos[None, :] <= last_key[:, None], s, float("-inf"))
+
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked rows keep p = 0, alpha = 0
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+
+        p_v = p * k_scale[None, :]  # fuse V's per-token scale into P
+        p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
+        p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
+        pv = tl.dot(p8, k8)
+        acc = acc * alpha[:, None] + pv * p_scale[:, None]
+        m = m_new
+
+    has = l > 0.0
+    out = acc / tl.where(has, l, 1.0)[:, None]
+    lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
+    tl.store(o_part_ptr + part[:, None] * LATENT + dc[None, :], out, mask=row_ok[:, None])
+    tl.store(lse_part_ptr + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(
+    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
+    out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
+    R, H, S_Q,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    b = tl.program_id(0)
+    r = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_P2)
+    dc = tl.arange(0, LATENT)
+    base = (b * R + r).to(tl.int64) * NUM_SPLITS
+    lse = tl.load(lse_part_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    w = tl.exp2(lse - m)  # empty splits carry -inf -> weight 0 (split 0 always holds key 0)
+    denom = tl.sum(w, axis=0)
+    o = tl.load(o_part_ptr + (base + sp)[:, None] * LATENT + dc[None, :], mask=(sp < NUM_SPLITS)[:, None],
+                other=0.0)
+    out = tl.sum(o * (w / denom)[:, None], axis=0)
+    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, out.to(tl.bfloat16))
+    token = r // H
+    head = r % H
+    tl.store(lse_ptr + (b * H + head) * S_Q + token, (m + tl.log2(denom)) * 0.6931471805599453)

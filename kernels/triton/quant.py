@@ -1,0 +1,79 @@
+"""Triton kernels for the SnapMLA cache rows: fused Q-quant, fused K-append, fetch-dequant.
+
+All three implement `sglang_snapmla.numerics` bit-for-bit: scale = max(amax/448, floor) with IEEE division,
+content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). One program per row.
+"""
+
+import triton
+import triton.language as tl
+
+LATENT: tl.constexpr = 512
+ROPE: tl.constexpr = 64
+
+
+@triton.jit
+def _quantize_row(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr):
+    """content [512] fp32, rope [64] fp32 -> (content fp8, scale fp32 scalar, rope' bf16)."""
+    amax = tl.max(tl.abs(content), axis=0)
+    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)
+    q = tl.math.div_rn(content, scale)
+    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # saturate (the cast is RNE; clamp makes it exact to spec)
+    rope_aligned = tl.math.div_rn(rope, scale)
+    return q.to(tl.float8e4nv), scale, rope_aligned.to(tl.bfloat16)
+
+
+@triton.jit
+def quantize_q_kernel(
+    q_nope_ptr, q_rope_ptr,  # [T, H, 512], [T, H, 64] bf16 (any strides on T and H; last dim contiguous)
+    q8_ptr, q_scale_ptr, q_rope_out_ptr,  # [T, H, 512] fp8, [T, H] fp32, [T, H, 64] bf16, contiguous
+    stride_nt, stride_nh, stride_rt, stride_rh, H,
+    FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    dc = tl.arange(0, LATENT)
+    dr = tl.arange(0, ROPE)
+    content = tl.load(q_nope_ptr + t * stride_nt + h * stride_nh + dc).to(tl.float32)
+    rope = tl.load(q_rope_ptr + t * stride_rt + h * stride_rh + dr).to(tl.float32)
+    q8, scale, rope_al = _quantize_row(content, rope, FP8_MAX, SCALE_FLOOR)
+    row = t * H + h
+    tl.store(q8_ptr + row * LATENT + dc, q8)
+    tl.store(q_scale_ptr + row, scale)
+    tl.store(q_rope_out_ptr + row * ROPE + dr, rope_al)
+
+
+@triton.jit
+def append_kv_kernel(
+    c_kv_ptr, k_rope_ptr, loc_ptr,  # [T, 512], [T, 64] bf16 (row strides given), [T] int64 slot ids
+    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer: [N, 512] fp8, [N] fp32, [N, 64] bf16
+    stride_c, stride_r,
+    FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
+):
+    t = tl.program_id(0)
+    dc = tl.arange(0, LATENT)
+    dr = tl.arange(0, ROPE)
+    slot = tl.load(loc_ptr + t).to(tl.int64)
+    content = tl.load(c_kv_ptr + t * stride_c + dc).to(tl.float32)
+    rope = tl.load(k_rope_ptr + t * stride_r + dr).to(tl.float32)
+    k8, scale, rope_al = _quantize_row(content, rope, FP8_MAX, SCALE_FLOOR)
+    tl.store(kv_fp8_ptr + slot * LATENT + dc, k8)
+    tl.store(kv_scale_ptr + slot, scale)
+    tl.store(kv_rope_ptr + slot * ROPE + dr, rope_al)
+
+
+@triton.jit
+def fetch_dequant_kernel(
+    loc_ptr,  # [N] int64 slot ids
+    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer
+    c_kv_out_ptr, k_rope_out_ptr,  # [N, 512], [N, 64] bf16 (row strides given)
+    stride_co, stride_ro,
+):
+    i = tl.program_id(0)
+    dc = tl.arange(0, LATENT)
+    dr = tl.arange(0, ROPE)
+    slot = tl.load(loc_ptr + i).to(tl.int64)
+    scale = tl.load(kv_scale_ptr + slot)
+    content = tl.load(kv_fp8_ptr + slot * LATENT + dc).to(tl.float32)
+    rope = tl.load(kv_rope_ptr + slot * ROPE + dr).to(tl.float32)
+    tl.store(c_kv_out_ptr + i * stride_co + dc, (content * scale).to(tl.bfloat16))
+    tl.store(k_rope_out_ptr + i * stride_ro + dr, (rope * scale).to(tl.bfloat16))

@@ -1,0 +1,221 @@
+"""SnapMLA ops: one function per op, each validating its inputs and dispatching to a kernel.
+
+Today every op runs the Triton kernels in `sglang_snapmla.kernels.triton`; the Hopper CUDA decode (a later issue)
+slots into `decode` behind the same signature. Shapes and dtypes:
+
+| op | inputs | outputs |
+|---|---|---|
+| quantize_q | q_nope [T, H, 512], q_rope [T, H, 64] bf16 | q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16 |
+| append_kv | c_kv [T, 512], k_rope [T, 64] bf16, loc [T] int64, pool arrays (in place) | - |
+| fetch_dequant | loc [N] int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
+| decode | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
+
+Pool arrays of one layer: kv_fp8 [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
+= page * 64 + offset. Nothing here synchronises with the host, so every op can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+
+from . import numerics as nx
+from .kernels.triton import decode as tdecode
+from .kernels.triton import quant as tquant
+
+MAX_SPLITS = 64
+
+
+class SnapMLAInputError(ValueError):
+    """Raised for inputs SnapMLA does not support; the message names the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# validation helpers
+# ----------------------------------------------------------------------------------------------------------
+def _check_device(*tensors: torch.Tensor) -> None:
+    dev = tensors[0].device
+    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise SnapMLAInputError(f"SnapMLA kernels need CUDA tensors (got {dev}); on CPU only Triton's interpreter "
+                                "(TRITON_INTERPRET=1, for tests) can run them")
+    for t in tensors:
+        if t.device != dev:
+            raise SnapMLAInputError(f"all tensors must be on one device: {t.device} vs {dev}")
+
+
+def _check(t: torch.Tensor, name: str, dtype: torch.dtype, last: int | None = None, dims: int | None = None):
+    if t.dtype != dtype:
+        raise SnapMLAInputError(f"{name} must be {dtype}, got {t.dtype}")
+    if last is not None and t.shape[-1] != last:
+        raise SnapMLAInputError(f"{name} last dim must be {last} (kv_lora_rank=512, qk_rope_head_dim=64), "
+                                f"got shape {tuple(t.shape)}")
+    if dims is not None and t.dim() != dims:
+        raise SnapMLAInputError(f"{name} must have {dims} dims, got shape {tuple(t.shape)}")
+    if last is not None and t.stride(-1) != 1:
+        raise SnapMLAInputError(f"{name} must be contiguous in its last dim")
+
+
+def check_pool(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
+    """The three per-layer arrays of a SnapMLA pool: [N, 512] fp8, [N] fp32, [N, 64] bf16, contiguous."""
+    _check(kv_fp8, "kv_fp8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 2)
+    _check(kv_scale, "kv_scale", torch.float32, None, 1)
+    _check(kv_rope, "kv_rope", torch.bfloat16, nx.ROPE_DIM, 2)
+    n = kv_fp8.shape[0]
+    if kv_scale.shape[0] != n or kv_rope.shape[0] != n:
+        raise SnapMLAInputError(f"pool arrays disagree on slots: {n}, {kv_scale.shape[0]}, {kv_rope.shape[0]}")
+    if not (kv_fp8.is_contiguous() and kv_scale.is_contiguous() and kv_rope.is_contiguous()):
+        raise SnapMLAInputError("pool arrays must be contiguous")
+
+
+def _check_loc(loc: torch.Tensor, n: int, name: str = "loc") -> None:
+    if loc.dtype not in (torch.int64, torch.int32) or loc.dim() != 1 or loc.shape[0] != n:
+        raise SnapMLAInputError(f"{name} must be [{n}] int64 slot ids, got {tuple(loc.shape)} {loc.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ops
+# ----------------------------------------------------------------------------------------------------------
+def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor):
+    """Fused Q-quant (one launch): q_nope [T, H, 512] + q_rope [T, H, 64] bf16 ->
+    (q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16), all contiguous."""
+    _check(q_nope, "q_nope", torch.bfloat16, nx.KV_LORA_RANK, 3)
+    _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 3)
+    if q_nope.shape[:2] != q_rope.shape[:2]:
+        raise SnapMLAInputError(f"q_nope {tuple(q_nope.shape)} and q_rope {tuple(q_rope.shape)} disagree on [T, H]")
+    _check_device(q_nope, q_rope)
+    T, H, _ = q_nope.shape
+    q8 = torch.empty(T, H, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=q_nope.device)
+    q_scale = torch.empty(T, H, dtype=torch.float32, device=q_nope.device)
+    q_rope_al = torch.empty(T, H, nx.ROPE_DIM, dtype=torch.bfloat16, device=q_nope.device)
+    if T:
+        tquant.quantize_q_kernel[(T, H)](
+            q_nope, q_rope, q8, q_scale, q_rope_al,
+            q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), H,
+            FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
+    return q8, q_scale, q_rope_al
+
+
+def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_fp8: torch.Tensor,
+              kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
+    """Fused K-append (one launch): quantize c_kv [T, 512] + k_rope [T, 64] (bf16; a middle singleton dim as in
+    SGLang's [T, 1, D] is accepted) and write the three pool arrays at slots `loc` [T]."""
+    c_kv = c_kv.reshape(c_kv.shape[0], -1) if c_kv.dim() == 3 else c_kv
+    k_rope = k_rope.reshape(k_rope.shape[0], -1) if k_rope.dim() == 3 else k_rope
+    _check(c_kv, "c_kv", torch.bfloat16, nx.KV_LORA_RANK, 2)
+    _check(k_rope, "k_rope", torch.bfloat16, nx.ROPE_DIM, 2)
+    check_pool(kv_fp8, kv_scale, kv_rope)
+    T = c_kv.shape[0]
+    _check_loc(loc, T)
+    if k_rope.shape[0] != T:
+        raise SnapMLAInputError(f"c_kv has {T} rows, k_rope {k_rope.shape[0]}")
+    _check_device(c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope)
+    if T:
+        tquant.append_kv_kernel[(T,)](c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope, c_kv.stride(0), k_rope.stride(0),
+                                      FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
+
+
+def fetch_dequant(loc: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor,
+                  out_c_kv: torch.Tensor | None = None, out_k_rope: torch.Tensor | None = None):
+    """Fetch-dequant (one launch): true bf16 values (scale re-applied) of slots `loc` [N] ->
+    (c_kv [N, 512], k_rope [N, 64]). Reads only the N requested rows, never the whole pool."""
+    check_pool(kv_fp8, kv_scale, kv_rope)
+    N = loc.shape[0]
+    _check_loc(loc, N)
+    _check_device(loc, kv_fp8, kv_scale, kv_rope)
+    dev = kv_fp8.device
+    c = out_c_kv if out_c_kv is not None else torch.empty(N, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
+    r = out_k_rope if out_k_rope is not None else torch.empty(N, nx.ROPE_DIM, dtype=torch.bfloat16, device=dev)
+    _check(c, "out_c_kv", torch.bfloat16, nx.KV_LORA_RANK, 2)
+    _check(r, "out_k_rope", torch.bfloat16, nx.ROPE_DIM, 2)
+    if N:
+        tquant.fetch_dequant_kernel[(N,)](loc, kv_fp8, kv_scale, kv_rope, c, r, c.stride(0), r.stride(0),
+                                          num_warps=4)
+    return c, r
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    if not torch.cuda.is_available():
+        return 8  # interpreter: small, but still exercises several splits
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def decode_tiling(rows: int) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) for `rows` = s_q * H query rows per sequence."""
+    block_m = min(64, max(16, triton_next_pow2(rows)))
+    return block_m, (8 if block_m >= 64 else 4)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.device) -> int:
+    """Splits over the KV length so that batch * row_tiles * splits fills the GPU about twice.
+
+    Depends only on shapes (batch, heads, the page table's width), never on device data: CUDA-graph safe.
+    Each split keeps at least 4 pages (256 tokens) so partial outputs stay cheap next to the KV read."""
+    sms = _num_sms(device.index or 0)
+    want = math.ceil(2 * sms / max(1, batch * row_tiles))
+    return max(1, min(want, MAX_SPLITS, math.ceil(max_pages / 4)))
+
+
+def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
+           kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+           softmax_scale: float, num_splits: int | None = None):
+    """SnapMLA split-KV decode + combine over a paged cache (page size 64).
+
+    q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
+    block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
+    already be in the cache; query token i sees keys [0, seq_len - s_q + i]).
+    Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
+    """
+    _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
+    _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
+    _check(q_scale, "q_scale", torch.float32, None, 3)
+    check_pool(kv_fp8, kv_scale, kv_rope)
+    B, s_q, H, _ = q8.shape
+    if q_rope.shape[:3] != (B, s_q, H) or q_scale.shape != (B, s_q, H):
+        raise SnapMLAInputError(f"q8 {tuple(q8.shape)}, q_scale {tuple(q_scale.shape)}, q_rope "
+                                f"{tuple(q_rope.shape)} must agree on [B, s_q, H]")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids (page size 64), got "
+                                f"{tuple(block_table.shape)} {block_table.dtype}")
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,):
+        raise SnapMLAInputError(f"seq_lens must be [B={B}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+    _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
+    q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
+    R = s_q * H
+    block_m, warps = decode_tiling(R)
+    tiles = math.ceil(R / block_m)
+    splits = num_splits or choose_num_splits(B, tiles, block_table.shape[1], q8.device)
+    dev = q8.device
+    o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
+    lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
+    out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
+    if B == 0:
+        return out, lse
+    tdecode.decode_split_kernel[(B, splits, tiles)](
+        q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+        block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
+        NUM_SPLITS=splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
+        num_warps=warps, num_stages=2)
+    tdecode.combine_kernel[(B, R)](o_part, lse_part, out, lse, R, H, s_q, NUM_SPLITS=splits,
+                                   SPLITS_P2=triton_next_pow2(splits), num_warps=4)
+    return out, lse
+
+
+def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor,
+                   kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+                   num_splits: int | None = None):
+    """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as `decode`."""
+    if q_nope.dim() != 4:
+        raise SnapMLAInputError(f"q_nope must be [B, s_q, H, 512], got {tuple(q_nope.shape)}")
+    B, s_q, H, _ = q_nope.shape
+    q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
+    return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_fp8, kv_scale,
+                  kv_rope, block_table, seq_lens, softmax_scale, num_splits)

@@ -1,0 +1,118 @@
+"""Triton kernels vs the reference numerics (CPU: interpreter with the fix-up; same tests run on a GPU)."""
+
+import pytest
+import torch
+
+from helpers import assert_close, golden_args, paged_problem
+from sglang_snapmla import numerics as nx
+from sglang_snapmla import ops
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pool_from(cache: nx.LatentCache):
+    return (cache.content.to(DEV).contiguous(), cache.scale.to(DEV).contiguous(), cache.rope.to(DEV).contiguous())
+
+
+def poisoned_pool(n: int, gen):
+    kv = torch.randint(0, 127, (n, 512), generator=gen, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    return kv.to(DEV), torch.full((n,), -7.0, device=DEV), torch.full((n, 64), -3.0, dtype=torch.bfloat16, device=DEV)
+
+
+def test_quantize_q_bit_exact(gen):
+    T, H = 5, 8
+    base = torch.randn(T, H + 3, 640, generator=gen) * torch.rand(T, H + 3, 1, generator=gen) * 10
+    base[0, 1, :512] = 0  # a zero row
+    base[2, :, 512:] *= 300  # RoPE outliers
+    bf = base.to(torch.bfloat16).to(DEV)
+    q_nope, q_rope = bf[:, 2:H + 2, :512], bf[:, 2:H + 2, 512:576]  # strided views, as SGLang hands them over
+    q8, qs, qr = ops.quantize_q(q_nope, q_rope)
+    ref = nx.quantize_q(q_nope.cpu(), q_rope.cpu())
+    assert torch.equal(q8.cpu().view(torch.uint8), ref.content.view(torch.uint8))
+    assert torch.equal(qs.cpu(), ref.scale)
+    assert torch.equal(qr.cpu().view(torch.int16), ref.rope.view(torch.int16))
+
+
+def test_append_kv_bit_exact_and_only_at_loc(gen):
+    N, T = 200, 37
+    c = (torch.randn(T, 1, 512, generator=gen) * 4).to(torch.bfloat16)
+    r = (torch.randn(T, 1, 64, generator=gen) * 50).to(torch.bfloat16)
+    c[3] = 0
+    r[5, 0, :4] = 1000.0
+    loc = (torch.randperm(N - 1, generator=gen)[:T] + 1).to(torch.int64)
+    kv, sc, rp = poisoned_pool(N, gen)
+    before = (kv.clone(), sc.clone(), rp.clone())
+    ops.append_kv(c.to(DEV), r.to(DEV), loc.to(DEV), kv, sc, rp)
+    ref = nx.quantize_kv(c[:, 0], r[:, 0])
+    assert torch.equal(kv.cpu()[loc].view(torch.uint8), ref.content.view(torch.uint8))
+    assert torch.equal(sc.cpu()[loc], ref.scale)
+    assert torch.equal(rp.cpu()[loc].view(torch.int16), ref.rope.view(torch.int16))
+    untouched = torch.ones(N, dtype=torch.bool)
+    untouched[loc] = False
+    assert torch.equal(kv.cpu()[untouched].view(torch.uint8), before[0].cpu()[untouched].view(torch.uint8))
+    assert torch.equal(sc.cpu()[untouched], before[1].cpu()[untouched])
+    assert torch.equal(rp.cpu()[untouched], before[2].cpu()[untouched])
+
+
+def test_fetch_dequant_bit_exact(gen):
+    c = torch.randn(128, 512, generator=gen) * 3
+    r = torch.randn(128, 64, generator=gen) * 200
+    c[7] = 0
+    cache = nx.quantize_kv(c, r)
+    loc = torch.randperm(128, generator=gen)[:50]
+    got_c, got_r = ops.fetch_dequant(loc.to(DEV), *pool_from(cache))
+    ref_c, ref_r = nx.dequantize_kv(cache, loc)
+    assert torch.equal(got_c.cpu(), ref_c) and torch.equal(got_r.cpu(), ref_r)
+
+
+def run_decode(p, num_splits=None):
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    out, lse = ops.decode(q.content.to(DEV), q.scale.to(DEV), q.rope.to(DEV), *pool_from(cache),
+                          p["block_table"].to(DEV), p["seq_lens"].to(DEV), p["softmax_scale"], num_splits)
+    ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    return out.cpu().float(), lse.cpu(), ref, ref_lse
+
+
+CASES = [  # (seq_lens, heads, s_q, rope_outlier)
+    ([1, 64, 100], 16, 1, None),
+    ([130, 2, 65], 8, 2, None),
+    ([200, 37], 64, 1, 1000.0),
+    ([63, 129], 128, 2, None),
+    ([256], 32, 1, 1000.0),
+]
+
+
+@pytest.mark.parametrize("seq_lens,heads,s_q,outlier", CASES)
+def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier):
+    p = paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1, rope_outlier=outlier)
+    out, lse, ref, ref_lse = run_decode(p)
+    assert out.shape == (len(seq_lens), s_q, heads, 512) and lse.shape == (len(seq_lens), heads, s_q)
+    assert_close(out, ref, rel_l2=1e-2, what="triton vs reference")
+    assert (lse - ref_lse).abs().max() <= 1e-3
+    if outlier is None:  # unit-scale data: the foundation's bounds vs the golden
+        gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
+        assert_close(out, gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="triton vs golden")
+        assert (lse.double() - gold_lse).abs().mean() <= 2e-2
+
+
+def test_decode_split_count_does_not_change_result(gen):
+    p = paged_problem(gen, [300, 70], 16, s_q=2)
+    outs = [run_decode(p, n)[0] for n in (1, 3, 8)]
+    for o in outs[1:]:
+        assert_close(o, outs[0], rel_l2=4e-3, what="splits")  # bf16 output rounding + summation order
+
+
+def test_decode_rejects_bad_inputs(gen):
+    p = paged_problem(gen, [64], 8)
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    args = [q.content, q.scale, q.rope, *pool_from(cache), p["block_table"], p["seq_lens"], 0.1]
+    bad = list(args)
+    bad[6] = p["block_table"].long()
+    with pytest.raises(ops.SnapMLAInputError, match="int32"):
+        ops.decode(*bad)
+    with pytest.raises(ops.SnapMLAInputError, match="kv_lora_rank=512"):
+        ops.quantize_q(torch.zeros(2, 4, 256, dtype=torch.bfloat16), torch.zeros(2, 4, 64, dtype=torch.bfloat16))
+    with pytest.raises(ops.SnapMLAInputError, match="bfloat16"):
+        ops.quantize_q(torch.zeros(2, 4, 512), torch.zeros(2, 4, 64))
