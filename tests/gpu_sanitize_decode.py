@@ -1,0 +1,25 @@
+"""One small decode for `compute-sanitizer --tool memcheck python tests/gpu_sanitize_decode.py` (GPU host)."""
+
+import torch
+
+from sglang_snapmla import numerics as nx
+from sglang_snapmla import ops
+
+g = torch.Generator().manual_seed(0)
+B, H, s_q, lens = 3, 16, 2, [2, 65, 190]
+pages = 3
+S = (B * pages + 1) * 64
+c = torch.randn(S, 512, generator=g).to(torch.bfloat16).cuda()
+r = torch.randn(S, 64, generator=g).to(torch.bfloat16).cuda()
+kv8 = torch.empty(S, 512, dtype=torch.float8_e4m3fn, device="cuda")
+ks = torch.empty(S, device="cuda")
+kr = torch.empty(S, 64, dtype=torch.bfloat16, device="cuda")
+ops.append_kv(c, r, torch.arange(S, device="cuda"), kv8, ks, kr)
+bt = (torch.randperm(B * pages, generator=g) + 1).view(B, pages).to(torch.int32).cuda()
+q = torch.randn(B, s_q, H, 576, generator=g).to(torch.bfloat16).cuda()
+out, lse = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32,
+                              device="cuda"), 576**-0.5)
+ops.fetch_dequant(torch.arange(100, device="cuda"), kv8, ks, kr)
+torch.cuda.synchronize()
+assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+print("sanitize run ok", out.shape, lse.shape)
