@@ -5,12 +5,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
-pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+python3 -c "import sglang_snapmla.ops" || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 echo "== pytest (all tests on the GPU)"
-timeout 300 python -m pytest -q -x tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
+timeout 300 python3 -m pytest -q -x tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 echo "== compute-sanitizer memcheck"
-timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python tests/gpu_sanitize_decode.py 2>&1 \
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu_sanitize_decode.py 2>&1 \
   | tee "$OUT/memcheck.log" | tail -4; echo "memcheck rc=${PIPESTATUS[0]}"
 echo "== kernel benchmark"
-timeout 400 python examples/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
+timeout 400 python3 examples/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
