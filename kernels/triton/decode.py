@@ -12,9 +12,9 @@ No host synchronisation: page counts and split ranges are computed from device t
 import triton
 import triton.language as tl
 
-LATENT: tl.constexpr = 512
-ROPE: tl.constexpr = 64
-PAGE: tl.constexpr = 64
+LATENT = tl.constexpr(512)
+ROPE = tl.constexpr(64)
+PAGE = tl.constexpr(64)
 
 
 @triton.jit

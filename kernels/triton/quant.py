@@ -7,8 +7,8 @@ content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). One 
 import triton
 import triton.language as tl
 
-LATENT: tl.constexpr = 512
-ROPE: tl.constexpr = 64
+LATENT = tl.constexpr(512)
+ROPE = tl.constexpr(64)
 
 
 @triton.jit

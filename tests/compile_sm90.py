@@ -1,0 +1,55 @@
+"""Compile every Triton kernel for sm_90 ahead of time, without a GPU (run as a script with TRITON_INTERPRET=0).
+
+Catches what the CPU interpreter cannot: code that only fails in Triton's compiler (globals, layouts, fp8 dots).
+Prints one line per kernel variant: name, registers are unknown before load, so we report PTX size and shared memory.
+"""
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sglang_snapmla import numerics as nx
+from sglang_snapmla.kernels.triton import decode, quant
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_one(fn, signature, constexprs, **options):
+    src = ASTSource(fn=fn, signature={**signature, **{k: "constexpr" for k in constexprs}}, constexprs=constexprs)
+    return triton.compile(src, target=TARGET, options=options)
+
+
+def main() -> int:
+    quant_consts = {"FP8_MAX": nx.FP8_MAX, "SCALE_FLOOR": nx.SCALE_FLOOR}
+    variants = [
+        ("quantize_q", quant.quantize_q_kernel,
+         dict(q_nope_ptr="*bf16", q_rope_ptr="*bf16", q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_out_ptr="*bf16",
+              stride_nt="i32", stride_nh="i32", stride_rt="i32", stride_rh="i32", H="i32"), quant_consts, {}),
+        ("append_kv", quant.append_kv_kernel,
+         dict(c_kv_ptr="*bf16", k_rope_ptr="*bf16", loc_ptr="*i64", kv_fp8_ptr="*fp8e4nv", kv_scale_ptr="*fp32",
+              kv_rope_ptr="*bf16", stride_c="i32", stride_r="i32"), quant_consts, {}),
+        ("fetch_dequant", quant.fetch_dequant_kernel,
+         dict(loc_ptr="*i64", kv_fp8_ptr="*fp8e4nv", kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", c_kv_out_ptr="*bf16",
+              k_rope_out_ptr="*bf16", stride_co="i32", stride_ro="i32"), {}, {}),
+    ]
+    dec_sig = dict(q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_ptr="*bf16", kv_fp8_ptr="*fp8e4nv",
+                   kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", block_table_ptr="*i32", seq_lens_ptr="*i32",
+                   o_part_ptr="*fp32", lse_part_ptr="*fp32", stride_bt="i32", R="i32", H="i32", S_Q="i32",
+                   qk_scale_log2="fp32")
+    for block_m, warps in ((16, 4), (32, 4), (64, 8)):
+        variants.append((f"decode_split BLOCK_M={block_m}", decode.decode_split_kernel, dec_sig,
+                         dict(NUM_SPLITS=4, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
+                         dict(num_warps=warps, num_stages=2)))
+    variants.append(("combine", decode.combine_kernel,
+                     dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
+                          H="i32", S_Q="i32"), dict(NUM_SPLITS=5, SPLITS_P2=8), {}))
+    for name, fn, sig, consts, opts in variants:
+        k = compile_one(fn, sig, consts, **opts)
+        print(f"{name}: ok (shared {k.metadata.shared} B, ptx {len(k.asm['ptx'])} chars)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
