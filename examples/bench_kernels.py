@@ -177,13 +177,14 @@ def main():
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64, 16])
     ap.add_argument("--sq", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer (its JIT build takes minutes)")
+    ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
     args = ap.parse_args()
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for h in args.heads:
         for s_q in args.sq:
-            for b, sk in SHAPES:
+            for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
                 rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer)
                 results.extend(rs)
                 for r in rs:
