@@ -143,10 +143,10 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def decode_tiling(rows: int) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) for `rows` = s_q * H query rows per sequence."""
+def decode_tiling(rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, num_warps, num_stages) for `rows` = s_q * H query rows per sequence."""
     block_m = min(64, max(16, triton_next_pow2(rows)))
-    return block_m, (8 if block_m >= 64 else 4)
+    return block_m, (8 if block_m >= 64 else 4), 2
 
 
 def triton_next_pow2(n: int) -> int:
@@ -165,13 +165,14 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
 
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-           softmax_scale: float, num_splits: int | None = None):
+           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
     block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
     already be in the cache; query token i sees keys [0, seq_len - s_q + i]).
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
+    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests).
     """
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
@@ -189,7 +190,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
-    block_m, warps = decode_tiling(R)
+    block_m, warps, stages = tiling or decode_tiling(R)
     tiles = math.ceil(R / block_m)
     splits = num_splits or choose_num_splits(B, tiles, block_table.shape[1], q8.device)
     dev = q8.device
@@ -203,7 +204,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
         block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
         NUM_SPLITS=splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
-        num_warps=warps, num_stages=2)
+        num_warps=warps, num_stages=stages)
     tdecode.combine_kernel[(B, R)](o_part, lse_part, out, lse, R, H, s_q, NUM_SPLITS=splits,
                                    SPLITS_P2=triton_next_pow2(splits), num_warps=4)
     return out, lse
