@@ -13,6 +13,15 @@ from sglang_snapmla import ops
 from sglang_snapmla.kernels.triton import decode as tdecode
 
 
+def resources() -> str:
+    """Registers / spills / shared memory of the most recently compiled decode variant."""
+    try:
+        k = list(tdecode.decode_split_kernel.device_caches[0][0].values())[-1]
+        return f"regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared}"
+    except Exception as e:  # triton internals moved: report, keep timing
+        return f"(resources unavailable: {e!r:.60})"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--h", type=int, default=128)
@@ -46,10 +55,9 @@ def main():
                             ref = out.float()
                         err = ((out.float() - ref).norm() / ref.norm()).item()
                         us = triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median") * 1e3
-                        k = list(tdecode.decode_split_kernel.device_caches[0][0].values())[-1]
                         print(f"BLOCK_M={block_m:3d} warps={warps} stages={stages} splits={splits or 'auto'}: "
-                              f"{us:8.1f} us {b * sk * 644 / us / 1e3:7.0f} GB/s  regs {k.n_regs} spills "
-                              f"{k.n_spills} smem {k.metadata.shared}  err {err:.1e}", flush=True)
+                              f"{us:8.1f} us {b * sk * 644 / us / 1e3:7.0f} GB/s {resources()}  err {err:.1e}",
+                              flush=True)
                     except Exception as e:
                         print(f"BLOCK_M={block_m} warps={warps} stages={stages}: failed {e!r:.150}", flush=True)
 
