@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--sk", type=int, default=8192)
     ap.add_argument("--sq", type=int, default=1)
     ap.add_argument("--splits", type=int, nargs="*", default=[0])
+    ap.add_argument("--variant", default=None, help="path of an alternative decode kernel module to time instead")
+    ap.add_argument("--configs", nargs="*", default=None, help="BLOCK_M:warps:stages list")
     args = ap.parse_args()
     b, sk, h, s_q = args.b, args.sk, args.h, args.sq
     pages = math.ceil(sk / 64)
@@ -41,11 +43,22 @@ def main():
     q8 = torch.randn(b, s_q, h, 512, device="cuda").to(torch.float8_e4m3fn)
     qs = torch.rand(b, s_q, h, device="cuda") * 0.01 + 0.01
     qr = torch.randn(b, s_q, h, 64, device="cuda", dtype=torch.bfloat16)
+    if args.variant:  # swap in an experimental kernel module with the same kernel signature
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("decode_variant", args.variant)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        ops.tdecode = mod
+        global tdecode
+        tdecode = mod
+    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs] if args.configs else [
+        (bm, w, st) for bm in (16, 32, 64) for w in (4, 8) for st in (1, 2, 3)]
     ref = None
     print(f"h{h} b{b} sk{sk} s_q{s_q}: bytes {b * sk * 644 / 1e6:.1f} MB")
-    for block_m in (16, 32, 64):
-        for warps in (4, 8):
-            for stages in (1, 2, 3):
+    for block_m, warps, stages in configs:
+        if True:
+            if True:
                 for splits in args.splits:
                     try:
                         fn = lambda: ops.decode(q8, qs, qr, kv8, ks, kr, bt, lens, 0.04, splits or None,

@@ -38,10 +38,10 @@ def main() -> int:
                    kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", block_table_ptr="*i32", seq_lens_ptr="*i32",
                    o_part_ptr="*fp32", lse_part_ptr="*fp32", stride_bt="i32", R="i32", H="i32", S_Q="i32",
                    qk_scale_log2="fp32")
-    for block_m, warps in ((16, 4), (32, 4), (64, 8)):
+    for block_m, warps, stages in ((16, 4, 3), (32, 4, 2), (64, 8, 2)):
         variants.append((f"decode_split BLOCK_M={block_m}", decode.decode_split_kernel, dec_sig,
                          dict(NUM_SPLITS=4, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
-                         dict(num_warps=warps, num_stages=2)))
+                         dict(num_warps=warps, num_stages=stages)))
     variants.append(("combine", decode.combine_kernel,
                      dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
                           H="i32", S_Q="i32"), dict(NUM_SPLITS=5, SPLITS_P2=8), {}))

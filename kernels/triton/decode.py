@@ -15,6 +15,7 @@ import triton.language as tl
 LATENT = tl.constexpr(512)
 ROPE = tl.constexpr(64)
 PAGE = tl.constexpr(64)
+CHUNK = tl.constexpr(128)  # LATENT = 4 * CHUNK
 
 
 @triton.jit
@@ -47,23 +48,38 @@ def decode_split_kernel(
     last_key = seq_len - S_Q + rows // H
 
     q_row = (b * R + rows).to(tl.int64)
-    q8 = tl.load(q8_ptr + q_row[:, None] * LATENT + dc[None, :], mask=row_ok[:, None], other=0.0)
+    # The 512-wide latent is handled as four 128-wide chunks held in separate tensors: each MMA operand tile is
+    # then 8 KB instead of 32 KB, which keeps the kernel out of register spills at every tile height.
+    dq = tl.arange(0, CHUNK)
+    q_base = q8_ptr + q_row[:, None] * LATENT + dq[None, :]
+    q0 = tl.load(q_base + 0 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q1 = tl.load(q_base + 1 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(q_base + 2 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q3 = tl.load(q_base + 3 * CHUNK, mask=row_ok[:, None], other=0.0)
     q_rope = tl.load(q_rope_ptr + q_row[:, None] * ROPE + dr[None, :], mask=row_ok[:, None], other=0.0)
     q_scale = tl.load(q_scale_ptr + q_row, mask=row_ok, other=0.0) * qk_scale_log2
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, LATENT], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
 
     for page_idx in range(first, last):
         page = tl.load(block_table_ptr + b * stride_bt + page_idx).to(tl.int64)
         slots = page * PAGE + keys
-        k8 = tl.load(kv_fp8_ptr + slots[:, None] * LATENT + dc[None, :])
-        k_rope = tl.load(kv_rope_ptr + slots[:, None] * ROPE + dr[None, :])
+        # K^T chunks [128, 64] (K-major, as the FP8 MMA wants B) for QK, V chunks [64, 128] for PV: two reads of
+        # the same page, the second from L1/L2; each load feeds exactly one dot.
+        kt_base = kv_fp8_ptr + slots[None, :] * LATENT + dq[:, None]
+        k_rope_t = tl.load(kv_rope_ptr + slots[None, :] * ROPE + dr[:, None])
         k_scale = tl.load(kv_scale_ptr + slots)
 
-        s = tl.dot(q8, tl.trans(k8))
-        s = tl.dot(q_rope, tl.trans(k_rope), s)
+        s = tl.dot(q_rope, k_rope_t)
+        s = tl.dot(q0, tl.load(kt_base + 0 * CHUNK), s)
+        s = tl.dot(q1, tl.load(kt_base + 1 * CHUNK), s)
+        s = tl.dot(q2, tl.load(kt_base + 2 * CHUNK), s)
+        s = tl.dot(q3, tl.load(kt_base + 3 * CHUNK), s)
         s = s * q_scale[:, None] * k_scale[None, :]
         key_pos = page_idx * PAGE + keys
         s = tl.where(key_pos[None, :] <= last_key[:, None], s, float("-inf"))
@@ -77,15 +93,22 @@ def decode_split_kernel(
         p_v = p * k_scale[None, :]  # fuse V's per-token scale into P
         p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
         p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
-        pv = tl.dot(p8, k8)
-        acc = acc * alpha[:, None] + pv * p_scale[:, None]
+        v_base = kv_fp8_ptr + slots[:, None] * LATENT + dq[None, :]
+        acc0 = acc0 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 0 * CHUNK)) * p_scale[:, None]
+        acc1 = acc1 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 1 * CHUNK)) * p_scale[:, None]
+        acc2 = acc2 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 2 * CHUNK)) * p_scale[:, None]
+        acc3 = acc3 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 3 * CHUNK)) * p_scale[:, None]
         m = m_new
 
     has = l > 0.0
-    out = acc / tl.where(has, l, 1.0)[:, None]
+    inv_l = 1.0 / tl.where(has, l, 1.0)
     lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
     part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
-    tl.store(o_part_ptr + part[:, None] * LATENT + dc[None, :], out, mask=row_ok[:, None])
+    o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
+    tl.store(o_base + 0 * CHUNK, acc0 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 1 * CHUNK, acc1 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 2 * CHUNK, acc2 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 3 * CHUNK, acc3 * inv_l[:, None], mask=row_ok[:, None])
     tl.store(lse_part_ptr + part, lse2, mask=row_ok)
 
 
