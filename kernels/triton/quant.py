@@ -29,8 +29,8 @@ def quantize_q_kernel(
     stride_nt, stride_nh, stride_rt, stride_rh, H,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
+    t = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets exceed 2^31 bytes on large pools and batches
+    h = tl.program_id(1).to(tl.int64)
     dc = tl.arange(0, LATENT)
     dr = tl.arange(0, ROPE)
     content = tl.load(q_nope_ptr + t * stride_nt + h * stride_nh + dc).to(tl.float32)
@@ -49,7 +49,7 @@ def append_kv_kernel(
     stride_c, stride_r,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     dc = tl.arange(0, LATENT)
     dr = tl.arange(0, ROPE)
     slot = tl.load(loc_ptr + t).to(tl.int64)
@@ -68,7 +68,7 @@ def fetch_dequant_kernel(
     c_kv_out_ptr, k_rope_out_ptr,  # [N, 512], [N, 64] bf16 (row strides given)
     stride_co, stride_ro,
 ):
-    i = tl.program_id(0)
+    i = tl.program_id(0).to(tl.int64)
     dc = tl.arange(0, LATENT)
     dr = tl.arange(0, ROPE)
     slot = tl.load(loc_ptr + i).to(tl.int64)
