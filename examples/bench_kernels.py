@@ -205,7 +205,7 @@ def print_table(results):
     for r in results:
         keyed.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), {})[r["kernel"]] = r
     for (h, s_q, b, sk), d in keyed.items():
-        us = [f"{d[k]['us']:.1f}" if k in d else "fail" for k in kernels]
+        us = [f"{d[k]['us']:.1f}" if k in d else "-" for k in kernels]
         o = d["snapmla_triton"]
         fp8 = d.get("flashmla_fp8_pertensor")
         print(f"| {h} | {s_q} | {b} | {sk} | " + " | ".join(us) +

@@ -68,7 +68,11 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
     ops.append_kv(latent[:, :512], latent[:, 512:], torch.arange(T, device="cuda"), kv8, ks, kr)
     tail = torch.arange(T - 3000, T, device="cuda")
     ref = nx.quantize_kv(latent[tail, :512], latent[tail, 512:])
-    assert torch.equal(kv8[tail].view(torch.uint8), ref.content.view(torch.uint8))
+    got = kv8[tail].view(torch.uint8)
+    bad = (got != ref.content.view(torch.uint8)).any(1).nonzero().flatten()
+    assert bad.numel() == 0, (f"{bad.numel()} rows differ, first at slot {int(tail[bad[0]])}; scale "
+                              f"{ks[tail[bad[0]]].item()} vs {ref.scale[bad[0]].item()}; row bytes "
+                              f"{got[bad[0], :8].tolist()} vs {ref.content[bad[0], :8].view(torch.uint8).tolist()}")
     assert torch.equal(ks[tail], ref.scale)
     c, r = ops.fetch_dequant(tail, kv8, ks, kr)
     ref_c, ref_r = nx.dequantize_kv(ref)
