@@ -36,9 +36,14 @@ class SnapMLAInputError(ValueError):
 # ----------------------------------------------------------------------------------------------------------
 # validation helpers
 # ----------------------------------------------------------------------------------------------------------
+def interpreter_mode() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): tests on CPU machines."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _check_device(*tensors: torch.Tensor) -> None:
     dev = tensors[0].device
-    if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if dev.type != "cuda" and not interpreter_mode():
         raise SnapMLAInputError(f"SnapMLA kernels need CUDA tensors (got {dev}); on CPU only Triton's interpreter "
                                 "(TRITON_INTERPRET=1, for tests) can run them")
     for t in tensors:
@@ -169,6 +174,13 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
     return max(1, min(want, MAX_SPLITS, max_pages))
 
 
+def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device) -> int:
+    """The split count `decode` would pick, from shapes only (for callers that capture CUDA graphs and must use
+    the same count at capture and replay: pass a static `max_pages`)."""
+    rows = s_q * heads
+    return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
+
+
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None):
@@ -198,7 +210,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     R = s_q * H
     block_m, warps, stages = tiling or decode_tiling(R)
     tiles = math.ceil(R / block_m)
-    splits = num_splits or choose_num_splits(B, tiles, block_table.shape[1], q8.device)
+    splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device)
     dev = q8.device
     o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
     lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)

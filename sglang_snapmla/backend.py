@@ -1,0 +1,122 @@
+"""The SnapMLA attention backend for SGLang.
+
+Subclass of SGLang's FlashMLA backend: it reuses its page-table metadata (64-token pages, CUDA-graph buffers,
+target-verify / draft-extend handling for MTP) and its parent's MHA prefill paths, and replaces every kernel that
+reads the cache:
+
+* decode, target verify, draft extend: fused Q-quant + SnapMLA split-KV decode + combine (`ops`), s_q = 1 or the
+  number of draft tokens;
+* extend through absorbed MLA (a cached prefix shorter than SGLang's chunked-prefix threshold): the same decode
+  kernel, one launch per request with s_q = its new tokens (causal among them);
+* MHA prefill (no prefix, or a long one): unchanged; it reads the prefix through the pool's fetch-dequant.
+KV writes go through the pool's fused K-append kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
+from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+from . import numerics as nx
+from . import ops
+from .pool import SnapMLATokenToKVPool
+
+
+class SnapMLABackend(FlashMLABackend):
+    def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None):
+        super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf)
+        if not isinstance(self.token_to_kv_pool, SnapMLATokenToKVPool):
+            raise RuntimeError(
+                "--attention-backend snapmla needs its KV pool, but this process built "
+                f"{type(self.token_to_kv_pool).__name__}: the sglang_snapmla plugin did not load here "
+                "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
+        # Static page bound for the split heuristic: the same number at capture and at every replay.
+        self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
+
+    # -- shared by decode, target verify and draft extend ------------------------------------------------------
+    def _save(self, layer, loc, k, k_rope, save_kv_cache: bool):
+        if not save_kv_cache or k is None:
+            return
+        if k_rope is not None:
+            self.token_to_kv_pool.set_mla_kv_buffer(layer, loc, k, k_rope)
+        else:
+            self.token_to_kv_pool.set_kv_buffer(layer, loc, k, None)
+
+    def _split_q(self, q, q_rope, layer):
+        """-> q_nope [T, H, 512], q_rope [T, H, 64] (views) from the absorbed split form or the concatenated one."""
+        heads = layer.tp_q_head_num
+        if q_rope is not None:
+            return q.view(-1, heads, nx.KV_LORA_RANK), q_rope.view(-1, heads, nx.ROPE_DIM)
+        q = q.view(-1, heads, nx.KV_LORA_RANK + nx.ROPE_DIM)
+        return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
+
+    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, s_q: int):
+        """Q-quant + decode over the pool for [B * s_q] query tokens; returns [B * s_q, H * 512]."""
+        heads = layer.tp_q_head_num
+        batch = q_nope.shape[0] // s_q
+        q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
+        splits = ops.default_num_splits(batch, s_q, heads, self.max_pages, q_nope.device)
+        out, _ = ops.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
+                            q_rope_al.view(batch, s_q, heads, -1),
+                            *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
+                            block_table, seq_lens.to(torch.int32), layer.scaling, num_splits=splits)
+        return out.view(-1, heads * nx.KV_LORA_RANK)
+
+    # -- SGLang entry points ------------------------------------------------------------------------------
+    def forward_decode(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool = True,
+                       q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
+        self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
+        bs = forward_batch.batch_size
+        q_nope, q_rope = self._split_q(q, q_rope, layer)
+        return self._attend(q_nope, q_rope, layer, self.forward_metadata.block_kv_indices[:bs],
+                            forward_batch.seq_lens[:bs], s_q=1)
+
+    def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool = True,
+                       q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
+            bs = forward_batch.batch_size
+            window = self.num_draft_tokens
+            if mode.is_draft_extend_v2():
+                seq_lens = self.forward_metadata.seq_lens_k
+            else:
+                seq_lens = forward_batch.seq_lens[:bs] + window
+            q_nope, q_rope = self._split_q(q, q_rope, layer)
+            return self._attend(q_nope, q_rope, layer, self.forward_metadata.block_kv_indices[:bs], seq_lens,
+                                s_q=window)
+        if q_rope is None:
+            # MHA prefill (ragged, one-shot or chunked prefix): FlashInfer's path; the prefix comes from
+            # pool.get_mla_kv_buffer, i.e. fetch-dequant. (FlashMLABackend.forward_extend would do the same.)
+            return FlashInferMLAAttnBackend.forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache)
+        return self._absorbed_extend(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope)
+
+    def _absorbed_extend(self, q, k, layer, forward_batch: ForwardBatch, save_kv_cache, q_rope, k_rope):
+        """Extend with a short cached prefix through absorbed MLA: per request, its new tokens are s_q query tokens
+        of the decode kernel (causal among them) over prefix + new tokens in the pool. Host loop: extend batches
+        are not graph-captured and carry CPU lengths."""
+        self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
+        q_nope, q_rope = self._split_q(q, q_rope, layer)
+        out = q_nope.new_empty(q_nope.shape[0], layer.tp_q_head_num * nx.KV_LORA_RANK)
+        start = 0
+        for i, (ext, total) in enumerate(zip(forward_batch.extend_seq_lens_cpu, forward_batch.seq_lens_cpu.tolist())):
+            if ext == 0:
+                continue
+            slots = self.req_to_token[forward_batch.req_pool_indices[i], :total]
+            pages = (slots[:: nx.PAGE_SIZE] // nx.PAGE_SIZE).to(torch.int32).unsqueeze(0)
+            seq_len = torch.full((1,), total, dtype=torch.int32, device=q.device)
+            out[start:start + ext] = self._attend(q_nope[start:start + ext], q_rope[start:start + ext], layer,
+                                                  pages, seq_len, s_q=ext)
+            start += ext
+        return out
+
+
+def create_snapmla_backend(model_runner):
+    """Factory registered under `--attention-backend snapmla`."""
+    return SnapMLABackend(model_runner)
+

@@ -1,0 +1,150 @@
+"""Registration of `--attention-backend snapmla` with SGLang 0.5.17 (entry point group `sglang.srt.plugins`).
+
+SGLang calls `register()` in every process (the CLI before argument parsing, `Engine`, each scheduler subprocess);
+`python -m sglang.launch_server` also loads plugins before it parses arguments in 0.5.17, so both entry points see
+the new choice. Registration is idempotent and changes nothing for other backends: every hook checks that snapmla
+is the selected backend before acting.
+
+What is registered:
+* the `--attention-backend` choice, the backend factory, the chunked-prefix-cache capability;
+* DeepSeek/LongCat model side: a dispatch handler (MLA vs MHA prefill per batch, as FlashMLA's), the absorbed-decode
+  list (so q_nope / q_rope / k_nope / k_rope arrive split) and MHA one-shot support;
+* the KV pool: `KVCacheConfigurator._build_mla_kv_pool` builds `SnapMLATokenToKVPool`, and
+  `calculate_mla_kv_cache_dim` budgets 644 bytes per token and layer (so the memory planner sizes the pool right);
+* a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model, kv_lora_rank != 512, rope != 64, a
+  non-CUDA device, or mixing snapmla with another backend for prefill/decode (before any memory is allocated).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+BACKEND = "snapmla"
+logger = logging.getLogger(__name__)
+_registered = False
+
+
+def register() -> None:
+    """Entry point of the plugin. Safe to call more than once."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt import server_args as sa
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+    from sglang.srt.models.deepseek_common import utils as deepseek_utils
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    _add_once(sa.ATTENTION_BACKEND_CHOICES, BACKEND)
+    _add_once(sa.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS, BACKEND)
+    _add_once(handlers.MHA_ONE_SHOT_SUPPORTED_BACKENDS, BACKEND)
+    _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
+    register_attention_backend(BACKEND)(_create_backend)
+    handlers.AttentionBackendRegistry.register(
+        BACKEND, lambda attn, forward_batch: handlers._handle_attention_backend(attn, forward_batch, BACKEND))
+    configurator = "sglang.srt.mem_cache.kv_cache_configurator"
+    HookRegistry.register(f"{configurator}.calculate_mla_kv_cache_dim", _kv_cache_dim_hook, HookType.AROUND)
+    HookRegistry.register(f"{configurator}.KVCacheConfigurator._build_mla_kv_pool", _build_pool_hook, HookType.AROUND)
+    HookRegistry.register("sglang.srt.server_args.ServerArgs._handle_page_size", _page_size_hook, HookType.AFTER)
+    HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
+    _registered = True
+
+
+def _add_once(choices: list, name: str) -> None:
+    if name not in choices:
+        choices.append(name)
+
+
+def _create_backend(model_runner):
+    from .backend import create_snapmla_backend
+
+    return create_snapmla_backend(model_runner)
+
+
+def is_selected(args) -> bool:
+    """Whether server args (or a resolved view of them) select snapmla for any attention phase."""
+    return BACKEND in (getattr(args, "attention_backend", None), getattr(args, "decode_attention_backend", None),
+                       getattr(args, "prefill_attention_backend", None))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hooks
+# ------------------------------------------------------------------------------------------------------------
+def snapmla_kv_cache_dim(kv_cache_dtype: torch.dtype) -> int:
+    """Elements of `kv_cache_dtype` per token and layer that SGLang's memory planner should budget: 644 bytes."""
+    from .numerics import BYTES_PER_TOKEN
+
+    return math.ceil(BYTES_PER_TOKEN / torch.empty((), dtype=kv_cache_dtype).element_size())
+
+
+def _kv_cache_dim_hook(original, *args, **kwargs):
+    server_args = kwargs.get("server_args")
+    if server_args is not None and is_selected(server_args):
+        return snapmla_kv_cache_dim(kwargs["kv_cache_dtype"])
+    return original(*args, **kwargs)
+
+
+def _build_pool_hook(original, configurator, *args, max_total_num_tokens: int, **kwargs):
+    if not is_selected(configurator.server_args):
+        return original(configurator, *args, max_total_num_tokens=max_total_num_tokens, **kwargs)
+    from sglang.srt.runtime_context import get_exec
+
+    from .pool import SnapMLATokenToKVPool
+
+    mc = configurator.model_config
+    return SnapMLATokenToKVPool(
+        max_total_num_tokens, page_size=configurator.pool_page_size, dtype=configurator.kv_cache_dtype,
+        kv_lora_rank=mc.kv_lora_rank, qk_rope_head_dim=mc.qk_rope_head_dim,
+        layer_num=configurator.layer_info.num_effective_layers, device=configurator.device,
+        enable_memory_saver=get_exec().features.enable_memory_saver,
+        start_layer=configurator.layer_info.start_layer, end_layer=configurator.layer_info.end_layer)
+
+
+def _page_size_hook(result, server_args, *args, **kwargs):
+    """After SGLang resolves the page size (ServerArgs._handle_page_size): declare snapmla's, through SGLang's
+    own post-process mechanism (server args are read-only; declarations are applied at the end of resolution)."""
+    from sglang.srt.arg_groups.overrides import run_post_process_pass
+
+    run_post_process_pass(server_args, snapmla_server_args_pass)
+    return result
+
+
+def snapmla_server_args_pass(view) -> dict:
+    """Post-process pass: nothing unless snapmla is selected; else validate and declare page size 64."""
+    return {"page_size": check_server_args(view)} if is_selected(view) else {}
+
+
+def check_server_args(args) -> int:
+    """One clear error per unsupported setup; returns the page size to use (64)."""
+    phases = {getattr(args, "attention_backend", None), getattr(args, "decode_attention_backend", None),
+              getattr(args, "prefill_attention_backend", None)} - {None}
+    if phases != {BACKEND}:
+        raise ValueError(f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
+                         "Use --attention-backend snapmla alone (no other --prefill/--decode-attention-backend).")
+    from .pool import check_pool_config
+
+    device = getattr(args, "device", None) or "cuda"
+    kv_lora_rank, rope = _model_latent_dims(args)
+    check_pool_config(kv_lora_rank, rope, 64, "cuda" if device == "auto" else device)
+    if getattr(args, "page_size", None) not in (None, 64):
+        logger.warning("--attention-backend snapmla stores the KV cache in 64-token pages: page size %s -> 64",
+                       args.page_size)
+    return 64
+
+
+def _model_latent_dims(args) -> tuple[int, int]:
+    """(kv_lora_rank, qk_rope_head_dim) from the model's config; a clear error for non-MLA models."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    model_path = getattr(args, "model_path", None)
+    config = get_config(model_path, trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+                        revision=getattr(args, "revision", None))
+    config = getattr(config, "text_config", None) or config
+    if getattr(config, "kv_lora_rank", None) is None:
+        raise ValueError(f"--attention-backend snapmla serves MLA models (DeepSeek-V2/V3/R1, LongCat-Flash); "
+                         f"{model_path} ({getattr(config, 'model_type', '?')}) has no kv_lora_rank. "
+                         "Use another --attention-backend for it.")
+    return int(config.kv_lora_rank), int(getattr(config, "qk_rope_head_dim", 0))

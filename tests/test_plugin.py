@@ -1,0 +1,172 @@
+"""The SGLang plugin on CPU: entry point, argument parsing, clear errors, the KV pool (interpreter) and sizing."""
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_snapmla import numerics as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+V2_LITE = ROOT / "configs/models/deepseek-v2-lite-shape"
+
+
+@pytest.fixture(scope="module")
+def plugin():
+    from sglang_snapmla import plugin as p
+
+    p.register()
+    return p
+
+
+def parse(*argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(list(argv))
+
+
+def test_entry_point_registers_everything(plugin):
+    (ep,) = [e for e in entry_points(group="sglang.srt.plugins") if e.name == "snapmla"]
+    assert ep.value == "sglang_snapmla.plugin:register"
+    from sglang.srt import server_args as sa
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry
+    from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+
+    ep.load()()  # idempotent: a second registration changes nothing
+    assert sa.ATTENTION_BACKEND_CHOICES.count("snapmla") == 1
+    assert "snapmla" in sa.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+    assert "snapmla" in ATTENTION_BACKENDS
+    assert FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.count("snapmla") == 1
+    triton_handler = AttentionBackendRegistry.get_handler("triton")
+    assert AttentionBackendRegistry.get_handler("snapmla") is not triton_handler
+
+
+def test_server_args_parse_and_pin_page_size(plugin):
+    args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
+                 "--load-format", "dummy")
+    assert args.attention_backend == "snapmla" and args.page_size == 64
+    args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
+                 "--kv-cache-dtype", "fp8_e4m3", "--page-size", "16")
+    assert args.page_size == 64 and args.kv_cache_dtype == "fp8_e4m3"
+
+
+def test_other_backends_untouched(plugin):
+    args = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu")
+    assert args.page_size == 1
+
+
+def _config_dir(tmp_path, **changes):
+    cfg = json.loads((V2_LITE / "config.json").read_text())
+    cfg.update(changes)
+    for k in [k for k, v in changes.items() if v is None]:
+        cfg.pop(k)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(kv_lora_rank=256), "kv_lora_rank=512"),
+    (dict(qk_rope_head_dim=128), "qk_rope_head_dim=64"),
+    (dict(architectures=["LlamaForCausalLM"], model_type="llama", kv_lora_rank=None), "serves MLA models"),
+])
+def test_unsupported_models_fail_clearly(plugin, tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        parse("--model-path", _config_dir(tmp_path, **changes), "--attention-backend", "snapmla", "--device", "cpu")
+
+
+def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
+    with pytest.raises(ValueError, match="only readable by snapmla"):
+        parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--prefill-attention-backend",
+              "flashinfer", "--device", "cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # outside the interpreter, a CPU device cannot run the kernels
+    with pytest.raises(ValueError, match="runs on CUDA GPUs"):
+        parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu")
+
+
+def test_launch_server_module_knows_the_choice():
+    """`python -m sglang.launch_server` loads plugins before parsing in 0.5.17: --help lists snapmla."""
+    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "snapmla" in res.stdout
+
+
+# ------------------------------------------------------------------------------------------------------------
+# pool
+# ------------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def pool(plugin):
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    return SnapMLATokenToKVPool(size=256, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+                                layer_num=2, device="cpu", enable_memory_saver=False)
+
+
+LAYER = SimpleNamespace(layer_id=1)
+
+
+def test_pool_layout_and_size(pool):
+    n = 256 + 64
+    kv, scale, rope = pool.snapmla_buffers(1)
+    assert kv.shape == (n, 512) and kv.dtype == torch.float8_e4m3fn
+    assert scale.shape == (n,) and scale.dtype == torch.float32
+    assert rope.shape == (n, 64) and rope.dtype == torch.bfloat16
+    assert pool.get_kv_size_bytes() == 2 * n * nx.BYTES_PER_TOKEN
+    ptrs, lens, items = pool.get_contiguous_buf_infos()
+    assert len(ptrs) == len(lens) == len(items) == 6
+    assert sorted(set(items)) == sorted({64 * 512, 64 * 4, 64 * 128})
+    with pytest.raises(NotImplementedError, match="three arrays"):
+        pool.get_key_buffer(0)
+
+
+def test_pool_set_get_roundtrip_equals_quantize_dequantize(pool, gen):
+    T = 70
+    nope = (torch.randn(T, 1, 512, generator=gen) * 3).to(torch.bfloat16)
+    rope = (torch.randn(T, 1, 64, generator=gen) * 100).to(torch.bfloat16)
+    nope[4] = 0
+    loc = torch.randperm(255, generator=gen)[:T] + 1
+    pool.set_mla_kv_buffer(LAYER, loc, nope, rope)
+    got_nope, got_rope = pool.get_mla_kv_buffer(LAYER, loc, torch.bfloat16)
+    ref_nope, ref_rope = nx.dequantize_kv(nx.quantize_kv(nope[:, 0], rope[:, 0]))
+    assert got_nope.shape == (T, 1, 512) and got_rope.shape == (T, 1, 64)
+    assert torch.equal(got_nope[:, 0], ref_nope) and torch.equal(got_rope[:, 0], ref_rope)
+    # the concatenated 576-wide write path stores the same bytes
+    loc2 = loc.flip(0)
+    pool.set_kv_buffer(LAYER, loc2, torch.cat([nope, rope], -1), None)
+    again, _ = pool.get_mla_kv_buffer(LAYER, loc2, torch.bfloat16)
+    assert torch.equal(again[:, 0], ref_nope)
+
+
+def test_pool_move_and_cpu_copy(pool, gen):
+    nope = torch.randn(8, 1, 512, generator=gen).to(torch.bfloat16)
+    rope = torch.randn(8, 1, 64, generator=gen).to(torch.bfloat16)
+    src = torch.arange(1, 9)
+    pool.set_mla_kv_buffer(LAYER, src, nope, rope)
+    before = pool.get_mla_kv_buffer(LAYER, src)
+    tgt = torch.arange(100, 108)
+    pool.move_kv_cache(tgt, src)
+    moved = pool.get_mla_kv_buffer(LAYER, tgt)
+    assert all(torch.equal(a, b) for a, b in zip(before, moved))
+    saved = pool.get_cpu_copy(tgt)
+    for buf in (*pool.kv_buffer, *pool.kv_scale_buffer, *pool.kv_rope_buffer):
+        buf.zero_()
+    pool.load_cpu_copy(saved, tgt)
+    restored = pool.get_mla_kv_buffer(LAYER, tgt)
+    assert all(torch.equal(a, b) for a, b in zip(before, restored))
+
+
+def test_sizing_budgets_644_bytes(plugin):
+    from sglang.srt.mem_cache import kv_cache_configurator as kcc
+
+    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        dim = kcc.calculate_mla_kv_cache_dim(model_config=None, kv_cache_dtype=dtype,
+                                             server_args=SimpleNamespace(attention_backend="snapmla"))
+        assert dim * torch.empty((), dtype=dtype).element_size() == 644
+    assert nx.BF16_BYTES_PER_TOKEN / nx.BYTES_PER_TOKEN >= 1.78
