@@ -1,0 +1,155 @@
+"""Start an SGLang server per backend, check its endpoints, run `python -m sglang.bench_serving`, compare.
+
+    python examples/serve_and_bench.py --model configs/models/deepseek-v2-lite-shape \
+        --runs snapmla flashmla flashmla-fp8 --num-prompts 320 --out bench_out
+
+Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's flags (page 64, context 32768,
+--mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
+/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0).
+Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, ratio vs flashmla) and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+RUNS = {
+    "snapmla": ["--attention-backend", "snapmla"],
+    "snapmla-fp8flag": ["--attention-backend", "snapmla", "--kv-cache-dtype", "fp8_e4m3"],
+    "flashmla": ["--attention-backend", "flashmla", "--page-size", "64"],
+    "flashmla-fp8": ["--attention-backend", "flashmla", "--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
+    "triton": ["--attention-backend", "triton", "--page-size", "64"],
+}
+METRICS = {
+    "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
+    "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
+    "median_tpot_ms": r"Median TPOT \(ms\):\s+([\d.]+)",
+    "median_itl_ms": r"Median ITL \(ms\):\s+([\d.]+)",
+    "median_ttft_ms": r"Median TTFT \(ms\):\s+([\d.]+)",
+    "duration_s": r"Benchmark duration \(s\):\s+([\d.]+)",
+    "completed": r"Successful requests:\s+(\d+)",
+}
+
+
+def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(2)
+    raise TimeoutError("server not healthy in time")
+
+
+def check_endpoints(port: int, model: str) -> dict:
+    gen = post(port, "/generate", {"text": "def fibonacci(n):", "sampling_params": {"max_new_tokens": 16,
+                                                                                   "temperature": 0}})
+    comp = post(port, "/v1/completions", {"model": model, "prompt": "import os\n", "max_tokens": 16,
+                                          "temperature": 0})
+    chat = post(port, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hello"}],
+                                               "max_tokens": 16, "temperature": 0})
+    out = {"generate": gen["text"], "completions": comp["choices"][0]["text"],
+           "chat": chat["choices"][0]["message"]["content"]}
+    assert all(isinstance(v, str) for v in out.values()), out
+    assert gen["meta_info"]["completion_tokens"] == 16, gen["meta_info"]
+    return out
+
+
+def run_one(name: str, args, out_dir: Path, port: int) -> dict:
+    log = open(out_dir / f"server_{name}.log", "w")
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model, "--load-format", "dummy",
+           "--context-length", "32768", "--mem-fraction-static", "0.80", "--cuda-graph-max-bs",
+           str(args.cuda_graph_max_bs), "--grammar-backend", "none", "--port", str(port), *RUNS[name], *args.extra]
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    res = {"run": name, "cmd": " ".join(cmd)}
+    try:
+        wait_healthy(port, proc, args.startup_timeout)
+        res["startup_s"] = round(time.time() - t0, 1)
+        res["endpoints"] = check_endpoints(port, args.model)
+        if args.num_prompts:
+            bench = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
+                     "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
+                     "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
+                     "--num-prompts", str(args.num_prompts), "--tokenizer", args.model, "--seed", "1"]
+            b = subprocess.run(bench, capture_output=True, text=True, timeout=args.bench_timeout)
+            (out_dir / f"bench_{name}.txt").write_text(b.stdout + b.stderr)
+            for key, pat in METRICS.items():
+                m = re.search(pat, b.stdout)
+                res[key] = float(m.group(1)) if m else None
+    except Exception as e:  # recorded in the table, never hidden
+        res["error"] = repr(e)[:300]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    text = (out_dir / f"server_{name}.log").read_text(errors="replace")
+    m = re.findall(r"max_total_num_tokens=(\d+)", text)
+    res["pool_tokens"] = int(m[-1]) if m else None
+    if "error" in res:
+        res["server_log_tail"] = text[-3000:]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
+    ap.add_argument("--runs", nargs="+", default=["snapmla", "flashmla"], choices=list(RUNS))
+    ap.add_argument("--num-prompts", type=int, default=320)
+    ap.add_argument("--input-len", type=int, default=4096)
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    ap.add_argument("--startup-timeout", type=float, default=300)
+    ap.add_argument("--bench-timeout", type=float, default=400)
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i, name in enumerate(args.runs):
+        r = run_one(name, args, args.out, 30000 + i)
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "server_log_tail"}), flush=True)
+        if "server_log_tail" in r:
+            print(r["server_log_tail"], flush=True)
+    (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))
+    base = next((r for r in results if r["run"] == "flashmla" and r.get("total_tok_s")), None)
+    print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len}, {args.num_prompts} prompts")
+    print("| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
+          "total vs flashmla BF16 | pool vs flashmla BF16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ratio = (f"{r['total_tok_s'] / base['total_tok_s']:.2f}x" if base and r.get("total_tok_s") else "-")
+        pool = (f"{r['pool_tokens'] / base['pool_tokens']:.2f}x" if base and r.get("pool_tokens")
+                and base.get("pool_tokens") else "-")
+        print(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
+              f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | {ratio} | {pool} |"
+              + (f" error: {r['error']}" if "error" in r else ""))
+
+
+if __name__ == "__main__":
+    main()
