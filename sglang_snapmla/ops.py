@@ -223,7 +223,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
         NUM_SPLITS=splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
         num_warps=warps, num_stages=stages)
-    tdecode.combine_kernel[(B, R)](o_part, lse_part, out, lse, R, H, s_q, NUM_SPLITS=splits,
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, NUM_SPLITS=splits,
                                    SPLITS_P2=triton_next_pow2(splits), num_warps=4)
     return out, lse
 

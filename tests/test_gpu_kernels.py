@@ -15,6 +15,7 @@ def _to(p, dev):
 
 
 @pytest.mark.parametrize("seq_lens,heads,s_q", [
+    ([4300], 16, 4200),  # absorbed-MLA extend: 67200 query rows, more than a grid's y/z axis holds
     ([65536, 1, 4097, 30000], 16, 1),
     ([16384, 777], 128, 2),
     ([2000 + 13 * i for i in range(128)], 16, 1),

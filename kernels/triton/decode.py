@@ -119,8 +119,8 @@ def combine_kernel(
     R, H, S_Q,
     NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    r = tl.program_id(1)
+    r = tl.program_id(0)  # rows on the x axis: R = s_q * H exceeds the 65535 limit of y/z for long extends
+    b = tl.program_id(1)
     sp = tl.arange(0, SPLITS_P2)
     dc = tl.arange(0, LATENT)
     base = (b * R + r).to(tl.int64) * NUM_SPLITS
