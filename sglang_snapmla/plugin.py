@@ -43,8 +43,7 @@ def register() -> None:
     _add_once(handlers.MHA_ONE_SHOT_SUPPORTED_BACKENDS, BACKEND)
     _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
     register_attention_backend(BACKEND)(_create_backend)
-    handlers.AttentionBackendRegistry.register(
-        BACKEND, lambda attn, forward_batch: handlers._handle_attention_backend(attn, forward_batch, BACKEND))
+    handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     HookRegistry.register(f"{configurator}.calculate_mla_kv_cache_dim", _kv_cache_dim_hook, HookType.AROUND)
     HookRegistry.register(f"{configurator}.KVCacheConfigurator._build_mla_kv_pool", _build_pool_hook, HookType.AROUND)
@@ -56,6 +55,30 @@ def register() -> None:
 def _add_once(choices: list, name: str) -> None:
     if name not in choices:
         choices.append(name)
+
+
+def _dispatch_attention_method(attn, forward_batch):
+    """DeepSeek/LongCat per-batch choice of MLA vs MHA. Prefill with any cached prefix goes to MHA (prefix rows
+    fetch-dequantized into FlashInfer's ragged prefill), not only prefixes over SGLang's chunked-prefix threshold:
+    our absorbed-MLA extend runs the decode kernel per request and is far slower for long new spans. The absorbed
+    path stays for captured prefill graphs and for servers with the chunked prefix cache disabled."""
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+
+    if (forward_batch.forward_mode.is_extend_without_speculative() and not attn.disable_chunked_prefix_cache
+            and handlers._handle_attention_backend(attn, forward_batch, BACKEND) == AttnForwardMethod.MLA
+            and not _in_captured_prefill()):
+        if handlers._support_mha_one_shot(attn, forward_batch, BACKEND):
+            return AttnForwardMethod.MHA_ONE_SHOT
+        return AttnForwardMethod.MHA_CHUNKED_KV
+    return handlers._handle_attention_backend(attn, forward_batch, BACKEND)
+
+
+def _in_captured_prefill() -> bool:
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import is_in_breakable_cuda_graph
+    from sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph import is_in_tc_piecewise_cuda_graph
+
+    return is_in_tc_piecewise_cuda_graph() or is_in_breakable_cuda_graph()
 
 
 def _create_backend(model_runner):
