@@ -12,6 +12,7 @@ Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, r
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -76,6 +77,19 @@ def check_endpoints(port: int, model: str) -> dict:
     return out
 
 
+_live_servers: set[int] = set()
+
+
+def _kill_live_servers(*_):
+    """Servers run in their own process group; a killed benchmark must not leave one holding the GPU."""
+    for pgid in list(_live_servers):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _live_servers.clear()
+
+
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     log = open(out_dir / f"server_{name}.log", "w")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model, "--load-format", "dummy",
@@ -83,6 +97,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
            str(args.cuda_graph_max_bs), "--grammar-backend", "none", "--port", str(port), *RUNS[name], *args.extra]
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    _live_servers.add(proc.pid)
     res = {"run": name, "cmd": " ".join(cmd)}
     try:
         wait_healthy(port, proc, args.startup_timeout)
@@ -110,6 +125,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        _live_servers.discard(proc.pid)
         log.close()
     text = (out_dir / f"server_{name}.log").read_text(errors="replace")
     m = re.findall(r"max_total_num_tokens=(\d+)", text)
@@ -134,6 +150,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    atexit.register(_kill_live_servers)
+    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
     results = []
     for i, name in enumerate(args.runs):
         r = run_one(name, args, args.out, 30000 + i)
