@@ -14,29 +14,21 @@ KV writes go through the pool's fused K-append kernel.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
 import torch
-from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
-from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 from . import numerics as nx
 from . import ops
 from .pool import SnapMLATokenToKVPool
 
 
-class SnapMLABackend(FlashMLABackend):
-    def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None):
-        super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf)
-        if not isinstance(self.token_to_kv_pool, SnapMLATokenToKVPool):
-            raise RuntimeError(
-                "--attention-backend snapmla needs its KV pool, but this process built "
-                f"{type(self.token_to_kv_pool).__name__}: the sglang_snapmla plugin did not load here "
-                "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
-        # Static page bound for the split heuristic: the same number at capture and at every replay.
-        self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
+class SnapMLAForward:
+    """The forward paths of the backend. Reads `token_to_kv_pool`, `req_to_token`, `forward_metadata`
+    (FlashMLA's block table), `num_draft_tokens` and `max_pages`, which FlashMLABackend / our __init__ set.
+    Kept apart from the SGLang base class so it imports (and is tested) on machines without sgl_kernel's GPU ops."""
 
     # -- shared by decode, target verify and draft extend ------------------------------------------------------
     def _save(self, layer, loc, k, k_rope, save_kv_cache: bool):
@@ -68,7 +60,7 @@ class SnapMLABackend(FlashMLABackend):
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
     # -- SGLang entry points ------------------------------------------------------------------------------
-    def forward_decode(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool = True,
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         bs = forward_batch.batch_size
@@ -76,7 +68,7 @@ class SnapMLABackend(FlashMLABackend):
         return self._attend(q_nope, q_rope, layer, self.forward_metadata.block_kv_indices[:bs],
                             forward_batch.seq_lens[:bs], s_q=1)
 
-    def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool = True,
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
@@ -93,10 +85,12 @@ class SnapMLABackend(FlashMLABackend):
         if q_rope is None:
             # MHA prefill (ragged, one-shot or chunked prefix): FlashInfer's path; the prefix comes from
             # pool.get_mla_kv_buffer, i.e. fetch-dequant. (FlashMLABackend.forward_extend would do the same.)
+            from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
+
             return FlashInferMLAAttnBackend.forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache)
         return self._absorbed_extend(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope)
 
-    def _absorbed_extend(self, q, k, layer, forward_batch: ForwardBatch, save_kv_cache, q_rope, k_rope):
+    def _absorbed_extend(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope):
         """Extend with a short cached prefix through absorbed MLA: per request, its new tokens are s_q query tokens
         of the decode kernel (causal among them) over prefix + new tokens in the pool. Host loop: extend batches
         are not graph-captured and carry CPU lengths."""
@@ -116,7 +110,26 @@ class SnapMLABackend(FlashMLABackend):
         return out
 
 
+@functools.lru_cache(maxsize=1)
+def backend_class() -> type:
+    """SnapMLABackend = SnapMLAForward over SGLang's FlashMLABackend (imported here: it needs sgl_kernel's GPU ops)."""
+    from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+
+    class SnapMLABackend(SnapMLAForward, FlashMLABackend):
+        def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None):
+            super().__init__(model_runner, skip_prefill, kv_indptr_buf, kv_last_page_len_buf)
+            if not isinstance(self.token_to_kv_pool, SnapMLATokenToKVPool):
+                raise RuntimeError(
+                    "--attention-backend snapmla needs its KV pool, but this process built "
+                    f"{type(self.token_to_kv_pool).__name__}: the sglang_snapmla plugin did not load here "
+                    "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
+            # Static page bound for the split heuristic: the same number at capture and at every replay.
+            self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
+
+    return SnapMLABackend
+
+
 def create_snapmla_backend(model_runner):
     """Factory registered under `--attention-backend snapmla`."""
-    return SnapMLABackend(model_runner)
+    return backend_class()(model_runner)
 

@@ -1,0 +1,103 @@
+"""SnapMLABackend's own logic on CPU (interpreter): decode, target verify and absorbed extend against the reference.
+
+SnapMLAForward holds the backend's forward paths; SGLang's FlashMLA base class needs sgl_kernel's GPU ops, so here
+the fields those paths read are set directly: the pool, req_to_token, FlashMLA's block table, the draft window."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from helpers import assert_close
+from sglang_snapmla import numerics as nx
+
+H = 8
+SCALE = 576**-0.5
+
+
+@pytest.fixture
+def setup(gen):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: F401  (import check)
+
+    from sglang_snapmla import plugin
+    from sglang_snapmla.backend import SnapMLAForward
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    plugin.register()
+    pool = SnapMLATokenToKVPool(size=64 * 12, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512,
+                                qk_rope_head_dim=64, layer_num=1, device="cpu", enable_memory_saver=False)
+    backend = SnapMLAForward()
+    backend.token_to_kv_pool = pool
+    backend.max_pages = 8
+    backend.num_draft_tokens = 2
+    # two requests, each owning shuffled whole pages (SGLang allocates page-aligned slots with page size 64)
+    pages = (torch.randperm(12, generator=gen)[:8] + 1).reshape(2, 4)
+    backend.req_to_token = (pages[:, :, None] * 64 + torch.arange(64)).reshape(2, -1).to(torch.int32)
+    backend.forward_metadata = SimpleNamespace(block_kv_indices=pages.to(torch.int32), seq_lens_k=None)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=H, scaling=SCALE)
+    return backend, pool, layer
+
+
+def fill(pool, layer, slots, gen):
+    nope = torch.randn(len(slots), 1, 512, generator=gen).to(torch.bfloat16)
+    rope = torch.randn(len(slots), 1, 64, generator=gen).to(torch.bfloat16)
+    pool.set_mla_kv_buffer(layer, slots.long(), nope, rope)
+
+
+def reference(pool, q_nope, q_rope, block_table, seq_lens):
+    """Reference decode over the pool's own (quantized) contents. q_*: [B, s_q, H, D] bf16."""
+    kv, scale, rope = pool.snapmla_buffers(0)
+    q = nx.quantize_q(q_nope, q_rope)
+    return nx.snapmla_decode_reference(q, nx.LatentCache(kv, scale, rope), block_table, seq_lens, SCALE)[0]
+
+
+def test_decode_and_target_verify(setup, gen):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend, pool, layer = setup
+    lens = torch.tensor([130, 70], dtype=torch.int32)
+    for b in range(2):
+        fill(pool, layer, backend.req_to_token[b, : lens[b] + 2], gen)
+    for mode, s_q in ((ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 2)):
+        q = torch.randn(2 * s_q, H, 512, generator=gen).to(torch.bfloat16)
+        qr = torch.randn(2 * s_q, H, 64, generator=gen).to(torch.bfloat16)
+        fb = SimpleNamespace(forward_mode=mode, batch_size=2, seq_lens=lens, out_cache_loc=None)
+        if s_q == 1:
+            out = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+            seq = lens
+        else:
+            out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+            seq = lens + 2  # verify: the draft tokens follow the committed ones
+        ref = reference(pool, q.view(2, s_q, H, 512), qr.view(2, s_q, H, 64), backend.forward_metadata.block_kv_indices,
+                        seq)
+        assert out.shape == (2 * s_q, H * 512)
+        assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
+
+
+def test_absorbed_extend_writes_and_attends(setup, gen):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend, pool, layer = setup
+    prefix, ext = [100, 3], [5, 61]  # prefix + new tokens per request; lengths not multiples of 64
+    for b in range(2):
+        fill(pool, layer, backend.req_to_token[b, : prefix[b]], gen)
+    total = sum(ext)
+    q = torch.randn(total, H, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(total, H, 64, generator=gen).to(torch.bfloat16)
+    k = torch.randn(total, 1, 512, generator=gen).to(torch.bfloat16)
+    kr = torch.randn(total, 1, 64, generator=gen).to(torch.bfloat16)
+    loc = torch.cat([backend.req_to_token[b, prefix[b]: prefix[b] + ext[b]] for b in range(2)]).long()
+    seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
+    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, extend_seq_lens_cpu=ext,
+                         seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
+    out = backend.forward_extend(q, k, None, layer, fb, save_kv_cache=True, q_rope=qr, k_rope=kr)
+    got_k, _ = pool.get_mla_kv_buffer(layer, loc)
+    ref_k, _ = nx.dequantize_kv(nx.quantize_kv(k[:, 0], kr[:, 0]))
+    assert torch.equal(got_k[:, 0], ref_k), "new tokens were not appended at out_cache_loc"
+    start = 0
+    for b in range(2):
+        rows = slice(start, start + ext[b])
+        ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
+                        backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
+        assert_close(out[rows].float().view(1, ext[b], H, 512), ref, rel_l2=1e-2, what=f"request {b}")
+        start += ext[b]
