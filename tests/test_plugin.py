@@ -57,6 +57,14 @@ def test_server_args_parse_and_pin_page_size(plugin):
     assert args.page_size == 64 and args.kv_cache_dtype == "fp8_e4m3"
 
 
+@pytest.mark.parametrize("name", ["deepseek-v2-lite-shape", "deepseek-v3-shape", "longcat-flash-shape"])
+def test_bundled_configs_are_accepted(plugin, name):
+    """Every bundled model config parses with snapmla (LongCat's rope is set to 64, SGLang defaults it to 128)."""
+    args = parse("--model-path", str(ROOT / "configs/models" / name), "--attention-backend", "snapmla",
+                 "--device", "cpu", "--load-format", "dummy")
+    assert args.page_size == 64
+
+
 def test_other_backends_untouched(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu")
     assert args.page_size == 1
@@ -160,6 +168,38 @@ def test_pool_move_and_cpu_copy(pool, gen):
     pool.load_cpu_copy(saved, tgt)
     restored = pool.get_mla_kv_buffer(LAYER, tgt)
     assert all(torch.equal(a, b) for a, b in zip(before, restored))
+
+
+def test_disaggregation_transfer_reproduces_the_cache(plugin, gen):
+    """Copy pages between two pools using only get_contiguous_buf_infos (pointer, length, per-page item size),
+    the way a PD-disaggregation transfer engine does; the receiving pool must read back the same cache."""
+    import ctypes
+
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    def make():
+        return SnapMLATokenToKVPool(size=64 * 8, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512,
+                                    qk_rope_head_dim=64, layer_num=2, device="cpu", enable_memory_saver=False)
+
+    src, dst = make(), make()
+    src_pages, dst_pages = [3, 5, 1], [7, 2, 4]
+    slots = torch.tensor([p * 64 + i for p in src_pages for i in range(64)])
+    for layer in (SimpleNamespace(layer_id=0), SimpleNamespace(layer_id=1)):
+        src.set_mla_kv_buffer(layer, slots, torch.randn(len(slots), 1, 512, generator=gen).to(torch.bfloat16),
+                              (torch.randn(len(slots), 1, 64, generator=gen) * 50).to(torch.bfloat16))
+    (sp, sl, si), (dp, dl, di) = src.get_contiguous_buf_infos(), dst.get_contiguous_buf_infos()
+    assert sl == dl and si == di
+    for s_ptr, d_ptr, item in zip(sp, dp, si):
+        for a, b in zip(src_pages, dst_pages):
+            ctypes.memmove(d_ptr + b * item, s_ptr + a * item, item)
+    dst_slots = torch.tensor([p * 64 + i for p in dst_pages for i in range(64)])
+    for layer in (SimpleNamespace(layer_id=0), SimpleNamespace(layer_id=1)):
+        got = dst.get_mla_kv_buffer(layer, dst_slots)
+        want = src.get_mla_kv_buffer(layer, slots)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    untouched = torch.tensor([6 * 64 + i for i in range(64)])
+    assert torch.equal(dst.get_mla_kv_buffer(SimpleNamespace(layer_id=0), untouched)[0],
+                       torch.zeros(64, 1, 512, dtype=torch.bfloat16))
 
 
 def test_sizing_budgets_644_bytes(plugin):
