@@ -106,6 +106,21 @@ def test_launch_server_module_knows_the_choice():
     assert "snapmla" in res.stdout
 
 
+def test_sglang_serve_parses_snapmla():
+    """`sglang serve` loads plugins before parsing (its --help text does not, so it omits the choice): parse a real
+    command line through the CLI, stopping where the server would start."""
+    script = (
+        "import sys, sglang.launch_server as ls\n"
+        "ls.run_server = lambda a: print('PARSED', a.attention_backend, a.page_size)\n"
+        "from sglang.cli.main import main\n"
+        f"sys.argv = ['sglang', 'serve', '--model-path', {str(V2_LITE)!r}, '--attention-backend', 'snapmla',"
+        " '--device', 'cpu', '--load-format', 'dummy']\n"
+        "main()\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert "PARSED snapmla 64" in res.stdout, res.stdout[-1000:] + res.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # pool
 # ------------------------------------------------------------------------------------------------------------
