@@ -66,13 +66,13 @@ def _dispatch_attention_method(attn, forward_batch):
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
 
-    if (forward_batch.forward_mode.is_extend_without_speculative() and not attn.disable_chunked_prefix_cache
-            and handlers._handle_attention_backend(attn, forward_batch, BACKEND) == AttnForwardMethod.MLA
-            and not _in_captured_prefill()):
+    method = handlers._handle_attention_backend(attn, forward_batch, BACKEND)
+    if (method == AttnForwardMethod.MLA and forward_batch.forward_mode.is_extend_without_speculative()
+            and not attn.disable_chunked_prefix_cache and not _in_captured_prefill()):
         if handlers._support_mha_one_shot(attn, forward_batch, BACKEND):
             return AttnForwardMethod.MHA_ONE_SHOT
         return AttnForwardMethod.MHA_CHUNKED_KV
-    return handlers._handle_attention_backend(attn, forward_batch, BACKEND)
+    return method
 
 
 def _in_captured_prefill() -> bool:
@@ -88,10 +88,15 @@ def _create_backend(model_runner):
     return create_snapmla_backend(model_runner)
 
 
+def _attention_backends(args) -> set:
+    """The attention backends server args (or a resolved view of them) name for any phase."""
+    return {getattr(args, "attention_backend", None), getattr(args, "decode_attention_backend", None),
+            getattr(args, "prefill_attention_backend", None)} - {None}
+
+
 def is_selected(args) -> bool:
-    """Whether server args (or a resolved view of them) select snapmla for any attention phase."""
-    return BACKEND in (getattr(args, "attention_backend", None), getattr(args, "decode_attention_backend", None),
-                       getattr(args, "prefill_attention_backend", None))
+    """Whether server args select snapmla for any attention phase."""
+    return BACKEND in _attention_backends(args)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -143,8 +148,7 @@ def snapmla_server_args_pass(view) -> dict:
 
 def check_server_args(args) -> int:
     """One clear error per unsupported setup; returns the page size to use (64)."""
-    phases = {getattr(args, "attention_backend", None), getattr(args, "decode_attention_backend", None),
-              getattr(args, "prefill_attention_backend", None)} - {None}
+    phases = _attention_backends(args)
     if phases != {BACKEND}:
         raise ValueError(f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
                          "Use --attention-backend snapmla alone (no other --prefill/--decode-attention-backend).")

@@ -150,7 +150,3 @@ def check_pool_config(kv_lora_rank: int, qk_rope_head_dim: int, page_size: int, 
         raise ValueError(f"--attention-backend snapmla runs on CUDA GPUs (Hopper is the tuned target); got device "
                          f"{device!r}. Use --device cuda, or another backend on this device.")
 
-
-def bytes_per_token_all_layers(num_layers: int) -> int:
-    """KV bytes per token across `num_layers` layers: what the memory planner must budget (644 per layer)."""
-    return nx.BYTES_PER_TOKEN * num_layers
