@@ -6,9 +6,10 @@ reads the cache:
 
 * decode, target verify, draft extend: fused Q-quant + SnapMLA split-KV decode + combine (`ops`), s_q = 1 or the
   number of draft tokens;
-* extend through absorbed MLA (a cached prefix shorter than SGLang's chunked-prefix threshold): the same decode
-  kernel, one launch per request with s_q = its new tokens (causal among them);
-* MHA prefill (no prefix, or a long one): unchanged; it reads the prefix through the pool's fetch-dequant.
+* MHA prefill (the plugin routes every non-speculative extend here, with or without a cached prefix): FlashInfer's
+  ragged path; the prefix comes from the pool's fetch-dequant;
+* absorbed-MLA extend (only in captured prefill graphs or with the chunked prefix cache disabled): the decode
+  kernel, one launch per request with s_q = its new tokens (causal among them).
 KV writes go through the pool's fused K-append kernel.
 """
 
@@ -59,29 +60,30 @@ class SnapMLAForward:
                             block_table, seq_lens.to(torch.int32), layer.scaling, num_splits=splits)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
+    def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens, s_q: int):
+        """Write the new K, then attend with s_q query tokens per sequence over FlashMLA's block table."""
+        self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
+        q_nope, q_rope = self._split_q(q, q_rope, layer)
+        block_table = self.forward_metadata.block_kv_indices[: forward_batch.batch_size]
+        return self._attend(q_nope, q_rope, layer, block_table, seq_lens, s_q=s_q)
+
     # -- SGLang entry points ------------------------------------------------------------------------------
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
-        self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
-        bs = forward_batch.batch_size
-        q_nope, q_rope = self._split_q(q, q_rope, layer)
-        return self._attend(q_nope, q_rope, layer, self.forward_metadata.block_kv_indices[:bs],
-                            forward_batch.seq_lens[:bs], s_q=1)
+        return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
+                                  forward_batch.seq_lens[: forward_batch.batch_size], s_q=1)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
-            self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
-            bs = forward_batch.batch_size
             window = self.num_draft_tokens
             if mode.is_draft_extend_v2():
                 seq_lens = self.forward_metadata.seq_lens_k
             else:
-                seq_lens = forward_batch.seq_lens[:bs] + window
-            q_nope, q_rope = self._split_q(q, q_rope, layer)
-            return self._attend(q_nope, q_rope, layer, self.forward_metadata.block_kv_indices[:bs], seq_lens,
-                                s_q=window)
+                seq_lens = forward_batch.seq_lens[: forward_batch.batch_size] + window
+            return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens,
+                                      s_q=window)
         if q_rope is None:
             # MHA prefill (ragged, one-shot or chunked prefix): FlashInfer's path; the prefix comes from
             # pool.get_mla_kv_buffer, i.e. fetch-dequant. (FlashMLABackend.forward_extend would do the same.)
@@ -91,7 +93,7 @@ class SnapMLAForward:
         return self._absorbed_extend(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope)
 
     def _absorbed_extend(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope):
-        """Extend with a short cached prefix through absorbed MLA: per request, its new tokens are s_q query tokens
+        """Extend through absorbed MLA: per request, its new tokens are s_q query tokens
         of the decode kernel (causal among them) over prefix + new tokens in the pool. Host loop: extend batches
         are not graph-captured and carry CPU lengths."""
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)

@@ -2,9 +2,10 @@
 
 SGLang calls `register()` in every process (the CLI before argument parsing, `Engine`, each scheduler subprocess);
 `python -m sglang.launch_server` also loads plugins before it parses arguments in 0.5.17, so both entry points
-accept `--attention-backend snapmla` (tests/test_plugin.py runs both). Only `sglang serve --help` prints its choices
-before loading plugins, so its help text omits snapmla; `python -m sglang.launch_server --help` lists it. Registration is idempotent and changes nothing for other backends: every hook checks that snapmla
-is the selected backend before acting.
+accept `--attention-backend snapmla` (tests/test_plugin.py runs both). Only `sglang serve --help` prints its
+choices before loading plugins, so its help text omits snapmla; `python -m sglang.launch_server --help` lists it.
+Registration is idempotent and changes nothing for other backends: every hook checks that snapmla is the selected
+backend before acting.
 
 What is registered:
 * the `--attention-backend` choice, the backend factory, the chunked-prefix-cache capability;
@@ -12,8 +13,9 @@ What is registered:
   list (so q_nope / q_rope / k_nope / k_rope arrive split) and MHA one-shot support;
 * the KV pool: `KVCacheConfigurator._build_mla_kv_pool` builds `SnapMLATokenToKVPool`, and
   `calculate_mla_kv_cache_dim` budgets 644 bytes per token and layer (so the memory planner sizes the pool right);
-* a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model, kv_lora_rank != 512, rope != 64, a
-  non-CUDA device, or mixing snapmla with another backend for prefill/decode (before any memory is allocated).
+* a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
+  kv_lora_rank != 512, rope != 64, a non-CUDA device, or mixing snapmla with another backend for prefill/decode
+  (before any memory is allocated).
 """
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ def decode_split_kernel(
 
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < R
-    dc = tl.arange(0, LATENT)
     dr = tl.arange(0, ROPE)
     keys = tl.arange(0, PAGE)
 
