@@ -37,14 +37,23 @@ def main() -> int:
     dec_sig = dict(q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_ptr="*bf16", kv_fp8_ptr="*fp8e4nv",
                    kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", block_table_ptr="*i32", seq_lens_ptr="*i32",
                    o_part_ptr="*fp32", lse_part_ptr="*fp32", stride_bt="i32", R="i32", H="i32", S_Q="i32",
-                   qk_scale_log2="fp32")
+                   qk_scale_log2="fp32", NUM_SPLITS="i32")
     for block_m, warps, stages in ((16, 4, 3), (32, 4, 2), (64, 8, 2)):
         variants.append((f"decode_split BLOCK_M={block_m}", decode.decode_split_kernel, dec_sig,
-                         dict(NUM_SPLITS=4, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
+                         dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
+                         dict(num_warps=warps, num_stages=stages)))
+    tma_sig = {**dec_sig, "kv_fp8_ptr": None, "kv_scale_ptr": None, "kv_rope_ptr": None}
+    tma_sig = {k: v for k, v in tma_sig.items() if v is not None}
+    tma_sig = dict(list(tma_sig.items())[:3] + [("kv_fp8_desc", "tensordesc<fp8e4nv[64,128]>"),
+                                                ("kv_scale_desc", "tensordesc<fp32[64]>"),
+                                                ("kv_rope_desc", "tensordesc<bf16[64,64]>")] + list(tma_sig.items())[3:])
+    for block_m, warps, stages in ((16, 4, 2), (16, 4, 3), (32, 4, 2)):
+        variants.append((f"decode_split_tma BLOCK_M={block_m} stages={stages}", decode.decode_split_tma_kernel,
+                         tma_sig, dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
                          dict(num_warps=warps, num_stages=stages)))
     variants.append(("combine", decode.combine_kernel,
                      dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
-                          H="i32", S_Q="i32"), dict(NUM_SPLITS=5, SPLITS_P2=8), {}))
+                          H="i32", S_Q="i32", NUM_SPLITS="i32"), {}, {}))
     for name, fn, sig, consts, opts in variants:
         k = compile_one(fn, sig, consts, **opts)
         print(f"{name}: ok (shared {k.metadata.shared} B, ptx {len(k.asm['ptx'])} chars)")

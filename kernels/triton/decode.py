@@ -26,7 +26,8 @@ def decode_split_kernel(
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
     stride_bt, R, H, S_Q,
     qk_scale_log2,  # softmax_scale * log2(e)
-    NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+    NUM_SPLITS,  # runtime, not constexpr: one compiled kernel serves every batch size (CUDA-graph capture)
+    BLOCK_M: tl.constexpr,
     FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -112,25 +113,118 @@ def decode_split_kernel(
 
 
 @triton.jit
+def decode_split_tma_kernel(
+    q8_ptr, q_scale_ptr, q_rope_ptr,  # as decode_split_kernel
+    kv_fp8_desc, kv_scale_desc, kv_rope_desc,  # host tensor descriptors: [N, 512] fp8 in [64, 128] boxes,
+                                               # [N] fp32 in [64] boxes, [N, 64] bf16 in [64, 64] boxes
+    block_table_ptr, seq_lens_ptr, o_part_ptr, lse_part_ptr,
+    stride_bt, R, H, S_Q, qk_scale_log2, NUM_SPLITS,
+    BLOCK_M: tl.constexpr, FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
+):
+    """Same math and outputs as decode_split_kernel; the page is staged once by bulk-tensor (TMA) copies.
+
+    Each 64-token page arrives as four [64, 128] fp8 boxes (plus RoPE and scales) that feed both dots: transposed
+    (K-major) for QK and as-is for PV, so the cache is read from HBM exactly once, without per-element address
+    arithmetic, and the compiler's pipeliner can keep several pages in flight with mbarriers."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = tl.program_id(2)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    dr = tl.arange(0, ROPE)
+    keys = tl.arange(0, PAGE)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_pages = tl.cdiv(seq_len, PAGE)
+    per_split = tl.cdiv(n_pages, NUM_SPLITS)
+    first = split * per_split
+    last = tl.minimum(first + per_split, n_pages)
+    last_key = seq_len - S_Q + rows // H
+
+    q_row = (b * R + rows).to(tl.int64)
+    dq = tl.arange(0, CHUNK)
+    q_base = q8_ptr + q_row[:, None] * LATENT + dq[None, :]
+    q0 = tl.load(q_base + 0 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q1 = tl.load(q_base + 1 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(q_base + 2 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q3 = tl.load(q_base + 3 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q_rope = tl.load(q_rope_ptr + q_row[:, None] * ROPE + dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_scale = tl.load(q_scale_ptr + q_row, mask=row_ok, other=0.0) * qk_scale_log2
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+
+    for page_idx in range(first, last):
+        row0 = tl.load(block_table_ptr + b * stride_bt + page_idx) * PAGE  # int32 box coordinate
+        k_rope = kv_rope_desc.load([row0, 0])
+        k_scale = kv_scale_desc.load([row0])
+        k0 = kv_fp8_desc.load([row0, 0 * CHUNK])
+        k1 = kv_fp8_desc.load([row0, 1 * CHUNK])
+        k2 = kv_fp8_desc.load([row0, 2 * CHUNK])
+        k3 = kv_fp8_desc.load([row0, 3 * CHUNK])
+
+        s = tl.dot(q_rope, tl.trans(k_rope))
+        s = tl.dot(q0, tl.trans(k0), s)
+        s = tl.dot(q1, tl.trans(k1), s)
+        s = tl.dot(q2, tl.trans(k2), s)
+        s = tl.dot(q3, tl.trans(k3), s)
+        s = s * q_scale[:, None] * k_scale[None, :]
+        key_pos = page_idx * PAGE + keys
+        s = tl.where(key_pos[None, :] <= last_key[:, None], s, float("-inf"))
+
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+
+        p_v = p * k_scale[None, :]
+        p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
+        p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
+        acc0 = acc0 * alpha[:, None] + tl.dot(p8, k0) * p_scale[:, None]
+        acc1 = acc1 * alpha[:, None] + tl.dot(p8, k1) * p_scale[:, None]
+        acc2 = acc2 * alpha[:, None] + tl.dot(p8, k2) * p_scale[:, None]
+        acc3 = acc3 * alpha[:, None] + tl.dot(p8, k3) * p_scale[:, None]
+        m = m_new
+
+    has = l > 0.0
+    inv_l = 1.0 / tl.where(has, l, 1.0)
+    lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
+    o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
+    tl.store(o_base + 0 * CHUNK, acc0 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 1 * CHUNK, acc1 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 2 * CHUNK, acc2 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 3 * CHUNK, acc3 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(lse_part_ptr + part, lse2, mask=row_ok)
+
+
+@triton.jit
 def combine_kernel(
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
     out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
     R, H, S_Q,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    NUM_SPLITS,  # runtime: the loops below keep one [512] row in registers whatever the split count
 ):
     r = tl.program_id(0)  # rows on the x axis: R = s_q * H exceeds the 65535 limit of y/z for long extends
     b = tl.program_id(1)
-    sp = tl.arange(0, SPLITS_P2)
     dc = tl.arange(0, LATENT)
     base = (b * R + r).to(tl.int64) * NUM_SPLITS
-    lse = tl.load(lse_part_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    w = tl.exp2(lse - m)  # empty splits carry -inf -> weight 0 (split 0 always holds key 0)
-    denom = tl.sum(w, axis=0)
-    o = tl.load(o_part_ptr + (base + sp)[:, None] * LATENT + dc[None, :], mask=(sp < NUM_SPLITS)[:, None],
-                other=0.0)
-    out = tl.sum(o * (w / denom)[:, None], axis=0)
-    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, out.to(tl.bfloat16))
+    m = tl.load(lse_part_ptr + base)  # split 0 always holds key 0, so m is finite after the loop
+    for sp in range(1, NUM_SPLITS):
+        m = tl.maximum(m, tl.load(lse_part_ptr + base + sp))
+    denom = 0.0
+    out = tl.zeros([LATENT], tl.float32)
+    for sp in range(0, NUM_SPLITS):
+        w = tl.exp2(tl.load(lse_part_ptr + base + sp) - m)  # empty splits carry -inf -> weight 0
+        denom += w
+        out += w * tl.load(o_part_ptr + (base + sp) * LATENT + dc)
+    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, (out / denom).to(tl.bfloat16))
     token = r // H
     head = r % H
     tl.store(lse_ptr + (b * H + head) * S_Q + token, (m + tl.log2(denom)) * 0.6931471805599453)
