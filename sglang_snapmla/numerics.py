@@ -100,8 +100,12 @@ def quantize_with_scale(content: torch.Tensor, rope: torch.Tensor, scale: torch.
 
 
 def amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    """scale = max(amax / 448, SCALE_FLOOR), in fp32."""
-    return torch.clamp_min(amax.float() / FP8_MAX, SCALE_FLOOR)
+    """scale = max(amax / 448, SCALE_FLOOR), in fp32, correctly rounded on every device.
+
+    The division runs in fp64 and rounds once to fp32 (exact for a quotient of fp32 values): PyTorch's CUDA
+    `tensor / python_scalar` multiplies by the rounded reciprocal instead, which is 1 ulp off for some amax and
+    then flips FP8 roundings (seen on the H100 against the kernels, which divide with div.rn)."""
+    return torch.clamp_min((amax.double() / FP8_MAX).float(), SCALE_FLOOR)
 
 
 def quantize_kv(c_kv: torch.Tensor, k_rope: torch.Tensor) -> LatentCache:
@@ -209,7 +213,7 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
             l = l * alpha + p.sum(1)
             p_v = p * ks[None, :]  # V's per-token scale fused into P
             if p_quant == "fp8":
-                p_scale = torch.clamp_min(p_v.amax(1) / FP8_MAX, P_SCALE_FLOOR)
+                p_scale = torch.clamp_min((p_v.amax(1).double() / FP8_MAX).float(), P_SCALE_FLOOR)
                 pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
             else:
                 pv = p_v.to(torch.bfloat16).float() @ kc
