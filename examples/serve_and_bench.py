@@ -90,15 +90,33 @@ def _kill_live_servers(*_):
     _live_servers.clear()
 
 
-def run_one(name: str, args, out_dir: Path, port: int) -> dict:
-    log = open(out_dir / f"server_{name}.log", "w")
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model, "--load-format", "dummy",
-           "--context-length", "32768", "--mem-fraction-static", "0.80", "--cuda-graph-max-bs",
-           str(args.cuda_graph_max_bs), "--grammar-backend", "none", "--port", str(port), *RUNS[name], *args.extra]
-    t0 = time.time()
+def start_server(model: str, port: int, flags: list[str], log_path: Path):
+    """`python -m sglang.launch_server --load-format dummy` in its own process group; returns (process, log)."""
+    log = open(log_path, "w")
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
+           "--context-length", "32768", "--mem-fraction-static", "0.80", "--grammar-backend", "none",
+           "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.cmd = " ".join(cmd)
     _live_servers.add(proc.pid)
-    res = {"run": name, "cmd": " ".join(cmd)}
+    return proc, log
+
+
+def stop_server(proc: subprocess.Popen, log) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    _live_servers.discard(proc.pid)
+    log.close()
+
+
+def run_one(name: str, args, out_dir: Path, port: int) -> dict:
+    t0 = time.time()
+    proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
+                                                *args.extra], out_dir / f"server_{name}.log")
+    res = {"run": name, "cmd": proc.cmd}
     try:
         wait_healthy(port, proc, args.startup_timeout)
         res["startup_s"] = round(time.time() - t0, 1)
@@ -120,13 +138,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        _live_servers.discard(proc.pid)
-        log.close()
+        stop_server(proc, log)
     text = (out_dir / f"server_{name}.log").read_text(errors="replace")
     m = re.findall(r"max_total_num_tokens=(\d+)", text)
     res["pool_tokens"] = int(m[-1]) if m else None

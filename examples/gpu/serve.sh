@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # On the H100 host (device tool, carry .gpu): install the plugin into the runtime, then serve + bench.
 #   usage: bash examples/gpu/serve.sh [serve_and_bench.py args...]
+#          bash examples/gpu/serve.sh --check [check_serving.py args...]
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
+# JIT caches (Triton, FlashInfer, Inductor) in an ignored folder of the checkout: a warm machine reuses them.
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
+  TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-python3 examples/serve_and_bench.py --out "$OUT" "$@"
+script=examples/serve_and_bench.py
+if [ "${1:-}" = "--check" ]; then script=examples/check_serving.py; shift; fi  # correctness scenarios
+python3 $script --out "$OUT" "$@"
