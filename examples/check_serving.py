@@ -24,6 +24,7 @@ import json
 import signal
 import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,7 +43,11 @@ def generate(port: int, ids: list[int]) -> dict:
 
 
 def flush(port: int) -> None:
-    post(port, "/flush_cache", {})
+    """Empty the radix cache (the endpoint answers plain text, not JSON)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        if r.status != 200:
+            raise RuntimeError(f"/flush_cache answered {r.status}")
     time.sleep(0.5)
 
 
