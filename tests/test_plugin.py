@@ -63,6 +63,12 @@ def test_bundled_configs_are_accepted(plugin, name):
     args = parse("--model-path", str(ROOT / "configs/models" / name), "--attention-backend", "snapmla",
                  "--device", "cpu", "--load-format", "dummy")
     assert args.page_size == 64
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    cfg = get_config(str(ROOT / "configs/models" / name), trust_remote_code=False)
+    assert cfg.kv_lora_rank == 512 and cfg.qk_rope_head_dim == 64
+    # SGLang's LongCat layer reads config.rope_parameters["rope_theta"] (it crashed the H100 server when None)
+    assert cfg.rope_parameters and cfg.rope_parameters["rope_theta"] > 0
 
 
 def test_other_backends_untouched(plugin):
