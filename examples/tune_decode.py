@@ -14,11 +14,10 @@ from sglang_snapmla import ops
 from sglang_snapmla.kernels.triton import decode as tdecode
 
 
-def resources(kernel: str) -> str:
+def resources() -> str:
     """Registers / spills / shared memory of the most recently compiled decode variant."""
-    fn = tdecode.decode_split_tma_kernel if kernel == "tma" else tdecode.decode_split_kernel
     try:
-        k = list(fn.device_caches[0][0].values())[-1]
+        k = list(tdecode.decode_split_kernel.device_caches[0][0].values())[-1]
         return f"regs {k.n_regs} spills {k.n_spills} smem {k.metadata.shared}"
     except Exception as e:  # triton internals moved: report, keep timing
         return f"(resources unavailable: {e!r:.60})"
@@ -32,7 +31,6 @@ def main():
     ap.add_argument("--sq", type=int, default=1)
     ap.add_argument("--splits", type=int, nargs="*", default=[0])
     ap.add_argument("--variant", default=None, help="path of an alternative decode kernel module to time instead")
-    ap.add_argument("--kernels", nargs="+", default=["ptr", "tma"], choices=["ptr", "tma"])
     ap.add_argument("--configs", nargs="*", default=None, help="BLOCK_M:warps:stages list")
     args = ap.parse_args()
     b, sk, h, s_q = args.b, args.sk, args.h, args.sq
@@ -59,21 +57,18 @@ def main():
         (bm, w, st) for bm in (16, 32, 64) for w in (4, 8) for st in (1, 2, 3)]
     ref = None
     print(f"h{h} b{b} sk{sk} s_q{s_q}: bytes {b * sk * 644 / 1e6:.1f} MB")
-    for kernel in args.kernels:
-        for (block_m, warps, stages), splits in itertools.product(configs, args.splits):
-            name = f"{kernel} BLOCK_M={block_m:3d} warps={warps} stages={stages} splits={splits or 'auto'}"
-            try:
-                fn = lambda: ops.decode(q8, qs, qr, kv8, ks, kr, bt, lens, 0.04, splits or None,
-                                        (block_m, warps, stages), kernel=kernel)
-                out, _ = fn()
-                if ref is None:
-                    ref = out.float()
-                err = ((out.float() - ref).norm() / ref.norm()).item()
-                us = triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median") * 1e3
-                print(f"{name}: {us:8.1f} us {b * sk * 644 / us / 1e3:7.0f} GB/s {resources(kernel)}  err {err:.1e}",
-                      flush=True)
-            except Exception as e:  # a variant that fails to compile or launch is reported, the sweep goes on
-                print(f"{name}: failed {e!r:.150}", flush=True)
+    for (block_m, warps, stages), splits in itertools.product(configs, args.splits):
+        name = f"BLOCK_M={block_m:3d} warps={warps} stages={stages} splits={splits or 'auto'}"
+        try:
+            fn = lambda: ops.decode(q8, qs, qr, kv8, ks, kr, bt, lens, 0.04, splits or None, (block_m, warps, stages))
+            out, _ = fn()
+            if ref is None:
+                ref = out.float()
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            us = triton.testing.do_bench(fn, warmup=20, rep=100, return_mode="median") * 1e3
+            print(f"{name}: {us:8.1f} us {b * sk * 644 / us / 1e3:7.0f} GB/s {resources()}  err {err:.1e}", flush=True)
+        except Exception as e:  # a variant that fails to compile or launch is reported, the sweep goes on
+            print(f"{name}: failed {e!r:.150}", flush=True)
 
 
 if __name__ == "__main__":

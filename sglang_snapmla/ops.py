@@ -27,7 +27,6 @@ from .kernels.triton import decode as tdecode
 from .kernels.triton import quant as tquant
 
 MAX_SPLITS = 64
-DECODE_KERNEL = os.environ.get("SNAPMLA_DECODE_KERNEL", "ptr")
 
 
 class SnapMLAInputError(ValueError):
@@ -180,16 +179,14 @@ def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device:
 
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
-           kernel: str | None = None):
+           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
     block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
     already be in the cache; query token i sees keys [0, seq_len - s_q + i]).
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
-    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests);
-    `kernel` picks the split kernel: "tma" (pages staged by bulk-tensor copies) or "ptr" (pointer loads).
+    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests).
     """
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
@@ -217,29 +214,13 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
-    kernel = kernel or DECODE_KERNEL
-    if kernel == "tma":
-        split_kernel, kv = tdecode.decode_split_tma_kernel, _pool_descriptors(kv_fp8, kv_scale, kv_rope)
-    elif kernel == "ptr":
-        split_kernel, kv = tdecode.decode_split_kernel, (kv_fp8, kv_scale, kv_rope)
-    else:
-        raise SnapMLAInputError(f"kernel must be 'tma' or 'ptr', got {kernel!r}")
-    split_kernel[(B, splits, tiles)](
-        q8, q_scale, q_rope, *kv, block_table, seq_lens, o_part, lse_part,
+    tdecode.decode_split_kernel[(B, splits, tiles)](
+        q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
         block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
         splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
         num_warps=warps, num_stages=stages)
     tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, num_warps=4)
     return out, lse
-
-
-def _pool_descriptors(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor):
-    """Bulk-tensor (TMA) descriptors of one layer's pool arrays, in the page-sized boxes the decode reads."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    page, chunk = 64, nx.KV_LORA_RANK // 4
-    return (TensorDescriptor.from_tensor(kv_fp8, [page, chunk]), TensorDescriptor.from_tensor(kv_scale, [page]),
-            TensorDescriptor.from_tensor(kv_rope, [page, nx.ROPE_DIM]))
 
 
 def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor,

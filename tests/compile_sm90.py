@@ -42,15 +42,6 @@ def main() -> int:
         variants.append((f"decode_split BLOCK_M={block_m}", decode.decode_split_kernel, dec_sig,
                          dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
                          dict(num_warps=warps, num_stages=stages)))
-    tma_sig = {**dec_sig, "kv_fp8_ptr": None, "kv_scale_ptr": None, "kv_rope_ptr": None}
-    tma_sig = {k: v for k, v in tma_sig.items() if v is not None}
-    tma_sig = dict(list(tma_sig.items())[:3] + [("kv_fp8_desc", "tensordesc<fp8e4nv[64,128]>"),
-                                                ("kv_scale_desc", "tensordesc<fp32[64]>"),
-                                                ("kv_rope_desc", "tensordesc<bf16[64,64]>")] + list(tma_sig.items())[3:])
-    for block_m, warps, stages in ((16, 4, 2), (16, 4, 3), (32, 4, 2)):
-        variants.append((f"decode_split_tma BLOCK_M={block_m} stages={stages}", decode.decode_split_tma_kernel,
-                         tma_sig, dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
-                         dict(num_warps=warps, num_stages=stages)))
     variants.append(("combine", decode.combine_kernel,
                      dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
                           H="i32", S_Q="i32", NUM_SPLITS="i32"), {}, {}))

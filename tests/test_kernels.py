@@ -65,12 +65,11 @@ def test_fetch_dequant_bit_exact(gen):
     assert torch.equal(got_c.cpu(), ref_c) and torch.equal(got_r.cpu(), ref_r)
 
 
-def run_decode(p, num_splits=None, kernel="ptr"):
+def run_decode(p, num_splits=None):
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
     out, lse = ops.decode(q.content.to(DEV), q.scale.to(DEV), q.rope.to(DEV), *pool_from(cache),
-                          p["block_table"].to(DEV), p["seq_lens"].to(DEV), p["softmax_scale"], num_splits,
-                          kernel=kernel)
+                          p["block_table"].to(DEV), p["seq_lens"].to(DEV), p["softmax_scale"], num_splits)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     return out.cpu().float(), lse.cpu(), ref, ref_lse
 
@@ -84,11 +83,10 @@ CASES = [  # (seq_lens, heads, s_q, rope_outlier)
 ]
 
 
-@pytest.mark.parametrize("kernel", ["ptr", "tma"])
 @pytest.mark.parametrize("seq_lens,heads,s_q,outlier", CASES)
-def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier, kernel):
+def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier):
     p = paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1, rope_outlier=outlier)
-    out, lse, ref, ref_lse = run_decode(p, kernel=kernel)
+    out, lse, ref, ref_lse = run_decode(p)
     assert out.shape == (len(seq_lens), s_q, heads, 512) and lse.shape == (len(seq_lens), heads, s_q)
     assert_close(out, ref, rel_l2=1e-2, what="triton vs reference")
     assert (lse - ref_lse).abs().max() <= 1e-3
@@ -98,10 +96,9 @@ def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier,
         assert (lse.double() - gold_lse).abs().mean() <= 2e-2
 
 
-@pytest.mark.parametrize("kernel", ["ptr", "tma"])
-def test_decode_split_count_does_not_change_result(gen, kernel):
+def test_decode_split_count_does_not_change_result(gen):
     p = paged_problem(gen, [300, 70], 16, s_q=2)
-    outs = [run_decode(p, n, kernel)[0] for n in (1, 3, 8)]
+    outs = [run_decode(p, n)[0] for n in (1, 3, 8)]
     for o in outs[1:]:
         assert_close(o, outs[0], rel_l2=4e-3, what="splits")  # bf16 output rounding + summation order
 
