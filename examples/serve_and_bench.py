@@ -90,11 +90,13 @@ def _kill_live_servers(*_):
     _live_servers.clear()
 
 
-def start_server(model: str, port: int, flags: list[str], log_path: Path):
-    """`python -m sglang.launch_server --load-format dummy` in its own process group; returns (process, log)."""
+def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
+                 context_length: int = 32768):
+    """`python -m sglang.launch_server` in its own process group; returns (process, log). Bundled configs have no
+    weights (load_format "dummy"); a trained checkpoint passes "auto"."""
     log = open(log_path, "w")
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", "dummy",
-           "--context-length", "32768", "--mem-fraction-static", "0.80", "--grammar-backend", "none",
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", load_format,
+           "--context-length", str(context_length), "--mem-fraction-static", "0.80", "--grammar-backend", "none",
            "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     proc.cmd = " ".join(cmd)

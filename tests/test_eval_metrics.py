@@ -1,0 +1,25 @@
+"""Metrics of examples/eval_trained_model.py (the server-driven accuracy evaluation of issue 5)."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import eval_trained_model as ev  # noqa: E402
+
+
+def test_perplexity_is_exp_mean_nll_over_all_tokens():
+    assert ev.perplexity([[math.log(0.5)] * 3, [math.log(0.25)]]) == pytest.approx(math.exp(
+        -(3 * math.log(0.5) + math.log(0.25)) / 4))
+
+
+def test_agreement_by_position_and_window():
+    a = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    b = [[1, 2, 0, 4], [5, 0, 0, 0]]
+    assert ev.agreement(a, b) == pytest.approx(4 / 8)
+    assert ev.agreement(a, b, 0, 2) == pytest.approx(3 / 4)
+    assert ev.agreement(a, b, 2) == pytest.approx(1 / 4)
+    assert ev.agreement([[1, 2, 3]], [[1, 2]]) == pytest.approx(2 / 3)  # a short generation counts as disagreement
