@@ -80,6 +80,8 @@ CASES = [  # (seq_lens, heads, s_q, rope_outlier)
     ([200, 37], 64, 1, 1000.0),
     ([63, 129], 128, 2, None),
     ([256], 32, 1, 1000.0),
+    ([70, 1], 2, 1, None),  # tensor parallelism leaves few heads per GPU (16 heads / TP 8)
+    ([129], 4, 2, 1000.0),
 ]
 
 

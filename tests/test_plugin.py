@@ -127,6 +127,23 @@ def test_sglang_serve_parses_snapmla():
     assert "PARSED snapmla 64" in res.stdout, res.stdout[-1000:] + res.stderr[-2000:]
 
 
+def test_fresh_process_registers_through_load_plugins():
+    """Every scheduler subprocess (one per TP rank, per DP rank) calls `load_plugins()` itself: in a fresh
+    interpreter that alone must register the backend, its handler, the absorbed-decode list and the pool hooks."""
+    script = (
+        "from sglang.srt.plugins import load_plugins\n"
+        "load_plugins()\n"
+        "from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS\n"
+        "from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry\n"
+        "from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS\n"
+        "import sglang_snapmla.plugin as p\n"
+        "print('OK', 'snapmla' in ATTENTION_BACKENDS, 'snapmla' in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS,\n"
+        "      AttentionBackendRegistry.get_handler('snapmla') is not AttentionBackendRegistry.get_handler('triton'))\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert "OK True True True" in res.stdout, res.stdout[-1000:] + res.stderr[-2000:]
+
+
 # ------------------------------------------------------------------------------------------------------------
 # pool
 # ------------------------------------------------------------------------------------------------------------

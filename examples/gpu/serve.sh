@@ -6,6 +6,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off (device tool's KINDS.md)
 # JIT caches (Triton, FlashInfer, Inductor) in an ignored folder of the checkout: a warm machine reuses them.
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
   TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
