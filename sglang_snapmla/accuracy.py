@@ -1,9 +1,11 @@
 """Accuracy report: SnapMLA and the paper's ablation configurations A-D against a float64 golden.
 
     python -m sglang_snapmla.accuracy [--layers 12 --seeds 4 --batch 4 --heads 16 --seq-len 2048 ...]
+    python -m sglang_snapmla.accuracy --checkpoint DIR [--windows 8 --window-len 1024] [--kernel]
 
 Synthetic caches shaped like real MLA latents (see `synthetic_layer`), many layers x seeds averaged, because a
-single sample is noisy when attention is peaked. Prints a table of RMSE, 1 - cosine and relative L2 against the
+single sample is noisy when attention is peaked; or, with --checkpoint, the real per-layer activations of a trained
+model (`activations.capture_decode_inputs`: the last token of held-out windows decoded against the window). Prints a table of RMSE, 1 - cosine and relative L2 against the
 golden, writes JSON and a PNG plot (per-layer error, one line per configuration, like the paper's Figure 4).
 """
 
@@ -84,21 +86,52 @@ def _student_t(rows: int, cols: int, dof: float, g: torch.Generator) -> torch.Te
     return z / torch.sqrt(chi2 / dof)
 
 
-def run_report(spec: SyntheticSpec, layers: int, seeds: int, base_seed: int = 0, progress: bool = True):
-    """Per-layer metrics averaged over seeds, for every configuration. Returns {config: {metric: [layers]}}."""
+def run_report(layer_inputs, layers: int, seeds: int, progress: bool = True, kernel: bool = False):
+    """Per-layer metrics averaged over seeds, for every configuration (and the Triton kernel when `kernel`).
+
+    `layer_inputs(layer, seed)` returns decode inputs in `mla_decode_golden`'s argument order.
+    Returns {config: {metric: [layers]}}."""
     from tqdm import tqdm
 
-    per_layer = {name: {m: [0.0] * layers for m in METRICS} for name in CONFIGS}
+    names = list(CONFIGS) + ([KERNEL_ROW] if kernel else [])
+    per_layer = {name: {m: [0.0] * layers for m in METRICS} for name in names}
     jobs = [(layer, seed) for layer in range(layers) for seed in range(seeds)]
     for layer, seed in tqdm(jobs, desc="layers x seeds", disable=not progress):
-        g = torch.Generator().manual_seed(base_seed * 1_000_003 + layer * 1009 + seed)
-        inputs = synthetic_layer(spec, g)
+        inputs = layer_inputs(layer, seed)
         gold, _ = mla_decode_golden(*inputs)
-        for name, cfg in CONFIGS.items():
-            out, _ = decode_with_config(cfg, *inputs)
+        outs = {name: decode_with_config(cfg, *inputs)[0] for name, cfg in CONFIGS.items()}
+        if kernel:
+            outs[KERNEL_ROW] = _kernel_decode(*inputs)
+        for name, out in outs.items():
             for metric, value in error_metrics(out, gold).items():
                 per_layer[name][metric][layer] += value / seeds
     return per_layer
+
+
+def synthetic_inputs(spec: SyntheticSpec, base_seed: int = 0):
+    return lambda layer, seed: synthetic_layer(
+        spec, torch.Generator().manual_seed(base_seed * 1_000_003 + layer * 1009 + seed))
+
+
+KERNEL_ROW = "Triton kernel"
+
+
+def _kernel_decode(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_scale):
+    """The shipped kernels on the same inputs (CUDA only): K-append into a pool, Q-quant + decode + combine."""
+    if not torch.cuda.is_available():
+        raise SystemExit("--kernel needs a CUDA GPU (the CPU interpreter path is for tests)")
+    from . import ops
+
+    dev = torch.device("cuda")
+    n = c_kv.shape[0]
+    kv8 = torch.empty(n, KV_LORA_RANK, dtype=torch.float8_e4m3fn, device=dev)
+    ks = torch.empty(n, dtype=torch.float32, device=dev)
+    kr = torch.empty(n, ROPE_DIM, dtype=torch.bfloat16, device=dev)
+    ops.append_kv(c_kv.to(dev, torch.bfloat16), k_rope.to(dev, torch.bfloat16), torch.arange(n, device=dev), kv8, ks,
+                  kr)
+    out, _ = ops.snapmla_decode(q_nope.to(dev, torch.bfloat16), q_rope.to(dev, torch.bfloat16), kv8, ks, kr,
+                                block_table.to(dev), seq_lens.to(dev), softmax_scale)
+    return out.float().cpu()
 
 
 def summarize(per_layer):
@@ -109,8 +142,8 @@ def format_table(summary) -> str:
     lines = [f"| config | {'RMSE':>10} | {'1-cos':>10} | {'rel-L2':>10} | description |",
              "|---|---:|---:|---:|---|"]
     for name, m in summary.items():
-        lines.append(f"| {name} | {m['rmse']:10.3e} | {m['one_minus_cos']:10.3e} | {m['rel_l2']:10.3e} | "
-                     f"{CONFIGS[name].description} |")
+        desc = CONFIGS[name].description if name in CONFIGS else "the shipped kernels (append, Q-quant, decode)"
+        lines.append(f"| {name} | {m['rmse']:10.3e} | {m['one_minus_cos']:10.3e} | {m['rel_l2']:10.3e} | {desc} |")
     return "\n".join(lines)
 
 
@@ -127,7 +160,7 @@ def plot(per_layer, path: Path) -> None:
             ys = metrics[metric]
             ax.plot(range(len(ys)), ys, marker="o", ms=3, label=name, lw=2.2 if name == "SnapMLA" else 1.2)
         ax.set_yscale("log")
-        ax.set_xlabel("synthetic layer")
+        ax.set_xlabel("layer")
         ax.set_title(titles[metric] + " vs float64 golden")
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=8)
@@ -145,15 +178,31 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0, help="base seed")
     for field, value in asdict(spec_defaults).items():
         p.add_argument("--" + field.replace("_", "-"), type=type(value), default=value)
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="trained checkpoint (examples/train_tiny_mla.py): real activations instead of synthetic ones")
+    p.add_argument("--windows", type=int, default=8, help="with --checkpoint: held-out windows (batch)")
+    p.add_argument("--window-len", type=int, default=1024, help="with --checkpoint: tokens per window")
+    p.add_argument("--kernel", action="store_true", help="also run the shipped Triton kernels on the same inputs (CUDA only)")
     p.add_argument("--out", type=Path, default=Path("accuracy_report"), help="folder for JSON and PNG")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     spec = SyntheticSpec(**{f: getattr(args, f) for f in asdict(spec_defaults)})
     t0 = time.time()
-    per_layer = run_report(spec, args.layers, args.seeds, args.seed, progress=not args.no_progress)
+    if args.checkpoint:  # real activations of a trained model: one draw per layer
+        from .activations import capture_decode_inputs
+
+        held = json.loads((args.checkpoint / "heldout.json").read_text())
+        windows = [w[:args.window_len] for w in held["ppl_windows"][:args.windows]]
+        captured = capture_decode_inputs(args.checkpoint, windows)
+        args.layers, args.seeds = len(captured), 1
+        layer_inputs = lambda layer, seed: captured[layer]  # noqa: E731
+    else:
+        layer_inputs = synthetic_inputs(spec, args.seed)
+    per_layer = run_report(layer_inputs, args.layers, args.seeds, progress=not args.no_progress, kernel=args.kernel)
     summary = summarize(per_layer)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"spec": asdict(spec), "layers": args.layers, "seeds": args.seeds, "base_seed": args.seed,
+    result = {"source": str(args.checkpoint) if args.checkpoint else "synthetic", "spec": asdict(spec),
+              "layers": args.layers, "seeds": args.seeds, "base_seed": args.seed,
               "summary": summary, "per_layer": per_layer, "seconds": time.time() - t0}
     (args.out / "accuracy.json").write_text(json.dumps(result, indent=1))
     plot(per_layer, args.out / "accuracy.png")

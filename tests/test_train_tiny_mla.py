@@ -72,3 +72,63 @@ def test_sglang_accepts_checkpoint_with_snapmla(checkpoint):
                                 "--device", "cpu"])
     assert args.page_size == 64
 
+
+
+@pytest.fixture(scope="module")
+def sharp_checkpoint(tmp_path_factory):
+    """A random model of the recipe's architecture with large weights: peaked attention whose output depends on
+    every part of the scores (content and RoPE), which a 4-step model's near-uniform attention would not."""
+    from types import SimpleNamespace
+
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    args = SimpleNamespace(hidden=128, layers=2, heads=4, experts=4, seq_len=128)
+    cfg = train_tiny_mla.model_config(args, 1000, 0, 1)
+    cfg.initializer_range = 0.15
+    out = tmp_path_factory.mktemp("sharp")
+    DeepseekV3ForCausalLM(cfg).save_pretrained(out)
+    windows = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(1)).tolist()
+    return out, windows
+
+
+def test_captured_decode_inputs_reproduce_the_models_attention(sharp_checkpoint):
+    """The latents captured for SnapMLA, decoded exactly (fp64 golden) and projected back (W_UV, o_proj), equal the
+    model's own attention output at the last position of each window: capture, RoPE and the absorption are right."""
+    from transformers import AutoModelForCausalLM
+
+    from sglang_snapmla import numerics as nx
+    from sglang_snapmla.activations import capture_decode_inputs
+
+    checkpoint, windows = sharp_checkpoint  # 100 tokens: a partial second page
+    model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    attn_out = {}
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.register_forward_hook(lambda m, a, o, i=i: attn_out.__setitem__(i, o[0].detach()))
+    with torch.no_grad():
+        model(input_ids=torch.tensor(windows))
+    captured = capture_decode_inputs(checkpoint, windows, dtype=torch.float32)
+    assert len(captured) == len(model.model.layers)
+    for i, inputs in enumerate(captured):
+        latent, _ = nx.mla_decode_golden(*inputs)  # [B, 1, H, 512]
+        attn = model.model.layers[i].self_attn
+        cfg = attn.config
+        w_uv = attn.kv_b_proj.weight.view(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, 512)
+        heads = torch.einsum("bhc,hvc->bhv", latent[:, 0].float(), w_uv[:, cfg.qk_nope_head_dim:])
+        got = attn.o_proj(heads.reshape(len(windows), -1))
+        ref = attn_out[i][:, -1]
+        rel = ((got - ref).norm() / ref.norm()).item()
+        assert rel < 2e-2, f"layer {i}: rel-L2 {rel:.3e}"  # bf16 latents and absorbed query vs the fp32 model
+
+
+def test_accuracy_report_on_real_activations(checkpoint, tmp_path):
+    from sglang_snapmla import accuracy
+
+    accuracy.main(["--checkpoint", str(checkpoint), "--windows", "2", "--window-len", "100", "--out", str(tmp_path),
+                   "--no-progress"])
+    res = json.loads((tmp_path / "accuracy.json").read_text())
+    assert res["source"] == str(checkpoint) and res["layers"] == 2
+    snap, bf16 = res["summary"]["SnapMLA"], res["summary"]["BF16"]
+    assert 0 < bf16["rel_l2"] < snap["rel_l2"] < 0.1  # FP8 costs more than BF16 rounding, and stays small
+    assert all(len(v) == 2 for v in res["per_layer"]["SnapMLA"].values())
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
