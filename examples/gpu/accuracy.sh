@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On the H100 host (device tool, carry .gpu): train the small MLA model, then the accuracy evidence of issue 5.
+#   usage: bash examples/gpu/accuracy.sh [train minutes, default 4]
+# One call: the checkpoint (~120 MB) stays on the machine (.gpucache/tiny-mla), only reports come back in $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
+source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
+  TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+CKPT=.gpucache/tiny-mla
+python3 examples/train_tiny_mla.py --out $CKPT --minutes "${1:-4}" 2>&1 | grep -v "^{" | tee "$OUT/train.log"
+cp $CKPT/train_log.json "$OUT/"
+echo "== layerwise error on real activations (configs A-D, SnapMLA, BF16, and the shipped kernels)"
+python3 -m sglang_snapmla.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
+  --out "$OUT/layerwise" 2>&1 | tail -12
+echo "== through the server: perplexity, greedy agreement, drift"
+python3 examples/eval_trained_model.py --model $CKPT --runs flashmla snapmla triton --out "$OUT/eval" 2>&1 | tail -8
