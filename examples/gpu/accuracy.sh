@@ -16,4 +16,5 @@ echo "== layerwise error on real activations (configs A-D, SnapMLA, BF16, and th
 python3 -m sglang_snapmla.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
   --out "$OUT/layerwise" 2>&1 | tail -12
 echo "== through the server: perplexity, greedy agreement, drift"
-python3 examples/eval_trained_model.py --model $CKPT --runs flashmla snapmla triton --out "$OUT/eval" 2>&1 | tail -8
+python3 examples/eval_trained_model.py --model $CKPT --runs flashmla snapmla triton --out /tmp/eval 2>&1 | tail -8
+cp /tmp/eval/eval_trained_model.json "$OUT/"; tar czf "$OUT/eval_server_logs.tgz" -C /tmp/eval .  # <= 8 files back
