@@ -19,10 +19,7 @@ between a prefill from fresh BF16 latents and one from the FP8 pool can flip a g
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import signal
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from serve_and_bench import RUNS, _kill_live_servers, post, start_server, stop_server, wait_healthy
+from serve_and_bench import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
 
 NEW_TOKENS = 32
 
@@ -102,8 +99,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("check_out"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    atexit.register(_kill_live_servers)
-    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
+    kill_servers_on_exit()
     results, rows = {}, []
     for i, backend in enumerate(args.runs):
         plain = run_server(backend, "plain", args, 31000 + 2 * i)

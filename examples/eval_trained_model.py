@@ -17,15 +17,12 @@ Prints a table, writes eval_trained_model.json.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import math
-import signal
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serve_and_bench import RUNS, _kill_live_servers, post, start_server, stop_server, wait_healthy
+from serve_and_bench import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
 
@@ -73,8 +70,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("eval_out"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    atexit.register(_kill_live_servers)
-    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
+    kill_servers_on_exit()
     held = json.loads((Path(args.model) / "heldout.json").read_text())
     results = {}
     for i, name in enumerate(args.runs):

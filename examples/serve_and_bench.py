@@ -90,6 +90,12 @@ def _kill_live_servers(*_):
     _live_servers.clear()
 
 
+def kill_servers_on_exit() -> None:
+    """Whatever ends the script (return, exception, SIGTERM from a timeout), no server outlives it."""
+    atexit.register(_kill_live_servers)
+    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
+
+
 def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
                  context_length: int = 32768):
     """`python -m sglang.launch_server` in its own process group; returns (process, log). Bundled configs have no
@@ -164,8 +170,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    atexit.register(_kill_live_servers)
-    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
+    kill_servers_on_exit()
     results = []
     for i, name in enumerate(args.runs):
         r = run_one(name, args, args.out, 30000 + i)

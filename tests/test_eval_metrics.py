@@ -23,3 +23,14 @@ def test_agreement_by_position_and_window():
     assert ev.agreement(a, b, 0, 2) == pytest.approx(3 / 4)
     assert ev.agreement(a, b, 2) == pytest.approx(1 / 4)
     assert ev.agreement([[1, 2, 3]], [[1, 2]]) == pytest.approx(2 / 3)  # a short generation counts as disagreement
+
+
+def test_server_scripts_install_their_exit_cleanup():
+    """The serving scripts' shared cleanup registers (a fresh process: it replaces the SIGTERM handler)."""
+    import subprocess
+
+    code = ("import sys, signal; sys.path.insert(0, 'examples'); import serve_and_bench as s; "
+            "s.kill_servers_on_exit(); print('OK', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert "OK True" in res.stdout, res.stderr[-2000:]
