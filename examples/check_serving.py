@@ -11,7 +11,9 @@ Scenarios (token ids drawn with a fixed seed, greedy, 32 new tokens):
   prefix : 32 prompts = one shared 2048-token prefix + 64 distinct tokens; on `cached` they run one at a time after
            the prefix is cached (cached_tokens must be >= 2048), then all 32 at once; on `plain` one at a time
   chunked: one 16384-token prompt
-Prints a table (identical sequences, token agreement vs `plain`) and writes check_serving.json. Agreement below
+Prints a table (identical sequences, token agreement vs `plain`) and writes check_serving.json. With a trained
+checkpoint (examples/train_tiny_mla.py; `--load-format auto --context-length 4096 --long-len 3584 --chunk 1024`)
+the logits are no longer flat and the comparison becomes a sharp detector. Agreement below
 100 % is reported, not hidden: with dummy (random) weights the logits are nearly flat, so any numeric difference
 between a prefill from fresh BF16 latents and one from the FP8 pool can flip a greedy choice.
 """
@@ -48,22 +50,25 @@ def flush(port: int) -> None:
     time.sleep(0.5)
 
 
-def prompts(vocab: int, seed: int = 0):
+def prompts(vocab: int, long_len: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     rand = lambda n: torch.randint(100, vocab - 100, (n,), generator=g).tolist()  # noqa: E731
     prefix = rand(2048)
-    return [prefix + rand(64) for _ in range(32)], rand(16384)
+    return [prefix + rand(64) for _ in range(32)], rand(long_len)
 
 
 def run_server(backend: str, mode: str, args, port: int) -> dict:
-    flags = ["--chunked-prefill-size", "4096"] if mode == "cached" else ["--disable-radix-cache",
-                                                                         "--chunked-prefill-size", "-1"]
+    if mode == "cached":
+        flags = ["--chunked-prefill-size", str(args.chunk)]
+    else:
+        flags = ["--disable-radix-cache", "--chunked-prefill-size", "-1"]
     proc, log = start_server(args.model, port, [*RUNS[backend], "--cuda-graph-max-bs", "64", *flags],
-                             args.out / f"server_check_{backend}_{mode}.log")
+                             args.out / f"server_check_{backend}_{mode}.log", load_format=args.load_format,
+                             context_length=args.context_length)
     res = {}
     try:
         wait_healthy(port, proc, args.startup_timeout)
-        prefix_prompts, long_prompt = prompts(args.vocab)
+        prefix_prompts, long_prompt = prompts(args.vocab, args.long_len)
         seq = []
         for p in prefix_prompts:
             if mode == "plain":
@@ -95,6 +100,10 @@ def main():
     ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
     ap.add_argument("--runs", nargs="+", default=["snapmla", "flashmla"], choices=list(RUNS))
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--long-len", type=int, default=16384, help="tokens of the chunked-prefill prompt")
+    ap.add_argument("--chunk", type=int, default=4096, help="--chunked-prefill-size of the `cached` server")
+    ap.add_argument("--load-format", default="dummy", help="'auto' for a trained checkpoint")
+    ap.add_argument("--context-length", type=int, default=32768)
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--out", type=Path, default=Path("check_out"))
     args = ap.parse_args()

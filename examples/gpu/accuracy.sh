@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the H100 host (device tool, carry .gpu): train the small MLA model, then the accuracy evidence of issue 5.
 #   usage: bash examples/gpu/accuracy.sh [train minutes, default 4]
+#          CHECK=1 bash examples/gpu/accuracy.sh 2   # instead of the evaluation: prefix-cache / chunked-prefill
+#                                                    # identity (examples/check_serving.py) on the trained model
 # One call: the checkpoint (~120 MB) stays on the machine (.gpucache/tiny-mla), only reports come back in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
@@ -12,6 +14,11 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT
 CKPT=.gpucache/tiny-mla
 python3 examples/train_tiny_mla.py --out $CKPT --minutes "${1:-4}" 2>&1 | grep -v "^{" | tee "$OUT/train.log"
 cp $CKPT/train_log.json "$OUT/"
+if [ "${CHECK:-0}" = 1 ]; then
+  python3 examples/check_serving.py --model $CKPT --runs snapmla flashmla --load-format auto --context-length 4096 \
+    --long-len 3584 --chunk 1024 --out /tmp/check 2>&1 | tail -9
+  cp /tmp/check/check_serving.json "$OUT/"; exit 0
+fi
 echo "== layerwise error on real activations (configs A-D, SnapMLA, BF16, and the shipped kernels)"
 python3 -m sglang_snapmla.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
   --out "$OUT/layerwise" 2>&1 | tail -12
