@@ -72,7 +72,7 @@ def make_inputs(b, sk, h, s_q, copies, dev):
     return out
 
 
-def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool):
+def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False):
     pages = math.ceil(sk / PAGE)
     bf16_bytes = b * sk * 1152
     copies = max(1, min(8, math.ceil(L2_ROTATE_BYTES / bf16_bytes)))
@@ -82,12 +82,14 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool):
     flops = 2 * b * h * s_q * sk * (576 + 512)
     rows = {}
 
-    def ours(i):
+    def ours(i, impl="triton"):
         x = inp[i]
         qn, qr = x["q"][..., :512], x["q"][..., 512:]
-        return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale)
+        return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl)
 
     rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * nx.BYTES_PER_TOKEN)
+    if cuda:  # the sm_90a kernel (SNAPMLA_DECODE_IMPL=cuda), same inputs, same combine
+        rows["snapmla_cuda_sm90"] = (time_graph(lambda i: ours(i, "cuda"), copies), b * sk * nx.BYTES_PER_TOKEN)
 
     from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
@@ -125,20 +127,21 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool):
         except Exception as e:
             print(f"  {label} failed: {e!r:.300}", file=sys.stderr)
 
-    err = None
-    if check:  # our output vs FlashMLA BF16 on copy 0
-        x = inp[0]
-        o, _ = ours(0)()
+    errs = {}
+    if check:  # our outputs vs FlashMLA BF16 on copy 0
         ref, _ = flashmla_bf16(0)()
-        err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+        for name, impl in (("snapmla_triton", "triton"), ("snapmla_cuda_sm90", "cuda")):
+            if name in rows:
+                o, _ = ours(0, impl)()
+                errs[name] = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
     del inp
     torch.cuda.empty_cache()
     res = []
     base = rows["flashmla_bf16"][0]
     for name, (us, byts) in rows.items():
         res.append(dict(kernel=name, h=h, s_q=s_q, b=b, sk=sk, us=us, tflops=flops / us / 1e6, gbps=byts / us / 1e3,
-                        speedup_vs_flashmla_bf16=base / us, rel_err_vs_flashmla_bf16=err if name == "snapmla_triton"
-                        else None))
+                        speedup_vs_flashmla_bf16=base / us,
+                        rel_err_vs_flashmla_bf16=errs.get(name)))
     return res
 
 
@@ -177,6 +180,7 @@ def main():
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64, 16])
     ap.add_argument("--sq", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer (its JIT build takes minutes)")
+    ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
     ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -185,7 +189,7 @@ def main():
     for h in args.heads:
         for s_q in args.sq:
             for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
-                rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer)
+                rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda)
                 results.extend(rs)
                 for r in rs:
                     print(json.dumps(r), flush=True)
@@ -196,9 +200,10 @@ def main():
 
 
 def print_table(results):
-    kernels = ["snapmla_triton", "flashmla_bf16", "flashmla_fp8_pertensor", "flashinfer_fa3_bf16",
-               "flashinfer_fa3_fp8"]
-    print("\n| h | s_q | b | s_k | " + " | ".join(f"{k} us" for k in kernels) +
+    kernels = ["snapmla_triton", "snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor",
+               "flashinfer_fa3_bf16", "flashinfer_fa3_fp8"]
+    print("\nours = snapmla_cuda_sm90 where it was timed (--cuda), else snapmla_triton")
+    print("| h | s_q | b | s_k | " + " | ".join(f"{k} us" for k in kernels) +
           " | ours TFLOPS | ours GB/s | ours / FlashMLA BF16 | ours / FlashMLA FP8 | rel err vs BF16 |")
     print("|" + "---|" * (4 + len(kernels) + 5))
     keyed = {}
@@ -206,7 +211,7 @@ def print_table(results):
         keyed.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), {})[r["kernel"]] = r
     for (h, s_q, b, sk), d in keyed.items():
         us = [f"{d[k]['us']:.1f}" if k in d else "-" for k in kernels]
-        o = d["snapmla_triton"]
+        o = d.get("snapmla_cuda_sm90", d["snapmla_triton"])  # "ours": the fastest path measured
         fp8 = d.get("flashmla_fp8_pertensor")
         print(f"| {h} | {s_q} | {b} | {sk} | " + " | ".join(us) +
               f" | {o['tflops']:.0f} | {o['gbps']:.0f} | {o['speedup_vs_flashmla_bf16']:.2f}x | "

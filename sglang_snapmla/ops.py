@@ -1,7 +1,8 @@
 """SnapMLA ops: one function per op, each validating its inputs and dispatching to a kernel.
 
-Today every op runs the Triton kernels in `sglang_snapmla.kernels.triton`; the Hopper CUDA decode (a later issue)
-slots into `decode` behind the same signature. Shapes and dtypes:
+Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`; `decode` can instead run the sm_90a CUDA
+split kernel (`sglang_snapmla.cuda_ext`, SNAPMLA_DECODE_IMPL=cuda|auto; opt-in until validated on a GPU) behind the
+same signature, followed by the same combine. Shapes and dtypes:
 
 | op | inputs | outputs |
 |---|---|---|
@@ -27,6 +28,10 @@ from .kernels.triton import decode as tdecode
 from .kernels.triton import quant as tquant
 
 MAX_SPLITS = 64
+# Decode implementation: "triton" (default), "cuda" (the sm_90a kernel; an error if it cannot be built) or "auto"
+# (cuda where available, else triton, logged once). The CUDA kernel is opt-in until it has been validated on a GPU.
+DECODE_IMPLS = ("triton", "cuda", "auto")
+CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
 
 
 class SnapMLAInputError(ValueError):
@@ -170,23 +175,49 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
     return max(1, min(want, MAX_SPLITS, max_pages))
 
 
-def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device) -> int:
+def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device,
+                       impl: str | None = None) -> int:
     """The split count `decode` would pick, from shapes only (for callers that capture CUDA graphs and must use
     the same count at capture and replay: pass a static `max_pages`)."""
     rows = s_q * heads
+    if decode_impl(impl) == "cuda":  # one 256-thread CTA per 64 rows, one CTA per SM
+        slots, tiles = _num_sms(device.index or 0), math.ceil(rows / CUDA_ROWS)
+        return max(1, min(slots // max(1, batch * tiles), MAX_SPLITS, max_pages))
     return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
+
+
+def decode_impl(requested: str | None = None) -> str:
+    """"triton" or "cuda": the decode implementation to run, from `requested` or SNAPMLA_DECODE_IMPL."""
+    want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "triton")
+    if want not in DECODE_IMPLS:
+        raise SnapMLAInputError(f"decode implementation must be one of {DECODE_IMPLS}, got {want!r} "
+                                "(SNAPMLA_DECODE_IMPL)")
+    if want == "triton" or (want == "auto" and interpreter_mode()):
+        return "triton"
+    if interpreter_mode():
+        raise SnapMLAInputError("SNAPMLA_DECODE_IMPL=cuda needs a GPU; Triton's CPU interpreter runs only 'triton'")
+    from . import cuda_ext
+
+    if cuda_ext.load() is not None:
+        return "cuda"
+    if want == "cuda":
+        raise SnapMLAInputError(f"SNAPMLA_DECODE_IMPL=cuda but the sm90 kernel is unavailable: "
+                                f"{cuda_ext.unavailable_reason() or 'its build failed (see the log)'}")
+    return "triton"  # auto: cuda_ext.load() logged why
 
 
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None):
+           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
+           impl: str | None = None):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
     block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
     already be in the cache; query token i sees keys [0, seq_len - s_q + i]).
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
-    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests).
+    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests);
+    `impl` overrides SNAPMLA_DECODE_IMPL ("triton", "cuda", "auto").
     """
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
@@ -204,9 +235,10 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
+    use_cuda = decode_impl(impl) == "cuda"
     block_m, warps, stages = tiling or decode_tiling(R)
     tiles = math.ceil(R / block_m)
-    splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device)
+    splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device, impl)
     dev = q8.device
     o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
     lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
@@ -214,22 +246,28 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
-    tdecode.decode_split_kernel[(B, splits, tiles)](
-        q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
-        block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
-        splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
-        num_warps=warps, num_stages=stages)
+    if use_cuda:
+        from . import cuda_ext
+
+        cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                     lse_part, R, H, s_q, softmax_scale * math.log2(math.e), splits)
+    else:
+        tdecode.decode_split_kernel[(B, splits, tiles)](
+            q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+            block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
+            splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
+            num_warps=warps, num_stages=stages)
     tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, num_warps=4)
     return out, lse
 
 
 def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor,
                    kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
-                   num_splits: int | None = None):
+                   num_splits: int | None = None, impl: str | None = None):
     """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as `decode`."""
     if q_nope.dim() != 4:
         raise SnapMLAInputError(f"q_nope must be [B, s_q, H, 512], got {tuple(q_nope.shape)}")
     B, s_q, H, _ = q_nope.shape
     q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
     return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_fp8, kv_scale,
-                  kv_rope, block_table, seq_lens, softmax_scale, num_splits)
+                  kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl)

@@ -118,3 +118,16 @@ def test_decode_rejects_bad_inputs(gen):
         ops.quantize_q(torch.zeros(2, 4, 256, dtype=torch.bfloat16), torch.zeros(2, 4, 64, dtype=torch.bfloat16))
     with pytest.raises(ops.SnapMLAInputError, match="bfloat16"):
         ops.quantize_q(torch.zeros(2, 4, 512), torch.zeros(2, 4, 64))
+
+
+def test_decode_impl_choice_is_explicit(monkeypatch):
+    """Unknown implementations are rejected; asking for the CUDA kernel where it cannot run is an error, not a
+    silent Triton run; 'auto' on the CPU interpreter runs Triton."""
+    with pytest.raises(ops.SnapMLAInputError, match="one of"):
+        ops.decode_impl("cutlass")
+    if ops.interpreter_mode():
+        with pytest.raises(ops.SnapMLAInputError, match="needs a GPU"):
+            ops.decode_impl("cuda")
+        assert ops.decode_impl("auto") == "triton"
+    monkeypatch.setenv("SNAPMLA_DECODE_IMPL", "triton")
+    assert ops.decode_impl() == "triton"

@@ -1,0 +1,34 @@
+// Torch binding of the sm_90a SnapMLA split decode (the kernel and its launcher live in snapmla_decode_sm90.cu).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+namespace snapmla {
+cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
+                                     const float* kv_scale, const void* kv_rope, const int* block_table,
+                                     const int* seq_lens, float* o_part, float* lse_part, int batch, int stride_bt,
+                                     int R, int H, int S_Q, float qk_scale_log2, int num_splits, cudaStream_t stream);
+}
+
+// Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
+// kernel's address arithmetic relies on is re-checked.
+void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
+                  torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
+                  torch::Tensor o_part, torch::Tensor lse_part, int64_t R, int64_t H, int64_t S_Q,
+                  double qk_scale_log2, int64_t num_splits) {
+  for (const auto& t : {q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, o_part, lse_part})
+    TORCH_CHECK(t.is_cuda() && t.is_contiguous(), "snapmla sm90 decode: CUDA, contiguous tensors expected");
+  TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && block_table.stride(1) == 1,
+              "block_table must be int32 with unit stride in its last dim");
+  auto err = snapmla::launch_decode_split_sm90(
+      q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_fp8.data_ptr(), kv_scale.data_ptr<float>(),
+      kv_rope.data_ptr(), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(), o_part.data_ptr<float>(),
+      lse_part.data_ptr<float>(), static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)),
+      static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
+      static_cast<int>(num_splits), c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err));
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_split", &decode_split, "SnapMLA split-KV decode, sm_90a (writes split partials for the combine)");
+}

@@ -1,0 +1,335 @@
+// SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
+//
+// Version 0 (correctness first, not yet tuned or validated on a GPU): one CTA = 64 query rows (flattened
+// (token, head) pairs of one sequence) x one split of its 64-token pages, two warpgroups.
+//   per page, double-buffered with cp.async (16 B, zero-filled past the sequence end):
+//     all 256 threads : V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA reads
+//                       both operands K-major, so PV cannot read the page as stored)
+//     warpgroup 0     : S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) -- one
+//                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
+//                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
+//     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
+// O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
+// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. Pages are visited in
+// strictly increasing order (no inverted order: it breaks with per-block P scales).
+// Shared memory tiles use WGMMA's no-swizzle K-major layout: 8-row x 16-byte core matrices, 128 B each, adjacent
+// in K (leading byte offset 128), then the next 8 rows (stride byte offset = row bytes / 16 * 128).
+// Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine.
+
+#include <cuda_runtime.h>
+#include <cstdint>
+
+#include "wgmma_ops.cuh"
+
+namespace snapmla {
+
+constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256;
+constexpr float kFp8Max = 448.f;
+
+// shared memory map (bytes)
+constexpr int kQ8 = 0;                                // [64 rows x 512 B]
+constexpr int kQR = kQ8 + kRows * kLatent;            // [64 rows x 128 B] bf16
+constexpr int kK8 = kQR + kRows * kRope * 2;          // 2 x [64 tokens x 512 B]
+constexpr int kKR = kK8 + 2 * kPage * kLatent;        // 2 x [64 tokens x 128 B] bf16
+constexpr int kKS = kKR + 2 * kPage * kRope * 2;      // 2 x [64] fp32 scales
+constexpr int kVT = kKS + 2 * kPage * 4;              // [512 latent x 64 B] fp8 (V^T)
+constexpr int kP8 = kVT + kLatent * kPage;            // [64 rows x 64 B] fp8
+constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
+constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
+constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
+constexpr int kSmemBytes = kRowL + kRows * 4;
+
+__device__ __forceinline__ int kmajor(int row, int byte, int row_bytes) {
+  return (row >> 3) * (row_bytes / 16) * 128 + (byte >> 4) * 128 + (row & 7) * 16 + (byte & 15);
+}
+
+__device__ __forceinline__ uint64_t smem_desc(const uint8_t* p, int stride_byte_offset) {
+  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)(128 >> 4) << 16;                        // leading byte offset: next core matrix along K
+  d |= (uint64_t)((stride_byte_offset & 0x3FFFF) >> 4) << 32;  // stride byte offset: next 8 rows
+  return d;                                               // base offset 0, swizzle mode 0 (none)
+}
+
+__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
+  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  int n = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_wg(int id) {  // named barrier of one warpgroup (128 threads)
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ uint8_t to_fp8(float x) {  // RNE, saturating to +-448 (the reference's to_fp8)
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.f), "f"(x));
+  return static_cast<uint8_t>(pair & 0xFF);
+}
+
+// Stage page `page` of the pool into buffer `buf`: fp8 content, bf16 RoPE, fp32 scales. Tokens at or past
+// `valid_tokens` are zero-filled (masked scores then meet finite zeros in PV).
+__device__ __forceinline__ void load_page(uint8_t* smem, int buf, const uint8_t* kv_fp8, const float* kv_scale,
+                                          const uint16_t* kv_rope, int64_t page, int valid_tokens) {
+  const int t = threadIdx.x;
+  uint8_t* k8 = smem + kK8 + buf * kPage * kLatent;
+  uint8_t* kr = smem + kKR + buf * kPage * kRope * 2;
+  uint8_t* ks = smem + kKS + buf * kPage * 4;
+  for (int c = t; c < kPage * (kLatent / 16); c += kThreads) {  // 2048 chunks of 16 B
+    int tok = c / (kLatent / 16), b = (c % (kLatent / 16)) * 16;
+    int64_t slot = page * kPage + tok;
+    cp_async16(k8 + kmajor(tok, b, kLatent), kv_fp8 + slot * kLatent + b, tok < valid_tokens);
+  }
+  for (int c = t; c < kPage * (kRope * 2 / 16); c += kThreads) {  // 512 chunks
+    int tok = c / 8, b = (c % 8) * 16;
+    int64_t slot = page * kPage + tok;
+    cp_async16(kr + kmajor(tok, b, kRope * 2), reinterpret_cast<const uint8_t*>(kv_rope) + slot * kRope * 2 + b,
+               tok < valid_tokens);
+  }
+  if (t < kPage * 4 / 16) {  // 16 chunks of 4 scales
+    int tok = t * 4;
+    // a chunk straddling the sequence end copies a few finite pool scales: their scores are masked anyway
+    cp_async16(ks + t * 16, kv_scale + page * kPage + tok, tok < valid_tokens);
+  }
+}
+
+// V^T (K-major over tokens) from the staged page, 4 x 4 byte blocks per step: 4-byte reads of 4 latent channels
+// of one token, byte-permuted, 4-byte writes of 4 tokens of one channel.
+__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf) {
+  const uint8_t* k8 = smem + kK8 + buf * kPage * kLatent;
+  uint8_t* vt = smem + kVT;
+  for (int blk = threadIdx.x; blk < (kLatent / 4) * (kPage / 4); blk += kThreads) {
+    int tok4 = blk % (kPage / 4), d4 = blk / (kPage / 4);
+    uint32_t r[4];
+#pragma unroll
+    for (int a = 0; a < 4; ++a) r[a] = *reinterpret_cast<const uint32_t*>(k8 + kmajor(tok4 * 4 + a, d4 * 4, kLatent));
+    uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
+    uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
+    uint32_t w[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
+                     __byte_perm(t1, t3, 0x7632)};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) *reinterpret_cast<uint32_t*>(vt + kmajor(d4 * 4 + c, tok4 * 4, kPage)) = w[c];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
+    const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
+    const uint8_t* __restrict__ kv_fp8, const float* __restrict__ kv_scale, const uint16_t* __restrict__ kv_rope,
+    const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ o_part,
+    float* __restrict__ lse_part, int stride_bt, int R, int H, int S_Q, float qk_scale_log2, int num_splits) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int b = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+  const int t = threadIdx.x, wg = t / 128, tw = t % 128, warp = tw / 32, lane = tw % 32;
+
+  const int seq_len = seq_lens[b];
+  const int n_pages = (seq_len + kPage - 1) / kPage;
+  const int per_split = (n_pages + num_splits - 1) / num_splits;
+  const int first = split * per_split;
+  const int last = min(first + per_split, n_pages);
+
+  // Q tile: 64 rows of this sequence (zero rows past R)
+  for (int c = t; c < kRows * (kLatent / 16); c += kThreads) {
+    int row = c / (kLatent / 16), bt = (c % (kLatent / 16)) * 16, grow = tile * kRows + row;
+    cp_async16(smem + kQ8 + kmajor(row, bt, kLatent), q8 + ((int64_t)b * R + min(grow, R - 1)) * kLatent + bt,
+               grow < R);
+  }
+  for (int c = t; c < kRows * 8; c += kThreads) {
+    int row = c / 8, bt = (c % 8) * 16, grow = tile * kRows + row;
+    cp_async16(smem + kQR + kmajor(row, bt, kRope * 2),
+               reinterpret_cast<const uint8_t*>(q_rope) + ((int64_t)b * R + min(grow, R - 1)) * kRope * 2 + bt,
+               grow < R);
+  }
+  if (first < last) {
+    int page = block_table[(int64_t)b * stride_bt + first];
+    load_page(smem, 0, kv_fp8, kv_scale, kv_rope, page, min(kPage, seq_len - first * kPage));
+  }
+  cp_async_commit();
+
+  // accumulator rows of this thread (same mapping in both warpgroups)
+  const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
+  const int grow0 = tile * kRows + row0, grow1 = tile * kRows + row1;
+  const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
+  const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
+  const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;  // warpgroup 0's row state
+  float* rowf = reinterpret_cast<float*>(smem + kRowF);
+
+  for (int p = first; p < last; ++p) {
+    const int buf = (p - first) & 1;
+    cp_async_wait_all();
+    fence_async_smem();
+    __syncthreads();  // page p staged; the previous page's PV has finished reading V^T and P8
+    if (p + 1 < last) {
+      int page = block_table[(int64_t)b * stride_bt + p + 1];
+      load_page(smem, buf ^ 1, kv_fp8, kv_scale, kv_rope, page, min(kPage, seq_len - (p + 1) * kPage));
+    }
+    cp_async_commit();
+    transpose_page(smem, buf);
+    const float* ks = reinterpret_cast<const float*>(smem + kKS + buf * kPage * 4);
+
+    if (wg == 0) {
+      float s[32];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kLatent / 32; ++k)
+        wgmma_m64n64k32_e4m3(s, smem_desc(smem + kQ8 + k * 256, (kLatent / 16) * 128),
+                             smem_desc(smem + kK8 + buf * kPage * kLatent + k * 256, (kLatent / 16) * 128), k > 0);
+#pragma unroll
+      for (int k = 0; k < kRope * 2 / 32; ++k)
+        wgmma_m64n64k16_bf16(s, smem_desc(smem + kQR + k * 256, (kRope * 2 / 16) * 128),
+                             smem_desc(smem + kKR + buf * kPage * kRope * 2 + k * 256, (kRope * 2 / 16) * 128), 1);
+      wgmma_commit();
+      wgmma_wait_all();
+
+      // scale, mask, online softmax (two rows per thread; a row's 64 columns live in one quad of lanes)
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
+          float kscale = ks[col];
+          float v0 = s[4 * j + c] * qs0 * kscale, v1 = s[4 * j + 2 + c] * qs1 * kscale;
+          v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
+          v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
+          s[4 * j + c] = v0;
+          s[4 * j + 2 + c] = v1;
+          mx0 = fmaxf(mx0, v0);
+          mx1 = fmaxf(mx1, v1);
+        }
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
+      }
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float a0 = exp2f(m0 - ms0), a1 = exp2f(m1 - ms1);
+      float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = j * 8 + (lane % 4) * 2 + c;
+          float kscale = ks[col];
+          float p0 = exp2f(s[4 * j + c] - ms0), p1 = exp2f(s[4 * j + 2 + c] - ms1);
+          sum0 += p0;
+          sum1 += p1;
+          s[4 * j + c] = p0 * kscale;  // P' = P * sigma_k (V's per-token scale fused into P)
+          s[4 * j + 2 + c] = p1 * kscale;
+          pm0 = fmaxf(pm0, s[4 * j + c]);
+          pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
+        }
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
+        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
+        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
+      }
+      l0 = l0 * a0 + sum0;
+      l1 = l1 * a1 + sum1;
+      m0 = mn0;
+      m1 = mn1;
+      // a row without any visible key in this page keeps its scale (its P8 is zero either way)
+      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
+      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
+      uint8_t* p8 = smem + kP8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = j * 8 + (lane % 4) * 2 + c;
+          p8[kmajor(row0, col, kPage)] = to_fp8(__fdiv_rn(s[4 * j + c], ps0));
+          p8[kmajor(row1, col, kPage)] = to_fp8(__fdiv_rn(s[4 * j + 2 + c], ps1));
+        }
+      }
+      if (lane % 4 == 0) {
+        rowf[row0] = a0 * s0 / ps0;
+        rowf[row1] = a1 * s1 / ps1;
+      }
+      s0 = ps0;
+      s1 = ps1;
+    }
+    fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads through the async proxy
+    __syncthreads();
+
+    const float f0 = rowf[row0], f1 = rowf[row1];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= f0;
+      o[4 * j + 1] *= f0;
+      o[4 * j + 2] *= f1;
+      o[4 * j + 3] *= f1;
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kPage / 32; ++k)
+      wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + k * 256, (kPage / 16) * 128),
+                            smem_desc(smem + kVT + (wg * 256 / 8) * ((kPage / 16) * 128) + k * 256,
+                                      (kPage / 16) * 128), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  cp_async_wait_all();  // an empty split never waited for its Q tile
+  // epilogue: warpgroup 0 publishes each row's s / l and LSE; both warpgroups write their 256 columns
+  float* rows_s = reinterpret_cast<float*>(smem + kRowS);
+  float* rows_l = reinterpret_cast<float*>(smem + kRowL);
+  if (wg == 0 && lane % 4 == 0) {
+    rows_s[row0] = l0 > 0.f ? s0 / l0 : 0.f;
+    rows_s[row1] = l1 > 0.f ? s1 / l1 : 0.f;
+    rows_l[row0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+    rows_l[row1] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+  }
+  __syncthreads();
+  const float w0 = rows_s[row0], w1 = rows_s[row1];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    int col = wg * 256 + j * 8 + (lane % 4) * 2;
+    if (grow0 < R) {
+      float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
+      *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
+    }
+    if (grow1 < R) {
+      float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
+      *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+    }
+  }
+  if (wg == 0 && lane % 4 == 0) {
+    if (grow0 < R) lse_part[((int64_t)b * R + grow0) * num_splits + split] = rows_l[row0];
+    if (grow1 < R) lse_part[((int64_t)b * R + grow1) * num_splits + split] = rows_l[row1];
+  }
+#endif
+}
+
+// Host launcher (no torch types: the file compiles on its own, e.g. for the CPU CI's sm_90a compile check).
+cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
+                                     const float* kv_scale, const void* kv_rope, const int* block_table,
+                                     const int* seq_lens, float* o_part, float* lse_part, int batch, int stride_bt,
+                                     int R, int H, int S_Q, float qk_scale_log2, int num_splits,
+                                     cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(decode_split_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         kSmemBytes);
+  if (err != cudaSuccess) return err;
+  dim3 grid(batch, num_splits, (R + kRows - 1) / kRows);
+  decode_split_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
+      static_cast<const uint8_t*>(q8), q_scale, static_cast<const uint16_t*>(q_rope),
+      static_cast<const uint8_t*>(kv_fp8), kv_scale, static_cast<const uint16_t*>(kv_rope), block_table, seq_lens,
+      o_part, lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla

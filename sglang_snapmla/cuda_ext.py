@@ -1,0 +1,49 @@
+"""The sm_90a CUDA decode extension: built with torch's C++ extension machinery at first use, cached.
+
+`load()` returns the compiled module, or None with the reason logged once (no CUDA device, not an sm_90 GPU, no
+nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` only uses this module when asked
+(SNAPMLA_DECODE_IMPL=cuda or auto): version 0 of the kernel has not been validated on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE_DIR = Path(__file__).resolve().parent / "kernels" / "cuda"
+SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
+NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v")
+
+
+def unavailable_reason() -> str | None:
+    """Why the extension cannot run here, or None when it can be built and run."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs an sm_90 GPU (H100/H200), found sm_{major}{minor}"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None:
+        return "nvcc not found (CUDA_HOME unset)"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load():
+    """The compiled extension module, or None (reason logged once)."""
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            from torch.utils.cpp_extension import load as build
+
+            return build(name="snapmla_sm90", sources=[str(SOURCE_DIR / s) for s in SOURCES],
+                         extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(SOURCE_DIR)], verbose=False)
+        except Exception as e:  # a failed build is reported, the Triton path stays usable
+            reason = f"build failed: {e!r:.500}"
+    log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels", reason)
+    return None
