@@ -13,8 +13,11 @@ from pathlib import Path
 
 import torch
 
+from . import kernels as kernels_pkg
+
 log = logging.getLogger(__name__)
-SOURCE_DIR = Path(__file__).resolve().parent / "kernels" / "cuda"
+# the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
+SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v")
 
@@ -33,16 +36,22 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def build(build_directory: str | None = None, verbose: bool = False):
+    """Compile (or reuse torch's cached build of) the extension and import it; no GPU is needed to build."""
+    from torch.utils.cpp_extension import load as torch_load
+
+    return torch_load(name="snapmla_sm90", sources=[str(SOURCE_DIR / s) for s in SOURCES],
+                      extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(SOURCE_DIR)],
+                      build_directory=build_directory, verbose=verbose)
+
+
 @functools.lru_cache(maxsize=1)
 def load():
     """The compiled extension module, or None (reason logged once)."""
     reason = unavailable_reason()
     if reason is None:
         try:
-            from torch.utils.cpp_extension import load as build
-
-            return build(name="snapmla_sm90", sources=[str(SOURCE_DIR / s) for s in SOURCES],
-                         extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(SOURCE_DIR)], verbose=False)
+            return build()
         except Exception as e:  # a failed build is reported, the Triton path stays usable
             reason = f"build failed: {e!r:.500}"
     log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels", reason)

@@ -54,3 +54,16 @@ def test_wgmma_wrappers_are_generated_from_the_script():
 
     expected = "".join(gen_wgmma.wrapper(*s) for s in gen_wgmma.SHAPES)
     assert expected in (CUDA_DIR / "wgmma_ops.cuh").read_text()
+
+
+def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
+    """The torch binding + kernel build through torch's extension machinery (what a GPU host does at first use)."""
+    _nvcc()
+    cuda_home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    if not (Path(cuda_home) / "include" / "cuda_runtime_api.h").exists():
+        pytest.skip(f"no CUDA headers under {cuda_home}")
+    code = ("import sys; from sglang_snapmla import cuda_ext; "
+            "m = cuda_ext.build(sys.argv[1]); print('BUILT', callable(m.decode_split))")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, CUDA_HOME=cuda_home))
+    assert "BUILT True" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
