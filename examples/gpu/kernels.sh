@@ -13,5 +13,12 @@ timeout 300 python3 -m pytest -q -x tests 2>&1 | tee "$OUT/pytest_gpu.log" | tai
 echo "== compute-sanitizer memcheck"
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu_sanitize_decode.py 2>&1 \
   | tee "$OUT/memcheck.log" | tail -4; echo "memcheck rc=${PIPESTATUS[0]}"
+if [[ " $* " == *" --cuda "* ]]; then  # the sm_90a kernel: memcheck and racecheck on the same small decode
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool (SNAPMLA_DECODE_IMPL=cuda)"
+    SNAPMLA_DECODE_IMPL=cuda timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 tests/gpu_sanitize_decode.py 2>&1 | tee "$OUT/cuda_$tool.log" | tail -4; echo "$tool rc=${PIPESTATUS[0]}"
+  done
+fi
 echo "== kernel benchmark"
 timeout 400 python3 examples/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
