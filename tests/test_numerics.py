@@ -205,3 +205,49 @@ def test_ablation_ordering_with_rope_outliers(gen):
             err[name] += nx.error_metrics(out, gold)["rel_l2"] / 32
     assert err["A"] > 1.3 * err["SnapMLA"], err  # measured ~1.8x on this data
     assert err["BF16"] < err["SnapMLA"], err
+
+
+def _scaled_accumulator_decode(q, cache, block_table, seq_lens, softmax_scale):
+    """The sm_90a kernel's accumulation scheme, in torch: O is held in the current block's P scale
+    (O_true = O * s), so each block does O = O * (alpha * s / sigma_P) + P8 V with no second accumulator; a row
+    with no visible key in a block keeps its scale. Everything else as the reference."""
+    B, s_q, H, _ = q.content.shape
+    rows = s_q * H
+    out = torch.empty(B, s_q, H, nx.KV_LORA_RANK)
+    for b in range(B):
+        seq_len = int(seq_lens[b])
+        qc, qr = q.content[b].float().reshape(rows, -1), q.rope[b].float().reshape(rows, -1)
+        qs = q.scale[b].float().reshape(rows)
+        last_key = (seq_len - s_q + torch.arange(s_q)).repeat_interleave(H)
+        m, l = torch.full((rows,), -math.inf), torch.zeros(rows)
+        o, s = torch.zeros(rows, nx.KV_LORA_RANK), torch.ones(rows)
+        for blk in range(math.ceil(seq_len / nx.PAGE_SIZE)):
+            slots = block_table[b, blk].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
+            kc, ks, kr = cache.content[slots].float(), cache.scale[slots].float(), cache.rope[slots].float()
+            scores = (qc @ kc.T + qr @ kr.T) * (qs[:, None] * ks[None, :]) * softmax_scale
+            key_pos = blk * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
+            scores = scores.masked_fill(key_pos[None, :] > last_key[:, None], -math.inf)
+            m_new = torch.maximum(m, scores.amax(1))
+            m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+            alpha, p = torch.exp(m - m_safe), torch.exp(scores - m_safe[:, None])
+            l = l * alpha + p.sum(1)
+            p_v = p * ks[None, :]
+            pm = p_v.amax(1)
+            ps = torch.where(pm > 0, torch.clamp_min(pm / nx.FP8_MAX, nx.P_SCALE_FLOOR), s)
+            o = o * (alpha * s / ps)[:, None] + nx.to_fp8(p_v / ps[:, None]).float() @ kc
+            s, m = ps, m_new
+        out[b] = (o * (s / l)[:, None]).reshape(s_q, H, -1)
+    return out
+
+
+@pytest.mark.parametrize("seq_lens,s_q", [([65, 129, 2, 300], 2), ([1, 64, 200], 1)])
+def test_scaled_accumulator_schedule_equals_reference(gen, seq_lens, s_q):
+    """The CUDA kernel's reformulated accumulation is the reference's math up to fp32 rounding, including rows
+    whose last block is fully masked (s_q = 2 with a lone key in the last page)."""
+    p = paged_problem(gen, seq_lens, 8, s_q=s_q, zero_rows=1)
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    ref, _ = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    got = _scaled_accumulator_decode(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    assert torch.isfinite(got).all()
+    assert_close(got, ref, rel_l2=1e-5, what="scaled-accumulator schedule vs reference")

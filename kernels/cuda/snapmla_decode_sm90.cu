@@ -62,9 +62,6 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-__device__ __forceinline__ void bar_wg(int id) {  // named barrier of one warpgroup (128 threads)
-  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
-}
 
 __device__ __forceinline__ uint8_t to_fp8(float x) {  // RNE, saturating to +-448 (the reference's to_fp8)
   uint16_t pair;
