@@ -318,8 +318,8 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
                                      const int* seq_lens, float* o_part, float* lse_part, int batch, int stride_bt,
                                      int R, int H, int S_Q, float qk_scale_log2, int num_splits,
                                      cudaStream_t stream) {
-  // once per process (per device in a multi-GPU process the attribute is per function, set before first use);
-  // kept out of the per-launch path so that CUDA-graph capture records only the kernel launch
+  // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
+  // per-launch path so that a CUDA-graph capture records only the kernel launch
   static cudaError_t attr = cudaFuncSetAttribute(decode_split_sm90_kernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
