@@ -80,7 +80,7 @@ CASES = [  # (seq_lens, heads, s_q, rope_outlier)
     ([200, 37], 64, 1, 1000.0),
     ([63, 129], 128, 2, None),
     ([256], 32, 1, 1000.0),
-    ([70, 1], 2, 1, None),  # tensor parallelism leaves few heads per GPU (16 heads / TP 8)
+    ([70, 1, 333, 129], 2, 1, None),  # tensor parallelism leaves few heads per GPU (16 heads / TP 8)
     ([129], 4, 2, 1000.0),
 ]
 
@@ -94,7 +94,11 @@ def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier)
     assert (lse - ref_lse).abs().max() <= 1e-3
     if outlier is None:  # unit-scale data: the foundation's bounds vs the golden
         gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
-        assert_close(out, gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="triton vs golden")
+        # with <= 4 heads the FP8 error of a single draw is noisier: over 300 seeds the reference itself reached
+        # rel-L2 5.9e-2 / 1-cos 1.7e-3 (2 heads, 4 sequences), hence wider bounds there
+        few = heads <= 4
+        assert_close(out, gold, rel_l2=7.5e-2 if few else 5.5e-2, one_minus_cos=2.5e-3 if few else 1.5e-3,
+                     what="triton vs golden")
         assert (lse.double() - gold_lse).abs().mean() <= 2e-2
 
 
