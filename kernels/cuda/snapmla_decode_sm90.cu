@@ -69,29 +69,31 @@ __device__ __forceinline__ uint8_t to_fp8(float x) {  // RNE, saturating to +-44
   return static_cast<uint8_t>(pair & 0xFF);
 }
 
+// Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into the K-major tile `dst` (16-byte cp.async
+// chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
+template <int kRowBytes>
+__device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, int valid_rows) {
+  constexpr int kChunks = kRowBytes / 16;
+  const int last = max(valid_rows - 1, 0);
+  for (int c = threadIdx.x; c < 64 * kChunks; c += kThreads) {
+    int row = c / kChunks, b = (c % kChunks) * 16;
+    cp_async16(dst + kmajor(row, b, kRowBytes), src + (int64_t)min(row, last) * kRowBytes + b, row < valid_rows);
+  }
+}
+
 // Stage page `page` of the pool into buffer `buf`: fp8 content, bf16 RoPE, fp32 scales. Tokens at or past
 // `valid_tokens` are zero-filled (masked scores then meet finite zeros in PV).
 __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const uint8_t* kv_fp8, const float* kv_scale,
                                           const uint16_t* kv_rope, int64_t page, int valid_tokens) {
+  const int64_t slot0 = page * kPage;
+  stage_rows<kLatent>(smem + kK8 + buf * kPage * kLatent, kv_fp8 + slot0 * kLatent, valid_tokens);
+  stage_rows<kRope * 2>(smem + kKR + buf * kPage * kRope * 2,
+                        reinterpret_cast<const uint8_t*>(kv_rope) + slot0 * kRope * 2, valid_tokens);
   const int t = threadIdx.x;
-  uint8_t* k8 = smem + kK8 + buf * kPage * kLatent;
-  uint8_t* kr = smem + kKR + buf * kPage * kRope * 2;
-  uint8_t* ks = smem + kKS + buf * kPage * 4;
-  for (int c = t; c < kPage * (kLatent / 16); c += kThreads) {  // 2048 chunks of 16 B
-    int tok = c / (kLatent / 16), b = (c % (kLatent / 16)) * 16;
-    int64_t slot = page * kPage + tok;
-    cp_async16(k8 + kmajor(tok, b, kLatent), kv_fp8 + slot * kLatent + b, tok < valid_tokens);
-  }
-  for (int c = t; c < kPage * (kRope * 2 / 16); c += kThreads) {  // 512 chunks
-    int tok = c / 8, b = (c % 8) * 16;
-    int64_t slot = page * kPage + tok;
-    cp_async16(kr + kmajor(tok, b, kRope * 2), reinterpret_cast<const uint8_t*>(kv_rope) + slot * kRope * 2 + b,
-               tok < valid_tokens);
-  }
   if (t < kPage * 4 / 16) {  // 16 chunks of 4 scales
     int tok = t * 4;
     // a chunk straddling the sequence end copies a few finite pool scales: their scores are masked anyway
-    cp_async16(ks + t * 16, kv_scale + page * kPage + tok, tok < valid_tokens);
+    cp_async16(smem + kKS + buf * kPage * 4 + t * 16, kv_scale + slot0 + tok, tok < valid_tokens);
   }
 }
 
@@ -131,17 +133,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int last = min(first + per_split, n_pages);
 
   // Q tile: 64 rows of this sequence (zero rows past R)
-  for (int c = t; c < kRows * (kLatent / 16); c += kThreads) {
-    int row = c / (kLatent / 16), bt = (c % (kLatent / 16)) * 16, grow = tile * kRows + row;
-    cp_async16(smem + kQ8 + kmajor(row, bt, kLatent), q8 + ((int64_t)b * R + min(grow, R - 1)) * kLatent + bt,
-               grow < R);
-  }
-  for (int c = t; c < kRows * 8; c += kThreads) {
-    int row = c / 8, bt = (c % 8) * 16, grow = tile * kRows + row;
-    cp_async16(smem + kQR + kmajor(row, bt, kRope * 2),
-               reinterpret_cast<const uint8_t*>(q_rope) + ((int64_t)b * R + min(grow, R - 1)) * kRope * 2 + bt,
-               grow < R);
-  }
+  const int64_t q_row0 = (int64_t)b * R + tile * kRows;
+  const int q_rows = R - tile * kRows;
+  stage_rows<kLatent>(smem + kQ8, q8 + q_row0 * kLatent, q_rows);
+  stage_rows<kRope * 2>(smem + kQR, reinterpret_cast<const uint8_t*>(q_rope) + q_row0 * kRope * 2, q_rows);
   if (first < last) {
     int page = block_table[(int64_t)b * stride_bt + first];
     load_page(smem, 0, kv_fp8, kv_scale, kv_rope, page, min(kPage, seq_len - first * kPage));
