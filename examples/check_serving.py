@@ -29,15 +29,13 @@ from pathlib import Path
 
 import torch
 
-from serve_and_bench import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
+from serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 NEW_TOKENS = 32
 
 
 def generate(port: int, ids: list[int]) -> dict:
-    r = post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS,
-                                                                       "temperature": 0, "ignore_eos": True}},
-             timeout=600)
+    r = greedy_generate(port, ids, NEW_TOKENS, timeout=600)
     return {"ids": r["output_ids"], "cached": r["meta_info"].get("cached_tokens", 0)}
 
 

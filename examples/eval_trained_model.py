@@ -22,7 +22,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serve_and_bench import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
+from serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
 
@@ -43,19 +43,12 @@ def agreement(a: list[list[int]], b: list[list[int]], start: int = 0, end: int |
     return same / max(1, total)
 
 
-def _generate(port: int, ids: list[int], new_tokens: int, logprobs: bool = False) -> dict:
-    payload = {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0,
-                                                     "ignore_eos": True}}
-    if logprobs:
-        payload.update(return_logprob=True, logprob_start_len=0)
-    return post(port, "/generate", payload, timeout=900)
-
-
 def evaluate(port: int, held: dict, workers: int = 64) -> dict:
     with ThreadPoolExecutor(workers) as ex:
-        scored = list(ex.map(lambda w: _generate(port, w, 1, logprobs=True), held["ppl_windows"]))
-        greedy = list(ex.map(lambda p: _generate(port, p, GREEDY_TOKENS), held["prompts"]))
-        drift = list(ex.map(lambda p: _generate(port, p, DRIFT_TOKENS), held["prompts"][:DRIFT_PROMPTS]))
+        scored = list(ex.map(lambda w: greedy_generate(port, w, 1, return_logprob=True, logprob_start_len=0),
+                             held["ppl_windows"]))
+        greedy = list(ex.map(lambda p: greedy_generate(port, p, GREEDY_TOKENS), held["prompts"]))
+        drift = list(ex.map(lambda p: greedy_generate(port, p, DRIFT_TOKENS), held["prompts"][:DRIFT_PROMPTS]))
     # input_token_logprobs: [logprob, token id, text] per prompt position; the first position has no logprob
     lps = [[t[0] for t in r["meta_info"]["input_token_logprobs"] if t[0] is not None] for r in scored]
     return {"perplexity": perplexity(lps), "greedy": [r["output_ids"] for r in greedy],

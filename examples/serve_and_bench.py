@@ -48,6 +48,13 @@ def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
         return json.loads(r.read())
 
 
+def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float = 900, **extra) -> dict:
+    """/generate on token ids, greedy, exactly `new_tokens` new tokens (EOS ignored); `extra` joins the payload."""
+    return post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
+                                                                          "temperature": 0, "ignore_eos": True},
+                                    **extra}, timeout=timeout)
+
+
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:

@@ -5,8 +5,9 @@
 
 Synthetic caches shaped like real MLA latents (see `synthetic_layer`), many layers x seeds averaged, because a
 single sample is noisy when attention is peaked; or, with --checkpoint, the real per-layer activations of a trained
-model (`activations.capture_decode_inputs`: the last token of held-out windows decoded against the window). Prints a table of RMSE, 1 - cosine and relative L2 against the
-golden, writes JSON and a PNG plot (per-layer error, one line per configuration, like the paper's Figure 4).
+model (`activations.capture_decode_inputs`: the last token of held-out windows decoded against the window).
+Prints a table of RMSE, 1 - cosine and relative L2 against the golden, writes JSON and a PNG plot (per-layer
+error, one line per configuration, like the paper's Figure 4).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from .numerics import CONFIGS, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, decode_with_config, error_metrics, mla_decode_golden
 
 METRICS = ("rmse", "one_minus_cos", "rel_l2")
+KERNEL_ROW = "Triton kernel"  # the row `run_report(kernel=True)` adds beside the configurations
 
 
 @dataclass
@@ -113,9 +115,6 @@ def synthetic_inputs(spec: SyntheticSpec, base_seed: int = 0):
         spec, torch.Generator().manual_seed(base_seed * 1_000_003 + layer * 1009 + seed))
 
 
-KERNEL_ROW = "Triton kernel"
-
-
 def _kernel_decode(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_scale):
     """The shipped kernels on the same inputs (CUDA only): K-append into a pool, Q-quant + decode + combine."""
     if not torch.cuda.is_available():
@@ -182,7 +181,8 @@ def main(argv=None) -> None:
                    help="trained checkpoint (examples/train_tiny_mla.py): real activations instead of synthetic ones")
     p.add_argument("--windows", type=int, default=8, help="with --checkpoint: held-out windows (batch)")
     p.add_argument("--window-len", type=int, default=1024, help="with --checkpoint: tokens per window")
-    p.add_argument("--kernel", action="store_true", help="also run the shipped Triton kernels on the same inputs (CUDA only)")
+    p.add_argument("--kernel", action="store_true",
+                   help="also run the shipped Triton kernels on the same inputs (CUDA only)")
     p.add_argument("--out", type=Path, default=Path("accuracy_report"), help="folder for JSON and PNG")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

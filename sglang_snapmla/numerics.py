@@ -99,13 +99,13 @@ def quantize_with_scale(content: torch.Tensor, rope: torch.Tensor, scale: torch.
     return content_q, scale, rope_q
 
 
-def amax_scale(amax: torch.Tensor) -> torch.Tensor:
-    """scale = max(amax / 448, SCALE_FLOOR), in fp32, correctly rounded on every device.
+def amax_scale(amax: torch.Tensor, floor: float = SCALE_FLOOR) -> torch.Tensor:
+    """scale = max(amax / 448, floor), in fp32, correctly rounded on every device (K/Q scales; P's per block).
 
     The division runs in fp64 and rounds once to fp32 (exact for a quotient of fp32 values): PyTorch's CUDA
     `tensor / python_scalar` multiplies by the rounded reciprocal instead, which is 1 ulp off for some amax and
     then flips FP8 roundings (seen on the H100 against the kernels, which divide with div.rn)."""
-    return torch.clamp_min((amax.double() / FP8_MAX).float(), SCALE_FLOOR)
+    return torch.clamp_min((amax.double() / FP8_MAX).float(), floor)
 
 
 def quantize_kv(c_kv: torch.Tensor, k_rope: torch.Tensor) -> LatentCache:
@@ -213,7 +213,7 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
             l = l * alpha + p.sum(1)
             p_v = p * ks[None, :]  # V's per-token scale fused into P
             if p_quant == "fp8":
-                p_scale = torch.clamp_min((p_v.amax(1).double() / FP8_MAX).float(), P_SCALE_FLOOR)
+                p_scale = amax_scale(p_v.amax(1), P_SCALE_FLOOR)
                 pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
             else:
                 pv = p_v.to(torch.bfloat16).float() @ kc

@@ -164,13 +164,14 @@ def decode_tiling(rows: int) -> tuple[int, int, int]:
 CTAS_PER_SM = 2  # both tilings above: ~240 registers x 128 threads and <= 112 KB shared memory per CTA
 
 
-def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.device) -> int:
+def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.device,
+                      ctas_per_sm: int = CTAS_PER_SM) -> int:
     """Splits over the KV length so that batch * row_tiles * splits fills one wave of resident CTAs.
 
     A partial second wave costs as much as a full one (b128 h16: 3 splits ran 30 % slower than 2), so we round
     down. Depends only on shapes (batch, heads, the page table's width), never on device data: CUDA-graph safe.
     Each split keeps at least one page."""
-    slots = CTAS_PER_SM * _num_sms(device.index or 0)
+    slots = ctas_per_sm * _num_sms(device.index or 0)
     want = slots // max(1, batch * row_tiles)
     return max(1, min(want, MAX_SPLITS, max_pages))
 
@@ -181,8 +182,7 @@ def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device:
     the same count at capture and replay: pass a static `max_pages`)."""
     rows = s_q * heads
     if decode_impl(impl) == "cuda":  # one 256-thread CTA per 64 rows, one CTA per SM
-        slots, tiles = _num_sms(device.index or 0), math.ceil(rows / CUDA_ROWS)
-        return max(1, min(slots // max(1, batch * tiles), MAX_SPLITS, max_pages))
+        return choose_num_splits(batch, math.ceil(rows / CUDA_ROWS), max_pages, device, ctas_per_sm=1)
     return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
 
 
@@ -235,9 +235,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
-    use_cuda = decode_impl(impl) == "cuda"
-    block_m, warps, stages = tiling or decode_tiling(R)
-    tiles = math.ceil(R / block_m)
+    impl = decode_impl(impl)  # resolved once: the split heuristic below must see the same implementation
     splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device, impl)
     dev = q8.device
     o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
@@ -246,15 +244,17 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
-    if use_cuda:
+    qk_scale_log2 = softmax_scale * math.log2(math.e)
+    if impl == "cuda":
         from . import cuda_ext
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, R, H, s_q, softmax_scale * math.log2(math.e), splits)
+                                     lse_part, R, H, s_q, qk_scale_log2, splits)
     else:
-        tdecode.decode_split_kernel[(B, splits, tiles)](
+        block_m, warps, stages = tiling or decode_tiling(R)
+        tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
             q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
-            block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
+            block_table.stride(0), R, H, s_q, qk_scale_log2,
             splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
             num_warps=warps, num_stages=stages)
     tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, num_warps=4)

@@ -233,7 +233,7 @@ def _scaled_accumulator_decode(q, cache, block_table, seq_lens, softmax_scale):
             l = l * alpha + p.sum(1)
             p_v = p * ks[None, :]
             pm = p_v.amax(1)
-            ps = torch.where(pm > 0, torch.clamp_min(pm / nx.FP8_MAX, nx.P_SCALE_FLOOR), s)
+            ps = torch.where(pm > 0, nx.amax_scale(pm, nx.P_SCALE_FLOOR), s)
             o = o * (alpha * s / ps)[:, None] + nx.to_fp8(p_v / ps[:, None]).float() @ kc
             s, m = ps, m_new
         out[b] = (o * (s / l)[:, None]).reshape(s_q, H, -1)
