@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 # the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
 SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
-NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v")
+# -lineinfo: Nsight Compute can map SASS back to source lines (no effect on the code)
+NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
 
 
 def unavailable_reason() -> str | None:

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # On the H100 host (device tool, carry .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
-#   usage: bash examples/gpu/kernels.sh [bench args...]
+#   usage: [PYTEST_PATHS=tests/...] bash examples/gpu/kernels.sh [--cuda] [bench args...]
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
+# JIT caches (Triton, torch extensions) in an ignored folder of the checkout: a warm machine reuses them.
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 python3 -c "import sglang_snapmla.ops" || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-echo "== pytest (all tests on the GPU)"
-timeout 300 python3 -m pytest -q -x tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
+if [[ " $* " == *" --cuda "* ]]; then
+  echo "== build the sm_90a extension"
+  /usr/bin/time -f "build %e s" python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build(verbose=True)" \
+    > "$OUT/cuda_build.log" 2>&1; tail -3 "$OUT/cuda_build.log"; grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
+  echo "== CUDA decode error localization"
+  timeout 120 python3 examples/gpu/debug_cuda.py 2>&1 | tee "$OUT/debug_cuda.log"
+fi
+echo "== pytest (${PYTEST_PATHS:=tests} on the GPU)"
+timeout 300 python3 -m pytest -q -x $PYTEST_PATHS 2>&1 | tee "$OUT/pytest_gpu.log" | tail -15
 echo "== compute-sanitizer memcheck"
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/gpu_sanitize_decode.py 2>&1 \
   | tee "$OUT/memcheck.log" | tail -4; echo "memcheck rc=${PIPESTATUS[0]}"
