@@ -3,7 +3,8 @@
 #   usage: bash examples/gpu/accuracy.sh [train minutes, default 4]
 #          CHECK=1 bash examples/gpu/accuracy.sh 2   # instead of the evaluation: prefix-cache / chunked-prefill
 #                                                    # identity (examples/check_serving.py) on the trained model
-# One call: the checkpoint (~120 MB) stays on the machine (.gpucache/tiny-mla), only reports come back in $OUT.
+# One call: the checkpoint (~120 MB) stays on the machine (.gpucache/tiny-mla, reused while the machine stays warm),
+# only reports come back in $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
@@ -12,7 +13,11 @@ export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gp
   TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 CKPT=.gpucache/tiny-mla
-python3 examples/train_tiny_mla.py --out $CKPT --minutes "${1:-4}" 2>&1 | grep -v "^{" | tee "$OUT/train.log"
+if [ -f $CKPT/train_log.json ]; then  # a warm machine kept the checkpoint of an earlier call (e.g. one that timed out)
+  echo "reusing the checkpoint in $CKPT"
+else
+  python3 examples/train_tiny_mla.py --out $CKPT --minutes "${1:-4}" 2>&1 | grep -v "^{" | tee "$OUT/train.log"
+fi
 cp $CKPT/train_log.json "$OUT/"
 if [ "${CHECK:-0}" = 1 ]; then
   python3 examples/check_serving.py --model $CKPT --runs snapmla flashmla --load-format auto --context-length 4096 \
