@@ -61,12 +61,19 @@ def main():
     ap.add_argument("--runs", nargs="+", default=["flashmla", "snapmla", "triton"], choices=list(RUNS))
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--out", type=Path, default=Path("eval_out"))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the backends already measured without error in --out (a run cut off by a time limit)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     held = json.loads((Path(args.model) / "heldout.json").read_text())
-    results = {}
+    saved = args.out / "eval_trained_model.json"
+    results = json.loads(saved.read_text()) if args.resume and saved.exists() else {}
+    results = {k: v for k, v in results.items() if k in args.runs and "error" not in v}
     for i, name in enumerate(args.runs):
+        if name in results:
+            print(f"{name}: kept from {saved}", flush=True)
+            continue
         flags = [*RUNS[name], "--cuda-graph-max-bs", "64", "--chunked-prefill-size", "128"]
         proc, log = start_server(args.model, 32000 + i, flags, args.out / f"server_eval_{name}.log",
                                  load_format="auto", context_length=4096)
@@ -77,8 +84,9 @@ def main():
             results[name] = {"error": repr(e)[:300]}
         finally:
             stop_server(proc, log)
-        (args.out / "eval_trained_model.json").write_text(json.dumps(results))
+        saved.write_text(json.dumps(results))
     ref_name = args.runs[0]
+    results = {name: results[name] for name in args.runs}  # table in --runs order
     ref = results[ref_name]
     print(f"\nmodel {args.model}; reference {ref_name}; greedy {GREEDY_TOKENS} tokens x {len(held['prompts'])} "
           f"prompts; drift {DRIFT_TOKENS} tokens x {DRIFT_PROMPTS} prompts")

@@ -118,11 +118,13 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
 
 
 def stop_server(proc: subprocess.Popen, log) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the server already exited (e.g. it failed to start: its log says why)
+        pass
     _live_servers.discard(proc.pid)
     log.close()
 

@@ -71,7 +71,11 @@ def model_config(args, vocab: int, bos: int, eos: int) -> DeepseekV3Config:
         rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": args.seq_len,
                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "rope_theta": 10000.0},
-        bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False, architectures=["DeepseekV3ForCausalLM"])
+        bos_token_id=bos, eos_token_id=eos, tie_word_embeddings=False, architectures=["DeepseekV3ForCausalLM"],
+        # keys of the released DeepSeek-V3 config.json that transformers' class does not define but SGLang's
+        # DeepSeek model reads (the values are what transformers' router computes: sigmoid scores, bias-corrected
+        # group top-k, renormalized)
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, seq_aux=True)
 
 
 def windows(ids: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:

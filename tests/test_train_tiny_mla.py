@@ -71,7 +71,17 @@ def test_sglang_accepts_checkpoint_with_snapmla(checkpoint):
     args = prepare_server_args(["--model-path", str(checkpoint), "--attention-backend", "snapmla",
                                 "--device", "cpu"])
     assert args.page_size == 64
+    # SGLang builds the model from the HF config object: every key of the bundled V3-shape config (which serves on
+    # the GPU) must be there, including those transformers' DeepseekV3Config does not define (moe_layer_freq, ...)
+    from transformers import AutoConfig
 
+    served = json.loads((ROOT / "configs" / "models" / "deepseek-v3-shape" / "config.json").read_text())
+    hf = AutoConfig.from_pretrained(str(checkpoint))
+    # rope_theta / rope_scaling: transformers 5 folds them into rope_parameters, which SGLang reads first;
+    # aux_loss_alpha: a training-time coefficient nothing at inference reads
+    skip = {"rope_theta", "rope_scaling", "aux_loss_alpha"}
+    missing = [k for k in served if not k.startswith("_") and k not in skip and not hasattr(hf, k)]
+    assert not missing, f"trained checkpoint's config lacks {missing}"
 
 
 @pytest.fixture(scope="module")

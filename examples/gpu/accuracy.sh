@@ -13,7 +13,7 @@ export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gp
   TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 CKPT=.gpucache/tiny-mla
-if [ -f $CKPT/train_log.json ]; then  # a warm machine kept the checkpoint of an earlier call (e.g. one that timed out)
+if [ -f $CKPT/train_log.json ] && [ -z "${RETRAIN:-}" ]; then  # a warm machine kept the checkpoint of an earlier call (e.g. one that timed out)
   echo "reusing the checkpoint in $CKPT"
 else
   python3 examples/train_tiny_mla.py --out $CKPT --minutes "${1:-4}" 2>&1 | grep -v "^{" | tee "$OUT/train.log"
@@ -28,5 +28,7 @@ echo "== layerwise error on real activations (configs A-D, SnapMLA, BF16, and th
 python3 -m sglang_snapmla.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
   --out "$OUT/layerwise" 2>&1 | tail -12
 echo "== through the server: perplexity, greedy agreement, drift"
-python3 examples/eval_trained_model.py --model $CKPT --runs flashmla snapmla triton --out /tmp/eval 2>&1 | tail -8
-cp /tmp/eval/eval_trained_model.json "$OUT/"; tar czf "$OUT/eval_server_logs.tgz" -C /tmp/eval .  # <= 8 files back
+# --resume: a call cut off by the time limit is continued by the next call on the same warm machine
+python3 examples/eval_trained_model.py --model $CKPT --runs flashmla snapmla triton --out .gpucache/eval --resume \
+  2>&1 | tail -8
+cp .gpucache/eval/eval_trained_model.json "$OUT/"; tar czf "$OUT/eval_server_logs.tgz" -C .gpucache/eval .  # <= 8 files
