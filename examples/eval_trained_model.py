@@ -11,6 +11,10 @@ the checkpoint's heldout.json (files never trained on):
   drift      : 16 prompts x 2048 new tokens; agreement vs the reference in the first and the last 256 tokens
                (scale-plumbing bugs show up as a decay with length)
 The triton backend (BF16 cache) gives the noise floor: how much two BF16 implementations already disagree.
+Position-wise agreement cascades: after the first differing token the two texts have different contexts. So the
+greedy run also records the reference's top-2 logprob margin at every position, and the table says where each
+backend's continuations first part from the reference's and how close the reference's own top-2 were there (a
+numerical perturbation flips near-ties; a bug also flips confident tokens).
 Prints a table, writes eval_trained_model.json.
 """
 
@@ -19,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
+NEAR_TIE = 0.1  # nats between the reference's best and second-best token
 
 
 def perplexity(prompt_logprobs: list[list[float]]) -> float:
@@ -43,15 +49,42 @@ def agreement(a: list[list[int]], b: list[list[int]], start: int = 0, end: int |
     return same / max(1, total)
 
 
+def top2_margins(top_logprobs: list[list]) -> list[float]:
+    """Per generated position, best minus second-best logprob (nats), from SGLang's output_top_logprobs
+    ([logprob, token id, text] entries, best first)."""
+    return [pos[0][0] - pos[1][0] if len(pos) > 1 else math.inf for pos in top_logprobs]
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """First position where two generations differ (a length mismatch counts), None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def divergence_summary(gens: list[list[int]], ref_gens: list[list[int]], ref_margins: list[list[float]]) -> dict:
+    """Where continuations first part from the reference's, and the reference's top-2 margin at that position."""
+    firsts = [first_divergence(g, r) for g, r in zip(gens, ref_gens)]
+    where = [d for d in firsts if d is not None]
+    margins = [m[d] for d, m in zip(firsts, ref_margins) if d is not None and d < len(m)]
+    return {"diverged": len(where), "prompts": len(firsts),
+            "median_first_divergence": statistics.median(where) if where else None,
+            "median_ref_margin": statistics.median(margins) if margins else None,
+            "near_tie_fraction": sum(m < NEAR_TIE for m in margins) / len(margins) if margins else None}
+
+
 def evaluate(port: int, held: dict, workers: int = 64) -> dict:
     with ThreadPoolExecutor(workers) as ex:
         scored = list(ex.map(lambda w: greedy_generate(port, w, 1, return_logprob=True, logprob_start_len=0),
                              held["ppl_windows"]))
-        greedy = list(ex.map(lambda p: greedy_generate(port, p, GREEDY_TOKENS), held["prompts"]))
+        greedy = list(ex.map(lambda p: greedy_generate(port, p, GREEDY_TOKENS, return_logprob=True,
+                                                       top_logprobs_num=2), held["prompts"]))
         drift = list(ex.map(lambda p: greedy_generate(port, p, DRIFT_TOKENS), held["prompts"][:DRIFT_PROMPTS]))
     # input_token_logprobs: [logprob, token id, text] per prompt position; the first position has no logprob
     lps = [[t[0] for t in r["meta_info"]["input_token_logprobs"] if t[0] is not None] for r in scored]
     return {"perplexity": perplexity(lps), "greedy": [r["output_ids"] for r in greedy],
+            "greedy_margins": [top2_margins(r["meta_info"]["output_top_logprobs"]) for r in greedy],
             "drift": [r["output_ids"] for r in drift]}
 
 
@@ -91,16 +124,22 @@ def main():
     print(f"\nmodel {args.model}; reference {ref_name}; greedy {GREEDY_TOKENS} tokens x {len(held['prompts'])} "
           f"prompts; drift {DRIFT_TOKENS} tokens x {DRIFT_PROMPTS} prompts")
     print(f"| backend | perplexity | ppl / {ref_name} | greedy agreement | drift: first {WINDOW} | "
-          f"drift: last {WINDOW} |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"drift: last {WINDOW} | greedy prompts diverged | median first divergence | median {ref_name} top-2 "
+          f"margin there (nats) | divergences at near-ties (< {NEAR_TIE}) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         if "error" in r or "error" in ref:
-            print(f"| {name} | error: {r.get('error') or ref.get('error')} | | | | |")
+            print(f"| {name} | error: {r.get('error') or ref.get('error')} | | | | | | | | |")
             continue
+        d = divergence_summary(r["greedy"], ref["greedy"], ref["greedy_margins"])
+        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+        near = None if d["near_tie_fraction"] is None else 100 * d["near_tie_fraction"]
         print(f"| {name} | {r['perplexity']:.4f} | {r['perplexity'] / ref['perplexity']:.4f} | "
               f"{100 * agreement(r['greedy'], ref['greedy']):.1f} % | "
               f"{100 * agreement(r['drift'], ref['drift'], 0, WINDOW):.1f} % | "
-              f"{100 * agreement(r['drift'], ref['drift'], DRIFT_TOKENS - WINDOW):.1f} % |")
+              f"{100 * agreement(r['drift'], ref['drift'], DRIFT_TOKENS - WINDOW):.1f} % | "
+              f"{d['diverged']}/{d['prompts']} | {fmt(d['median_first_divergence'], '.0f')} | "
+              f"{fmt(d['median_ref_margin'], '.3f')} | {fmt(near, '.0f')} % |")
 
 
 if __name__ == "__main__":

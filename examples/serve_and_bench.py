@@ -129,6 +129,21 @@ def stop_server(proc: subprocess.Popen, log) -> None:
     log.close()
 
 
+def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
+    """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
+    between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(0)
+    batch = [[rng.randrange(100, 20000) for _ in range(rng.randrange(50, 600))] for _ in range(prompts)]
+    runs = []
+    for _ in range(2):
+        with ThreadPoolExecutor(prompts) as ex:
+            runs.append([r["output_ids"] for r in ex.map(lambda ids: greedy_generate(port, ids, new_tokens), batch)])
+    return {"identical": runs[0] == runs[1], "outputs": runs[0]}
+
+
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     t0 = time.time()
     proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
@@ -138,6 +153,8 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         wait_healthy(port, proc, args.startup_timeout)
         res["startup_s"] = round(time.time() - t0, 1)
         res["endpoints"] = check_endpoints(port, args.model)
+        if args.greedy_repeat:
+            res["greedy_repeat"] = greedy_repeat(port)
         if args.num_prompts:
             bench = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
                      "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
@@ -175,6 +192,8 @@ def main():
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--bench-timeout", type=float, default=400)
+    ap.add_argument("--greedy-repeat", action="store_true",
+                    help="generate a fixed greedy batch twice and record whether the outputs are identical")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     args = ap.parse_args()
@@ -184,7 +203,8 @@ def main():
     for i, name in enumerate(args.runs):
         r = run_one(name, args, args.out, 30000 + i)
         results.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k != "server_log_tail"}), flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("server_log_tail", "greedy_repeat")}
+                         | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)
         if "server_log_tail" in r:
             print(r["server_log_tail"], flush=True)
     (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))

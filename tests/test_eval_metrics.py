@@ -34,3 +34,17 @@ def test_server_scripts_install_their_exit_cleanup():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
     assert "OK True" in res.stdout, res.stderr[-2000:]
+
+
+def test_divergence_summary_reports_where_and_how_close_the_reference_was():
+    ref = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]]
+    got = [[1, 2, 0, 0], [5, 6, 7, 8], [0, 9, 9, 9]]
+    margins = [[2.0, 2.0, 0.05, 1.0], [1.0] * 4, [3.0, 1.0, 1.0, 1.0]]
+    d = ev.divergence_summary(got, ref, margins)
+    assert (d["diverged"], d["prompts"]) == (2, 3)
+    assert d["median_first_divergence"] == 1  # positions 2 and 0
+    assert d["median_ref_margin"] == pytest.approx((0.05 + 3.0) / 2)
+    assert d["near_tie_fraction"] == pytest.approx(0.5)
+    assert ev.first_divergence([1, 2], [1, 2, 3]) == 2 and ev.first_divergence([1], [1]) is None
+    top = [[[-0.1, 7, None], [-2.5, 3, None]], [[-0.2, 1, None]]]
+    assert ev.top2_margins(top) == [pytest.approx(2.4), math.inf]

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On a 2-GPU host (device tool kind nvidia-h200-x2, carry .gpu): the DeepSeek-V3-shaped config with
+# --attention-backend snapmla vs flashmla BF16 under DP attention (--tp 2 --enable-dp-attention --dp 2) and tensor
+# parallelism (--tp 2): startup, endpoints, a fixed greedy batch generated twice, pool tokens, bench_serving.
+#   usage: bash examples/gpu/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts..., default "dp tp"]
+set -uo pipefail
+OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
+source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (device tool's KINDS.md)
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
+  TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
+N=${1:-128}; shift || true
+for layout in ${@:-dp tp}; do
+  case $layout in
+    dp) flags="--tp 2 --enable-dp-attention --dp 2" ;;
+    tp) flags="--tp 2" ;;
+    *) echo "unknown layout $layout (dp or tp)"; exit 2 ;;
+  esac
+  echo "== layout $layout: $flags"
+  python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs snapmla flashmla \
+    --num-prompts "$N" --warmup-prompts 4 --cuda-graph-max-bs 64 --greedy-repeat --out "$OUT/$layout" \
+    --extra $flags 2>&1 | grep -v "^{" | tail -6
+done
