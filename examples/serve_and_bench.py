@@ -190,7 +190,7 @@ def main():
     ap.add_argument("--input-len", type=int, default=4096)
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
-    ap.add_argument("--startup-timeout", type=float, default=300)
+    ap.add_argument("--startup-timeout", type=float, default=300, help="seconds until /health answers")
     ap.add_argument("--bench-timeout", type=float, default=400)
     ap.add_argument("--greedy-repeat", action="store_true",
                     help="generate a fixed greedy batch twice and record whether the outputs are identical")

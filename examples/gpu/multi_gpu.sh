@@ -2,7 +2,8 @@
 # On a 2-GPU host (device tool kind nvidia-h200-x2, carry .gpu): the DeepSeek-V3-shaped config with
 # --attention-backend snapmla vs flashmla BF16 under DP attention (--tp 2 --enable-dp-attention --dp 2) and tensor
 # parallelism (--tp 2): startup, endpoints, a fixed greedy batch generated twice, pool tokens, bench_serving.
-#   usage: bash examples/gpu/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts..., default "dp tp"]
+#   usage: [STARTUP_TIMEOUT=600] bash examples/gpu/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts..., default "dp tp"]
+# A cold 2-GPU start takes ~4 min (graph capture with MoE JIT); run one layout per device call.
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
@@ -20,6 +21,6 @@ for layout in ${@:-dp tp}; do
   esac
   echo "== layout $layout: $flags"
   python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs snapmla flashmla \
-    --num-prompts "$N" --warmup-prompts 4 --cuda-graph-max-bs 64 --greedy-repeat --out "$OUT/$layout" \
+    --num-prompts "$N" --warmup-prompts 4 --cuda-graph-max-bs 64 --greedy-repeat --startup-timeout "${STARTUP_TIMEOUT:-600}" --out "$OUT/$layout" \
     --extra $flags 2>&1 | grep -v "^{" | tail -6
 done
