@@ -1,13 +1,14 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 0 (correctness first, not yet tuned or validated on a GPU): one CTA = 64 query rows (flattened
-// (token, head) pairs of one sequence) x one split of its 64-token pages, two warpgroups.
-//   per page, double-buffered with cp.async (16 B, zero-filled past the sequence end):
-//     all 256 threads : V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA reads
-//                       both operands K-major, so PV cannot read the page as stored)
+// Version 1 (v0 was validated on the H100 in session 3, commit tag cuda-decode-v0-validated; v1 applies the
+// profile's cheap fixes and has NOT run on a GPU yet). One CTA = 64 query rows (flattened (token, head) pairs of one
+// sequence) x one split of its 64-token pages, two warpgroups.
+//   per page, three cp.async stages (16 B, zero-filled past the sequence end), two pages in flight:
 //     warpgroup 0     : S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) -- one
 //                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
 //                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
+//     warpgroup 1     : meanwhile V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA
+//                       reads both operands K-major, so PV cannot read the page as stored)
 //     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
 // O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. Pages are visited in
@@ -23,21 +24,21 @@
 
 namespace snapmla {
 
-constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256;
+constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 3;
 constexpr float kFp8Max = 448.f;
 
 // shared memory map (bytes)
 constexpr int kQ8 = 0;                                // [64 rows x 512 B]
 constexpr int kQR = kQ8 + kRows * kLatent;            // [64 rows x 128 B] bf16
-constexpr int kK8 = kQR + kRows * kRope * 2;          // 2 x [64 tokens x 512 B]
-constexpr int kKR = kK8 + 2 * kPage * kLatent;        // 2 x [64 tokens x 128 B] bf16
-constexpr int kKS = kKR + 2 * kPage * kRope * 2;      // 2 x [64] fp32 scales
-constexpr int kVT = kKS + 2 * kPage * 4;              // [512 latent x 64 B] fp8 (V^T)
+constexpr int kK8 = kQR + kRows * kRope * 2;          // kStages x [64 tokens x 512 B]
+constexpr int kKR = kK8 + kStages * kPage * kLatent;  // kStages x [64 tokens x 128 B] bf16
+constexpr int kKS = kKR + kStages * kPage * kRope * 2;  // kStages x [64] fp32 scales
+constexpr int kVT = kKS + kStages * kPage * 4;        // [512 latent x 64 B] fp8 (V^T)
 constexpr int kP8 = kVT + kLatent * kPage;            // [64 rows x 64 B] fp8
 constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
 constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
-constexpr int kSmemBytes = kRowL + kRows * 4;
+constexpr int kSmemBytes = kRowL + kRows * 4;  // 202 240 B of the 227 KB an H100 CTA may use
 
 __device__ __forceinline__ int kmajor(int row, int byte, int row_bytes) {
   return (row >> 3) * (row_bytes / 16) * 128 + (byte >> 4) * 128 + (row & 7) * 16 + (byte & 15);
@@ -58,16 +59,14 @@ __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool v
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int kPending>  // wait until at most kPending of this thread's most recent commit groups are in flight
+__device__ __forceinline__ void cp_async_wait_pending() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ uint8_t to_fp8(float x) {  // RNE, saturating to +-448 (the reference's to_fp8)
-  uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.f), "f"(x));
-  return static_cast<uint8_t>(pair & 0xFF);
-}
 
 // Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into the K-major tile `dst` (16-byte cp.async
 // chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
@@ -97,23 +96,38 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const uint8_t*
   }
 }
 
-// V^T (K-major over tokens) from the staged page, 4 x 4 byte blocks per step: 4-byte reads of 4 latent channels
-// of one token, byte-permuted, 4-byte writes of 4 tokens of one channel.
-__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf) {
+// V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127), in 4 x 4 byte
+// blocks: four 4-byte reads (4 latent channels of one token), byte permutes, four 4-byte writes (4 tokens of one
+// channel). Lanes map to blocks so that the reads hit 32 distinct banks: lane bits 0-1 pick the channel group, bit 2
+// the token group's parity and bits 3-4 (`rot`) rotate which of the block's 4 tokens is read first (the read bank
+// depends on token & 7); the rotation is undone with one funnel shift per word. Writes stay 4-way conflicted.
+__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw) {
   const uint8_t* k8 = smem + kK8 + buf * kPage * kLatent;
   uint8_t* vt = smem + kVT;
-  for (int blk = threadIdx.x; blk < (kLatent / 4) * (kPage / 4); blk += kThreads) {
-    int tok4 = blk % (kPage / 4), d4 = blk / (kPage / 4);
+  const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3;
+  // 2048 blocks = 64 groups of 32 (a group: 4 channel blocks x 8 token blocks); each warp takes 16 groups
+  for (int g = warp; g < 64; g += 4) {
+    const int d4 = (g % 32) * 4 + (lane & 3), tok4 = (g / 32) * 8 + (lane >> 2);
     uint32_t r[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a) r[a] = *reinterpret_cast<const uint32_t*>(k8 + kmajor(tok4 * 4 + a, d4 * 4, kLatent));
+    for (int a = 0; a < 4; ++a)
+      r[a] = *reinterpret_cast<const uint32_t*>(k8 + kmajor(tok4 * 4 + ((a + rot) & 3), d4 * 4, kLatent));
     uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
     uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
     uint32_t w[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
                      __byte_perm(t1, t3, 0x7632)};
 #pragma unroll
-    for (int c = 0; c < 4; ++c) *reinterpret_cast<uint32_t*>(vt + kmajor(d4 * 4 + c, tok4 * 4, kPage)) = w[c];
+    for (int c = 0; c < 4; ++c)  // byte k of w[c] holds token (k + rot) & 3: rotate left by rot bytes
+      *reinterpret_cast<uint32_t*>(vt + kmajor(d4 * 4 + c, tok4 * 4, kPage)) = __funnelshift_l(w[c], w[c], 8 * rot);
   }
+}
+
+// Two fp8 values (RNE, saturating to +-448, the reference's to_fp8) packed for one 16-bit store: `lo` at the lower
+// address.
+__device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
@@ -137,11 +151,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int q_rows = R - tile * kRows;
   stage_rows<kLatent>(smem + kQ8, q8 + q_row0 * kLatent, q_rows);
   stage_rows<kRope * 2>(smem + kQR, reinterpret_cast<const uint8_t*>(q_rope) + q_row0 * kRope * 2, q_rows);
-  if (first < last) {
-    int page = block_table[(int64_t)b * stride_bt + first];
-    load_page(smem, 0, kv_fp8, kv_scale, kv_rope, page, min(kPage, seq_len - first * kPage));
+  // prologue: pages first and first + 1 in flight (one commit group each, empty past the split's end)
+  const int* bt = block_table + (int64_t)b * stride_bt;
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (first + i < last)
+      load_page(smem, i, kv_fp8, kv_scale, kv_rope, bt[first + i], min(kPage, seq_len - (first + i) * kPage));
+    cp_async_commit();
   }
-  cp_async_commit();
+  // the page id two pages ahead, read one iteration before it is needed (its global latency stays off the path)
+  int next_page_id = first + kStages - 1 < last ? bt[first + kStages - 1] : 0;
 
   // accumulator rows of this thread (same mapping in both warpgroups)
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
@@ -157,17 +176,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   float* rowf = reinterpret_cast<float*>(smem + kRowF);
 
   for (int p = first; p < last; ++p) {
-    const int buf = (p - first) & 1;
-    cp_async_wait_all();
+    const int buf = (p - first) % kStages;
+    cp_async_wait_pending<kStages - 2>();  // page p's group done; page p + 1's may still be in flight
     fence_async_smem();
-    __syncthreads();  // page p staged; the previous page's PV has finished reading V^T and P8
-    if (p + 1 < last) {
-      int page = block_table[(int64_t)b * stride_bt + p + 1];
-      load_page(smem, buf ^ 1, kv_fp8, kv_scale, kv_rope, page, min(kPage, seq_len - (p + 1) * kPage));
+    __syncthreads();  // page p staged; page p - 1's QK, transpose and PV are done with their buffers
+    {
+      const int ahead = p + kStages - 1;  // into the buffer page p - 1 used
+      if (ahead < last)
+        load_page(smem, (ahead - first) % kStages, kv_fp8, kv_scale, kv_rope, next_page_id,
+                  min(kPage, seq_len - ahead * kPage));
+      cp_async_commit();  // always one group per iteration, so that the wait above counts pages
+      next_page_id = ahead + 1 < last ? bt[ahead + 1] : 0;
     }
-    cp_async_commit();
-    transpose_page(smem, buf);
     const float* ks = reinterpret_cast<const float*>(smem + kKS + buf * kPage * 4);
+
+    if (wg == 1) transpose_page(smem, buf, tw);  // off warpgroup 0's QK + softmax path
 
     if (wg == 0) {
       float s[32];
@@ -238,15 +261,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       // a row without any visible key in this page keeps its scale (its P8 is zero either way)
       const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
       const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
+      // P8 = fp8(P' / sigma_P), correctly rounded division as in the reference; P' >= 0 and exact zeros (masked
+      // keys, padding rows) skip the division, whose slow path they would take. Two adjacent columns per store.
       uint8_t* p8 = smem + kP8;
+      auto quot = [](float x, float d) { return x > 0.f ? __fdiv_rn(x, d) : 0.f; };
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = j * 8 + (lane % 4) * 2 + c;
-          p8[kmajor(row0, col, kPage)] = to_fp8(__fdiv_rn(s[4 * j + c], ps0));
-          p8[kmajor(row1, col, kPage)] = to_fp8(__fdiv_rn(s[4 * j + 2 + c], ps1));
-        }
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) =
+            to_fp8x2(quot(s[4 * j], ps0), quot(s[4 * j + 1], ps0));
+        *reinterpret_cast<uint16_t*>(p8 + kmajor(row1, col, kPage)) =
+            to_fp8x2(quot(s[4 * j + 2], ps1), quot(s[4 * j + 3], ps1));
       }
       if (lane % 4 == 0) {
         rowf[row0] = a0 * s0 / ps0;
