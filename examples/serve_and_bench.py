@@ -129,6 +129,31 @@ def stop_server(proc: subprocess.Popen, log) -> None:
     log.close()
 
 
+def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
+                  seed: int = 1, max_concurrency: int | None = None) -> tuple[dict, str]:
+    """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output)."""
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
+           "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
+           str(output_len), "--random-range-ratio", "1.0", "--tokenizer", model, "--num-prompts", str(num_prompts),
+           "--seed", str(seed)]
+    if max_concurrency:
+        cmd += ["--max-concurrency", str(max_concurrency)]
+    b = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return parse_metrics(b.stdout), b.stdout + b.stderr
+
+
+def parse_metrics(text: str) -> dict:
+    """METRICS from bench_serving's printed summary (None where a line is missing)."""
+    found = {key: re.search(pat, text) for key, pat in METRICS.items()}
+    return {key: float(m.group(1)) if m else None for key, m in found.items()}
+
+
+def pool_tokens(server_log: str) -> int | None:
+    """The KV pool's token count from a server log (the last `max_total_num_tokens=`: one line per rank)."""
+    m = re.findall(r"max_total_num_tokens=(\d+)", server_log)
+    return int(m[-1]) if m else None
+
+
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
     between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
@@ -156,26 +181,19 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         if args.greedy_repeat:
             res["greedy_repeat"] = greedy_repeat(port)
         if args.num_prompts:
-            bench = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
-                     "--dataset-name", "random-ids", "--random-input-len", str(args.input_len),
-                     "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
-                     "--tokenizer", args.model]
             if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
-                subprocess.run([*bench, "--num-prompts", str(args.warmup_prompts), "--seed", "2"],
-                               capture_output=True, text=True, timeout=args.bench_timeout)
-            b = subprocess.run([*bench, "--num-prompts", str(args.num_prompts), "--seed", "1"], capture_output=True,
-                               text=True, timeout=args.bench_timeout)
-            (out_dir / f"bench_{name}.txt").write_text(b.stdout + b.stderr)
-            for key, pat in METRICS.items():
-                m = re.search(pat, b.stdout)
-                res[key] = float(m.group(1)) if m else None
+                bench_serving(port, args.model, args.input_len, args.output_len, args.warmup_prompts,
+                              args.bench_timeout, seed=2)
+            metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
+                                          args.bench_timeout)
+            (out_dir / f"bench_{name}.txt").write_text(text)
+            res.update(metrics)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
         stop_server(proc, log)
     text = (out_dir / f"server_{name}.log").read_text(errors="replace")
-    m = re.findall(r"max_total_num_tokens=(\d+)", text)
-    res["pool_tokens"] = int(m[-1]) if m else None
+    res["pool_tokens"] = pool_tokens(text)
     if "error" in res:
         res["server_log_tail"] = text[-3000:]
     return res

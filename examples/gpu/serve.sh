@@ -2,6 +2,7 @@
 # On the H100 host (device tool, carry .gpu): install the plugin into the runtime, then serve + bench.
 #   usage: bash examples/gpu/serve.sh [serve_and_bench.py args...]
 #          bash examples/gpu/serve.sh --check [check_serving.py args...]
+#          bash examples/gpu/serve.sh --matrix [serve_matrix.py args...]   # issue 5's throughput matrix
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
@@ -13,4 +14,5 @@ export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gp
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 script=examples/serve_and_bench.py
 if [ "${1:-}" = "--check" ]; then script=examples/check_serving.py; shift; fi  # correctness scenarios
+if [ "${1:-}" = "--matrix" ]; then script=examples/serve_matrix.py; shift; fi  # workloads x backends
 python3 $script --out "$OUT" "$@"

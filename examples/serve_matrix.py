@@ -1,0 +1,158 @@
+"""Issue 5's end-to-end throughput matrix: each backend's server started once, every workload run against it.
+
+    python examples/serve_matrix.py --model configs/models/deepseek-v2-lite-shape \
+        --backends snapmla flashmla flashmla-fp8 triton --out matrix_v2lite
+    python examples/serve_matrix.py --model configs/models/deepseek-v3-shape --backends snapmla flashmla \
+        --out matrix_v3
+    python examples/serve_matrix.py --merge matrix_v2lite/serve_matrix.json matrix_v3/serve_matrix.json --out docs/serve
+
+Workloads (`python -m sglang.bench_serving`, random-ids, range ratio 1.0): throughput at in 4096 / out 512 / 320
+prompts, in 32768 / out 1024 / 64 prompts, in 1024 / out 1024 / 512 prompts, and latency (in 4096 / out 512) at
+--max-concurrency 1 and 8. A device call is limited to 10 minutes: pass a subset with --workloads / --backends and
+--resume (results already in --out are kept), or merge the JSON of several calls. Prints a table (ratios vs
+flashmla BF16 of the same model, targets marked), writes serve_matrix.json and two PNGs (throughput and median
+TPOT vs context length, per backend).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from serve_and_bench import (RUNS, bench_serving, kill_servers_on_exit, pool_tokens, start_server, stop_server,
+                             wait_healthy)
+
+WORKLOADS = {  # name -> bench_serving arguments
+    "in4096-out512": dict(input_len=4096, output_len=512, num_prompts=320),
+    "in32768-out1024": dict(input_len=32768, output_len=1024, num_prompts=64),
+    "in1024-out1024": dict(input_len=1024, output_len=1024, num_prompts=512),
+    "latency-c1": dict(input_len=4096, output_len=512, num_prompts=8, max_concurrency=1),
+    "latency-c8": dict(input_len=4096, output_len=512, num_prompts=32, max_concurrency=8),
+}
+# issue 5's targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
+TARGETS = {"in4096-out512": 1.6, "in32768-out1024": 1.8, "latency-c1": 1.0}
+REFERENCE = "flashmla"
+CONTEXT_LENGTH = 32768 + 1024 + 64  # the longest workload fits
+CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or decode runs eagerly
+
+
+def run_backend(model: str, backend: str, workloads: list[str], out: Path, port: int, startup_timeout: float,
+                bench_timeout: float) -> dict:
+    """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}."""
+    log_path = out / f"server_{Path(model).name}_{backend}.log"
+    proc, log = start_server(model, port, ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), *RUNS[backend]], log_path,
+                             context_length=CONTEXT_LENGTH)
+    res: dict = {"cmd": proc.cmd, "workloads": {}}
+    try:
+        wait_healthy(port, proc, startup_timeout)
+        # unmeasured warm-up: first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the numbers
+        bench_serving(port, model, 1024, 16, 4, bench_timeout, seed=2)
+        for name in workloads:
+            metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name])
+            (out / f"bench_{Path(model).name}_{backend}_{name}.txt").write_text(text)
+            res["workloads"][name] = metrics
+            print(json.dumps({"model": model, "backend": backend, "workload": name, **metrics}), flush=True)
+    except Exception as e:  # recorded in the table, never hidden
+        res["error"] = repr(e)[:300]
+    finally:
+        stop_server(proc, log)
+    res["pool_tokens"] = pool_tokens(log_path.read_text(errors="replace"))
+    return res
+
+
+def table(results: dict) -> str:
+    """Markdown: one row per (model, workload, backend); ratios vs the same model's flashmla BF16 run."""
+    lines = ["| model | workload | backend | total tok/s | output tok/s | median TPOT ms | median ITL ms | "
+             "median TTFT ms | pool tokens | total vs flashmla BF16 | target |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for model, backends in results.items():
+        ref = backends.get(REFERENCE, {})
+        for wl in WORKLOADS:
+            for name, r in backends.items():
+                m = r.get("workloads", {}).get(wl)
+                if m is None:
+                    continue
+                base = ref.get("workloads", {}).get(wl, {}).get("total_tok_s")
+                ratio = m["total_tok_s"] / base if base and m.get("total_tok_s") else None
+                target = TARGETS.get(wl) if name.startswith("snapmla") else None
+                verdict = "" if target is None or ratio is None else \
+                    f"{'met' if ratio >= target else 'not met'} (>= {target}x)"
+                lines.append(f"| {Path(model).name} | {wl} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
+                             f"| {m.get('median_tpot_ms')} | {m.get('median_itl_ms')} | {m.get('median_ttft_ms')} | "
+                             f"{r.get('pool_tokens')} | {'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
+        for name, r in backends.items():
+            if "error" in r:
+                lines.append(f"| {Path(model).name} | - | {name} | error: {r['error']} | | | | | | | |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    """Total tok/s and median TPOT vs input length (the three throughput workloads), one line per backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a]
+    paths = []
+    for key, label, fname in (("total_tok_s", "total tok/s", "serve_matrix_throughput.png"),
+                              ("median_tpot_ms", "median TPOT (ms)", "serve_matrix_tpot.png")):
+        fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+        for ax, (model, backends) in zip(axes[0], results.items()):
+            for name, r in backends.items():
+                pts = sorted((WORKLOADS[w]["input_len"], r["workloads"][w][key]) for w in throughput
+                             if r.get("workloads", {}).get(w, {}).get(key) is not None)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("input length (tokens)")
+            ax.set_ylabel(label)
+            ax.set_title(Path(model).name)
+            ax.legend()
+        fig.tight_layout()
+        paths.append(out / fname)
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
+    ap.add_argument("--backends", nargs="+", default=["snapmla", "flashmla", "flashmla-fp8", "triton"],
+                    choices=list(RUNS))
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--resume", action="store_true", help="keep (model, backend) results already in --out")
+    ap.add_argument("--merge", nargs="+", type=Path, help="only merge these serve_matrix.json files, table + plots")
+    ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--bench-timeout", type=float, default=600)
+    ap.add_argument("--out", type=Path, default=Path("matrix_out"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "serve_matrix.json"
+    results: dict = {}
+    if args.merge:
+        for f in args.merge:
+            for model, backends in json.loads(f.read_text()).items():
+                results.setdefault(model, {}).update(backends)
+    else:
+        if args.resume and saved.exists():
+            results = json.loads(saved.read_text())
+        kill_servers_on_exit()
+        for i, backend in enumerate(args.backends):
+            done = results.get(args.model, {}).get(backend, {})
+            todo = [w for w in args.workloads if w not in done.get("workloads", {})]
+            if not todo and "error" not in done:
+                continue
+            r = run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout, args.bench_timeout)
+            r["workloads"] = {**done.get("workloads", {}), **r["workloads"]}
+            results.setdefault(args.model, {})[backend] = r
+            saved.write_text(json.dumps(results, indent=1))
+    saved.write_text(json.dumps(results, indent=1))
+    print(table(results))
+    print("plots:", *plot(results, args.out))
+
+
+if __name__ == "__main__":
+    main()

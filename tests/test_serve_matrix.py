@@ -1,0 +1,48 @@
+"""The throughput-matrix report of examples/serve_matrix.py (issue 5), from recorded results (no server)."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import serve_matrix as sm  # noqa: E402
+
+
+def _metrics(total, tpot):
+    return {"total_tok_s": total, "output_tok_s": total / 9, "median_tpot_ms": tpot, "median_itl_ms": tpot / 2,
+            "median_ttft_ms": 1000.0, "duration_s": 10.0, "completed": 8.0}
+
+
+def _results(model="configs/models/deepseek-v2-lite-shape"):
+    return {model: {
+        "flashmla": {"pool_tokens": 1000, "workloads": {"in4096-out512": _metrics(100.0, 40.0),
+                                                        "in32768-out1024": _metrics(50.0, 80.0),
+                                                        "latency-c1": _metrics(10.0, 5.0)}},
+        "snapmla": {"pool_tokens": 1790, "workloads": {"in4096-out512": _metrics(170.0, 50.0),
+                                                       "in32768-out1024": _metrics(60.0, 70.0),
+                                                       "latency-c1": _metrics(9.0, 6.0)}},
+        "triton": {"error": "RuntimeError('server exited with 1')", "workloads": {}, "pool_tokens": None}}}
+
+
+def test_table_ratios_and_targets():
+    text = sm.table(_results())
+    rows = {(r.split("|")[2].strip(), r.split("|")[3].strip()): r for r in text.splitlines()[2:]}
+    assert "1.70x" in rows[("in4096-out512", "snapmla")] and "met (>= 1.6x)" in rows[("in4096-out512", "snapmla")]
+    assert "1.20x" in rows[("in32768-out1024", "snapmla")] and "not met (>= 1.8x)" in rows[("in32768-out1024",
+                                                                                         "snapmla")]
+    assert "0.90x" in rows[("latency-c1", "snapmla")] and "not met (>= 1.0x)" in rows[("latency-c1", "snapmla")]
+    assert "1.00x" in rows[("in4096-out512", "flashmla")]  # the reference; no target for it
+    assert "met" not in rows[("in4096-out512", "flashmla")]
+    assert "error: RuntimeError" in rows[("-", "triton")]
+
+
+def test_merge_tabulates_and_plots(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_results()))
+    b.write_text(json.dumps(_results("configs/models/deepseek-v3-shape")))
+    sm.main(["--merge", str(a), str(b), "--out", str(tmp_path / "out")])
+    merged = json.loads((tmp_path / "out" / "serve_matrix.json").read_text())
+    assert set(merged) == {"configs/models/deepseek-v2-lite-shape", "configs/models/deepseek-v3-shape"}
+    for png in ("serve_matrix_throughput.png", "serve_matrix_tpot.png"):
+        assert (tmp_path / "out" / png).stat().st_size > 10_000
