@@ -14,7 +14,9 @@ The triton backend (BF16 cache) gives the noise floor: how much two BF16 impleme
 Position-wise agreement cascades: after the first differing token the two texts have different contexts. So the
 greedy run also records the reference's top-2 logprob margin at every position, and the table says where each
 backend's continuations first part from the reference's and how close the reference's own top-2 were there (a
-numerical perturbation flips near-ties; a bug also flips confident tokens).
+numerical perturbation flips near-ties; a bug also flips confident tokens). Teacher-forced agreement removes the
+cascade: each backend prefills prompt + the reference's 2048-token continuation and its argmax at every position is
+compared with the reference's token, in the first and the last 256 positions.
 Prints a table, writes eval_trained_model.json.
 """
 
@@ -74,18 +76,34 @@ def divergence_summary(gens: list[list[int]], ref_gens: list[list[int]], ref_mar
             "near_tie_fraction": sum(m < NEAR_TIE for m in margins) / len(margins) if margins else None}
 
 
-def evaluate(port: int, held: dict, workers: int = 64) -> dict:
+def teacher_forced_argmax(top_logprobs: list, n: int) -> list[int]:
+    """The model's top-1 token at each of the last `n` input positions, from SGLang's input_top_logprobs (one list of
+    [logprob, token id, text] per scored position, end-aligned with the input; a leading entry may be None)."""
+    return [pos[0][1] for pos in top_logprobs[-n:]]
+
+
+def evaluate(port: int, held: dict, ref_drift: list[list[int]] | None = None, workers: int = 64) -> dict:
+    """Perplexity, greedy and drift generations; then the teacher-forced pass over `ref_drift` (the reference
+    backend's drift continuations; its own when None): every prompt + continuation is prefilled in 128-token chunks
+    and the argmax at each continuation position is read back, so all backends predict from the same prefix."""
+    prompts = held["prompts"][:DRIFT_PROMPTS]
     with ThreadPoolExecutor(workers) as ex:
         scored = list(ex.map(lambda w: greedy_generate(port, w, 1, return_logprob=True, logprob_start_len=0),
                              held["ppl_windows"]))
         greedy = list(ex.map(lambda p: greedy_generate(port, p, GREEDY_TOKENS, return_logprob=True,
                                                        top_logprobs_num=2), held["prompts"]))
-        drift = list(ex.map(lambda p: greedy_generate(port, p, DRIFT_TOKENS), held["prompts"][:DRIFT_PROMPTS]))
+        drift = [r["output_ids"] for r in ex.map(lambda p: greedy_generate(port, p, DRIFT_TOKENS), prompts)]
+        forced_on = ref_drift if ref_drift is not None else drift
+        forced = list(ex.map(lambda pc: greedy_generate(port, pc[0] + pc[1], 1, return_logprob=True,
+                                                        logprob_start_len=len(pc[0]) - 1, top_logprobs_num=1),
+                             zip(prompts, forced_on)))
     # input_token_logprobs: [logprob, token id, text] per prompt position; the first position has no logprob
     lps = [[t[0] for t in r["meta_info"]["input_token_logprobs"] if t[0] is not None] for r in scored]
     return {"perplexity": perplexity(lps), "greedy": [r["output_ids"] for r in greedy],
             "greedy_margins": [top2_margins(r["meta_info"]["output_top_logprobs"]) for r in greedy],
-            "drift": [r["output_ids"] for r in drift]}
+            "drift": drift,
+            "teacher_forced": [teacher_forced_argmax(r["meta_info"]["input_top_logprobs"], len(c))
+                               for r, c in zip(forced, forced_on)]}
 
 
 def main():
@@ -112,7 +130,8 @@ def main():
                                  load_format="auto", context_length=4096)
         try:
             wait_healthy(32000 + i, proc, args.startup_timeout)
-            results[name] = evaluate(32000 + i, held)
+            ref = results.get(args.runs[0], {})
+            results[name] = evaluate(32000 + i, held, ref["drift"] if i > 0 and "drift" in ref else None)
         except Exception as e:  # reported in the table
             results[name] = {"error": repr(e)[:300]}
         finally:
@@ -125,21 +144,28 @@ def main():
           f"prompts; drift {DRIFT_TOKENS} tokens x {DRIFT_PROMPTS} prompts")
     print(f"| backend | perplexity | ppl / {ref_name} | greedy agreement | drift: first {WINDOW} | "
           f"drift: last {WINDOW} | greedy prompts diverged | median first divergence | median {ref_name} top-2 "
-          f"margin there (nats) | divergences at near-ties (< {NEAR_TIE}) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"margin there (nats) | divergences at near-ties (< {NEAR_TIE}) | teacher-forced: first {WINDOW} | "
+          f"teacher-forced: last {WINDOW} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         if "error" in r or "error" in ref:
-            print(f"| {name} | error: {r.get('error') or ref.get('error')} | | | | | | | | |")
+            print(f"| {name} | error: {r.get('error') or ref.get('error')} | | | | | | | | | | |")
             continue
         d = divergence_summary(r["greedy"], ref["greedy"], ref["greedy_margins"])
         fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
         near = None if d["near_tie_fraction"] is None else 100 * d["near_tie_fraction"]
+        # argmax from the reference's own prefix vs the reference's tokens: no cascade, so a length-dependent decay
+        # here is a real drift (the reference's row: its prefill vs its decode)
+        tf = r.get("teacher_forced")
+        tf_first = None if tf is None else 100 * agreement(tf, ref["drift"], 0, WINDOW)
+        tf_last = None if tf is None else 100 * agreement(tf, ref["drift"], DRIFT_TOKENS - WINDOW)
         print(f"| {name} | {r['perplexity']:.4f} | {r['perplexity'] / ref['perplexity']:.4f} | "
               f"{100 * agreement(r['greedy'], ref['greedy']):.1f} % | "
               f"{100 * agreement(r['drift'], ref['drift'], 0, WINDOW):.1f} % | "
               f"{100 * agreement(r['drift'], ref['drift'], DRIFT_TOKENS - WINDOW):.1f} % | "
               f"{d['diverged']}/{d['prompts']} | {fmt(d['median_first_divergence'], '.0f')} | "
-              f"{fmt(d['median_ref_margin'], '.3f')} | {fmt(near, '.0f')} % |")
+              f"{fmt(d['median_ref_margin'], '.3f')} | {fmt(near, '.0f')} % | {fmt(tf_first, '.1f')} % | "
+              f"{fmt(tf_last, '.1f')} % |")
 
 
 if __name__ == "__main__":

@@ -48,3 +48,10 @@ def test_divergence_summary_reports_where_and_how_close_the_reference_was():
     assert ev.first_divergence([1, 2], [1, 2, 3]) == 2 and ev.first_divergence([1], [1]) is None
     top = [[[-0.1, 7, None], [-2.5, 3, None]], [[-0.2, 1, None]]]
     assert ev.top2_margins(top) == [pytest.approx(2.4), math.inf]
+
+
+def test_teacher_forced_argmax_is_end_aligned():
+    # SGLang's input_top_logprobs: one entry per scored input position (the first may be None), top-1 first
+    top = [None, [[-0.5, 11, None]], [[-0.1, 12, None]], [[-0.2, 13, None]]]
+    assert ev.teacher_forced_argmax(top, 2) == [12, 13]
+    assert ev.teacher_forced_argmax(top, 3) == [11, 12, 13]
