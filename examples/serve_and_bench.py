@@ -30,6 +30,9 @@ RUNS = {
     "flashmla-fp8": ["--attention-backend", "flashmla", "--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
     "triton": ["--attention-backend", "triton", "--page-size", "64"],
 }
+MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+       "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3
+RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
 METRICS = {
     "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
     "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",

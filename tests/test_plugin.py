@@ -71,6 +71,21 @@ def test_bundled_configs_are_accepted(plugin, name):
     assert cfg.rope_parameters and cfg.rope_parameters["rope_theta"] > 0
 
 
+def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
+    """MTP (DeepSeek NEXTN) with snapmla: the bundled V3 config carries one NEXTN layer, and the flags that
+    examples/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
+    backend with s_q = the draft tokens)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from serve_and_bench import RUNS
+
+    args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu",
+                 "--load-format", "dummy", *RUNS["snapmla-mtp"])
+    assert args.speculative_algorithm in ("NEXTN", "EAGLE") and args.speculative_num_draft_tokens == 3
+    assert args.attention_backend == "snapmla" and args.page_size == 64
+
+
 def test_other_backends_untouched(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu")
     assert args.page_size == 1
