@@ -1,6 +1,6 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 1 (v0 was validated on the H100 in session 3, commit tag cuda-decode-v0-validated; v1 applies the
+// Version 1 (v0, commit b468437, was validated on the H100 in session 3; v1 applies the
 // profile's cheap fixes and has NOT run on a GPU yet). One CTA = 64 query rows (flattened (token, head) pairs of one
 // sequence) x one split of its 64-token pages, two warpgroups.
 //   per page, three cp.async stages (16 B, zero-filled past the sequence end), two pages in flight:
