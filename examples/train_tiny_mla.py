@@ -75,7 +75,8 @@ def model_config(args, vocab: int, bos: int, eos: int) -> DeepseekV3Config:
         # keys of the released DeepSeek-V3 config.json that transformers' class does not define but SGLang's
         # DeepSeek model reads (the values are what transformers' router computes: sigmoid scores, bias-corrected
         # group top-k, renormalized)
-        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, seq_aux=True)
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, seq_aux=True,
+        num_nextn_predict_layers=0)  # no MTP layer is trained
 
 
 def windows(ids: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
