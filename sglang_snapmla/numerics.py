@@ -108,6 +108,14 @@ def amax_scale(amax: torch.Tensor, floor: float = SCALE_FLOOR) -> torch.Tensor:
     return torch.clamp_min((amax.double() / FP8_MAX).float(), floor)
 
 
+def pow2_scale(amax: torch.Tensor, floor: float) -> torch.Tensor:
+    """The smallest power of two >= amax_scale(amax, floor): dividing by it is exact (an exponent subtraction) and
+    the quotient stays <= 448, so nothing saturates. (AMLA-style scales: rescaling becomes an exponent add.)"""
+    s = amax_scale(amax, floor)
+    mant, exp = torch.frexp(s)  # s = mant * 2**exp, mant in [0.5, 1)
+    return torch.ldexp(torch.ones_like(s), exp - (mant == 0.5).to(exp.dtype))
+
+
 def quantize_kv(c_kv: torch.Tensor, k_rope: torch.Tensor) -> LatentCache:
     """SnapMLA K/V quantization, one scale per token.
 
@@ -176,14 +184,15 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
     block_table: [B, max_pages] int32 physical page ids
     seq_lens:    [B] int32 tokens per sequence, including the s_q query tokens (which are already in the cache)
     p_quant:     "fp8"  -- P' = P * sigma_k quantized to FP8 per (row, 64-token block) (SnapMLA)
+                 "fp8_pow2" -- the same with the block scale rounded up to a power of two (`pow2_scale`)
                  "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
     Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens).
     Returns out [B, s_q, H, 512] fp32 and lse [B, H, s_q] fp32 (natural log of the softmax denominator).
     """
     B, s_q, H, _ = q.content.shape
     check_paged_inputs(B, s_q, block_table, seq_lens)
-    if p_quant not in ("fp8", "bf16"):
-        raise ValueError(f"p_quant must be 'fp8' or 'bf16', got {p_quant!r}")
+    if p_quant not in ("fp8", "fp8_pow2", "bf16"):
+        raise ValueError(f"p_quant must be 'fp8', 'fp8_pow2' or 'bf16', got {p_quant!r}")
     dev = q.content.device
     out = torch.empty(B, s_q, H, KV_LORA_RANK, dtype=torch.float32, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
@@ -212,8 +221,8 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
             p = torch.exp(scores - m_new[:, None])
             l = l * alpha + p.sum(1)
             p_v = p * ks[None, :]  # V's per-token scale fused into P
-            if p_quant == "fp8":
-                p_scale = amax_scale(p_v.amax(1), P_SCALE_FLOOR)
+            if p_quant in ("fp8", "fp8_pow2"):
+                p_scale = (amax_scale if p_quant == "fp8" else pow2_scale)(p_v.amax(1), P_SCALE_FLOOR)
                 pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
             else:
                 pv = p_v.to(torch.bfloat16).float() @ kc
@@ -323,6 +332,8 @@ CONFIGS: dict[str, QuantConfig] = {
     "C": QuantConfig("C", "per-tensor dynamic scale, RoPE-aware", _kv(_per_tensor_dynamic), _q(_per_tensor_dynamic)),
     "D": QuantConfig("D", "per-block FP8 (64-token page / per-token Q), RoPE-aware", _kv(_per_block_kv),
                      _q(_per_block_q)),
+    "SnapMLA-pow2P": QuantConfig("SnapMLA-pow2P", "SnapMLA with power-of-two P block scales (exact division, "
+                                 "exponent-add rescaling)", quantize_kv, quantize_q, "fp8_pow2"),
     "BF16": QuantConfig("BF16", "BF16 cache and queries, bf16 P (FlashMLA-like)", _kv(_bf16), _q(_bf16), "bf16"),
 }
 

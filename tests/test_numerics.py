@@ -251,3 +251,15 @@ def test_scaled_accumulator_schedule_equals_reference(gen, seq_lens, s_q):
     got = _scaled_accumulator_decode(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     assert torch.isfinite(got).all()
     assert_close(got, ref, rel_l2=1e-5, what="scaled-accumulator schedule vs reference")
+
+
+def test_pow2_scale_is_the_smallest_power_of_two_not_below_the_amax_scale():
+    from sglang_snapmla.numerics import P_SCALE_FLOOR, amax_scale, pow2_scale
+
+    amax = torch.tensor([448.0, 449.0, 896.0, 300.0, 1e-3, 0.0, 3.3e4])
+    s, exact = pow2_scale(amax, P_SCALE_FLOOR), amax_scale(amax, P_SCALE_FLOOR)
+    mant, _ = torch.frexp(s)
+    assert torch.all(mant == 0.5)  # powers of two
+    assert torch.all(s >= exact) and torch.all(s < 2 * exact)
+    assert torch.all(amax / s <= nx.FP8_MAX)  # nothing saturates
+    assert s.tolist()[:4] == [1.0, 2.0, 2.0, 1.0]
