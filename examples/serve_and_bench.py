@@ -7,6 +7,9 @@ Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's
 --mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
 /v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0).
 Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, ratio vs flashmla) and writes JSON.
+Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
+`--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
+`--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see examples/gpu/multi_gpu.sh).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import argparse
 import atexit
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 RUNS = {
@@ -160,9 +165,6 @@ def pool_tokens(server_log: str) -> int | None:
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
     between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-
     rng = random.Random(0)
     batch = [[rng.randrange(100, 20000) for _ in range(rng.randrange(50, 600))] for _ in range(prompts)]
     runs = []
