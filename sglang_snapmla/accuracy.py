@@ -151,13 +151,16 @@ def plot(per_layer, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     titles = {"rmse": "RMSE", "one_minus_cos": "1 - cosine", "rel_l2": "relative L2"}
     for ax, metric in zip(axes, METRICS):
         for name, metrics in per_layer.items():
             ys = metrics[metric]
-            ax.plot(range(len(ys)), ys, marker="o", ms=3, label=name, lw=2.2 if name == "SnapMLA" else 1.2)
+            main = name == "SnapMLA"  # drawn on top: the other RoPE-aware rows often overlap it
+            ax.plot(range(len(ys)), ys, marker="o", ms=3, label=name, lw=2.2 if main else 1.2, zorder=3 if main else 2)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_yscale("log")
         ax.set_xlabel("layer")
         ax.set_title(titles[metric] + " vs float64 golden")
