@@ -63,11 +63,7 @@ def make_inputs(b, sk, h, s_q, copies, dev):
         ckv = torch.randn(n * PAGE, 576, device=dev, dtype=torch.bfloat16)
         bt = torch.randperm(n, device=dev, dtype=torch.int32).view(b, pages)
         q = torch.randn(b, s_q, h, 576, device=dev, dtype=torch.bfloat16)
-        kv8 = torch.empty(n * PAGE, 512, device=dev, dtype=torch.float8_e4m3fn)
-        ks = torch.empty(n * PAGE, device=dev, dtype=torch.float32)
-        kr = torch.empty(n * PAGE, 64, device=dev, dtype=torch.bfloat16)
-        loc = torch.arange(n * PAGE, device=dev)
-        ops.append_kv(ckv[:, :512], ckv[:, 512:], loc, kv8, ks, kr)
+        kv8, ks, kr = ops.pool_from_rows(ckv[:, :512], ckv[:, 512:])
         out.append(dict(ckv=ckv, bt=bt, q=q, kv8=kv8, ks=ks, kr=kr))
     return out
 

@@ -122,13 +122,8 @@ def _kernel_decode(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_
     from . import ops
 
     dev = torch.device("cuda")
-    n = c_kv.shape[0]
-    kv8 = torch.empty(n, KV_LORA_RANK, dtype=torch.float8_e4m3fn, device=dev)
-    ks = torch.empty(n, dtype=torch.float32, device=dev)
-    kr = torch.empty(n, ROPE_DIM, dtype=torch.bfloat16, device=dev)
-    ops.append_kv(c_kv.to(dev, torch.bfloat16), k_rope.to(dev, torch.bfloat16), torch.arange(n, device=dev), kv8, ks,
-                  kr)
-    out, _ = ops.snapmla_decode(q_nope.to(dev, torch.bfloat16), q_rope.to(dev, torch.bfloat16), kv8, ks, kr,
+    pool = ops.pool_from_rows(c_kv.to(dev, torch.bfloat16), k_rope.to(dev, torch.bfloat16))
+    out, _ = ops.snapmla_decode(q_nope.to(dev, torch.bfloat16), q_rope.to(dev, torch.bfloat16), *pool,
                                 block_table.to(dev), seq_lens.to(dev), softmax_scale)
     return out.float().cpu()
 

@@ -2,7 +2,7 @@
 
 `load()` returns the compiled module, or None with the reason logged once (no CUDA device, not an sm_90 GPU, no
 nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` only uses this module when asked
-(SNAPMLA_DECODE_IMPL=cuda or auto): version 0 of the kernel has not been validated on a GPU yet.
+(SNAPMLA_DECODE_IMPL=cuda or auto): it is opt-in while it is slower than the Triton kernel (docs/KERNEL.md).
 """
 
 from __future__ import annotations

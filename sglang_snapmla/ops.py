@@ -1,7 +1,7 @@
 """SnapMLA ops: one function per op, each validating its inputs and dispatching to a kernel.
 
 Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`; `decode` can instead run the sm_90a CUDA
-split kernel (`sglang_snapmla.cuda_ext`, SNAPMLA_DECODE_IMPL=cuda|auto; opt-in until validated on a GPU) behind the
+split kernel (`sglang_snapmla.cuda_ext`, SNAPMLA_DECODE_IMPL=cuda|auto; opt-in while slower than Triton) behind the
 same signature, followed by the same combine. Shapes and dtypes:
 
 | op | inputs | outputs |
@@ -29,7 +29,7 @@ from .kernels.triton import quant as tquant
 
 MAX_SPLITS = 64
 # Decode implementation: "triton" (default), "cuda" (the sm_90a kernel; an error if it cannot be built) or "auto"
-# (cuda where available, else triton, logged once). The CUDA kernel is opt-in until it has been validated on a GPU.
+# (cuda where available, else triton, logged once). The CUDA kernel is opt-in while it is slower (docs/KERNEL.md).
 DECODE_IMPLS = ("triton", "cuda", "auto")
 CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
 
@@ -125,6 +125,18 @@ def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_fp
     if T:
         tquant.append_kv_kernel[(T,)](c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope, c_kv.stride(0), k_rope.stride(0),
                                       FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
+
+
+def pool_from_rows(c_kv: torch.Tensor, k_rope: torch.Tensor):
+    """A new pool holding row i of c_kv [N, 512] / k_rope [N, 64] (bf16) at slot i, written by `append_kv`
+    -> (kv_fp8 [N, 512], kv_scale [N], kv_rope [N, 64]). For benchmarks, tests and reports that need the
+    kernel-written cache of whole tensors (the serving pool is `pool.SnapMLATokenToKVPool`)."""
+    n, dev = c_kv.shape[0], c_kv.device
+    kv_fp8 = torch.empty(n, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=dev)
+    kv_scale = torch.empty(n, dtype=torch.float32, device=dev)
+    kv_rope = torch.empty(n, nx.ROPE_DIM, dtype=torch.bfloat16, device=dev)
+    append_kv(c_kv, k_rope, torch.arange(n, device=dev), kv_fp8, kv_scale, kv_rope)
+    return kv_fp8, kv_scale, kv_rope
 
 
 def fetch_dequant(loc: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor,

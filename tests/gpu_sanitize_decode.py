@@ -11,10 +11,7 @@ pages = 3
 S = (B * pages + 1) * 64
 c = torch.randn(S, 512, generator=g).to(torch.bfloat16).cuda()
 r = torch.randn(S, 64, generator=g).to(torch.bfloat16).cuda()
-kv8 = torch.empty(S, 512, dtype=torch.float8_e4m3fn, device="cuda")
-ks = torch.empty(S, device="cuda")
-kr = torch.empty(S, 64, dtype=torch.bfloat16, device="cuda")
-ops.append_kv(c, r, torch.arange(S, device="cuda"), kv8, ks, kr)
+kv8, ks, kr = ops.pool_from_rows(c, r)
 bt = (torch.randperm(B * pages, generator=g) + 1).view(B, pages).to(torch.int32).cuda()
 q = torch.randn(B, s_q, H, 576, generator=g).to(torch.bfloat16).cuda()
 out, lse = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32,

@@ -63,10 +63,7 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
     """Row offsets above 2^31 bytes (a 4.3M-token pool / batch) must not wrap (int32 overflow was a real bug)."""
     T = (1 << 31) // 576 + 4096  # bf16 input rows of 576 elements: the last rows sit past 2^31 elements*bytes
     latent = torch.randn(T, 576, device="cuda", dtype=torch.bfloat16)
-    kv8 = torch.empty(T, 512, device="cuda", dtype=torch.float8_e4m3fn)
-    ks = torch.empty(T, device="cuda")
-    kr = torch.empty(T, 64, device="cuda", dtype=torch.bfloat16)
-    ops.append_kv(latent[:, :512], latent[:, 512:], torch.arange(T, device="cuda"), kv8, ks, kr)
+    kv8, ks, kr = ops.pool_from_rows(latent[:, :512], latent[:, 512:])  # append_kv at slots 0..T-1
     tail = torch.arange(T - 3000, T, device="cuda")
     ref = nx.quantize_kv(latent[tail, :512], latent[tail, 512:])
     got = kv8[tail].view(torch.uint8)

@@ -54,6 +54,17 @@ def test_append_kv_bit_exact_and_only_at_loc(gen):
     assert torch.equal(rp.cpu()[untouched], before[2].cpu()[untouched])
 
 
+def test_pool_from_rows_is_the_reference_cache(gen):
+    c = (torch.randn(70, 512, generator=gen) * 4).to(torch.bfloat16)
+    r = (torch.randn(70, 64, generator=gen) * 50).to(torch.bfloat16)
+    c[9] = 0
+    kv, sc, rp = ops.pool_from_rows(c.to(DEV), r.to(DEV))
+    ref = nx.quantize_kv(c, r)
+    assert torch.equal(kv.cpu().view(torch.uint8), ref.content.view(torch.uint8))
+    assert torch.equal(sc.cpu(), ref.scale)
+    assert torch.equal(rp.cpu().view(torch.int16), ref.rope.view(torch.int16))
+
+
 def test_fetch_dequant_bit_exact(gen):
     c = torch.randn(128, 512, generator=gen) * 3
     r = torch.randn(128, 64, generator=gen) * 200
