@@ -6,12 +6,7 @@
 # One call: the checkpoint (~120 MB) stays on the machine (.gpucache/tiny-mla, reused while the machine stays warm),
 # only reports come back in $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
-source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
-  TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 CKPT=.gpucache/tiny-mla
 if [ -f $CKPT/train_log.json ] && [ -z "${RETRAIN:-}" ]; then  # a warm machine kept the checkpoint of an earlier call (e.g. one that timed out)
   echo "reusing the checkpoint in $CKPT"

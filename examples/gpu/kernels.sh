@@ -2,12 +2,7 @@
 # On the H100 host (device tool, carry .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
 #   usage: [PYTEST_PATHS=tests/...] bash examples/gpu/kernels.sh [--cuda] [bench args...]
 set -uo pipefail
-OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
-source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
-export PYTHONUNBUFFERED=1
-# JIT caches (Triton, torch extensions) in an ignored folder of the checkout: a warm machine reuses them.
-export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 python3 -c "import sglang_snapmla.ops" || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 if [[ " $* " == *" --cuda "* ]]; then

@@ -5,12 +5,7 @@
 #   usage: [STARTUP_TIMEOUT=600] bash examples/gpu/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts..., default "dp tp"]
 # A cold 2-GPU start takes ~4 min (graph capture with MoE JIT); run one layout per device call.
 set -uo pipefail
-OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
-source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0  # NVLink multicast stays off (device tool's KINDS.md)
-export TRITON_CACHE_DIR=$PWD/.gpucache/triton FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache \
-  TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor XDG_CACHE_HOME=$PWD/.gpucache
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 N=${1:-128}; shift || true
 for layout in ${@:-dp tp}; do

@@ -2,10 +2,7 @@
 # On the H100 host: Nsight Compute report of the decode split kernel for one shape, plus text pages for reading
 # elsewhere. usage: bash examples/gpu/profile.sh NAME B S_K H [S_Q] [--impl cuda|triton]   (writes $OUT/NAME.*)
 set -uo pipefail
-OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
-source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
-export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /dev/null 2>&1
+source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 name=$1; shift
 timeout 300 ncu --set full --import-source yes -k regex:decode_split --launch-skip 1 -c 1 -f -o "$OUT/$name" \
   python3 examples/gpu/profile_decode.py "$@" > "$OUT/$name.ncu.log" 2>&1; tail -3 "$OUT/$name.ncu.log"

@@ -1,0 +1,11 @@
+# Sourced first by every examples/gpu/*.sh script (GPU host, device tool, carry .gpu): $OUT for the logs, the SGLang
+# runtime on the path, JIT caches in an ignored folder of the checkout (a warm machine reuses them), the plugin
+# installed into the runtime.
+OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
+source .gpu/activate.sh .gpu/sglang-runtime.tar.xz
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off (device tool's KINDS.md)
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
+  FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
+  XDG_CACHE_HOME=$PWD/.gpucache
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
