@@ -5,9 +5,10 @@
 
 namespace snapmla {
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
-                                     const float* kv_scale, const void* kv_rope, const int* block_table,
-                                     const int* seq_lens, float* o_part, float* lse_part, int batch, int stride_bt,
-                                     int R, int H, int S_Q, float qk_scale_log2, int num_splits, cudaStream_t stream);
+                                     const float* kv_scale, const void* kv_rope, int64_t pool_rows,
+                                     const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
+                                     int batch, int stride_bt, int R, int H, int S_Q, float qk_scale_log2,
+                                     int num_splits, cudaStream_t stream);
 }
 
 // Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
@@ -22,11 +23,13 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
               "block_table must be int32 with unit stride in its last dim");
   auto err = snapmla::launch_decode_split_sm90(
       q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_fp8.data_ptr(), kv_scale.data_ptr<float>(),
-      kv_rope.data_ptr(), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(), o_part.data_ptr<float>(),
+      kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(), o_part.data_ptr<float>(),
       lse_part.data_ptr<float>(), static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)),
       static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
       static_cast<int>(num_splits), c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err));
+  TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
+              err == cudaErrorInvalidValue ? " (TMA descriptor encoding of the pool failed: the pool arrays must be "
+                                             "16-byte aligned with 512 B / 128 B rows)" : "");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

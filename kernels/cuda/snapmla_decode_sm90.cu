@@ -1,22 +1,27 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 1 (v0, commit b468437, was validated on the H100 in session 3; v1 applies the
-// profile's cheap fixes and has NOT run on a GPU yet). One CTA = 64 query rows (flattened (token, head) pairs of one
-// sequence) x one split of its 64-token pages, two warpgroups.
-//   per page, three cp.async stages (16 B, zero-filled past the sequence end), two pages in flight:
+// Version 2a (v1 = tag cuda-decode-v1-validated; v0 = b468437). One CTA = 64 query rows (flattened (token, head)
+// pairs of one sequence) x one split of its 64-token pages, two warpgroups.
+//   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
+//   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
+//   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
 //     warpgroup 0     : S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) -- one
 //                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
 //                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
 //     warpgroup 1     : meanwhile V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA
-//                       reads both operands K-major, so PV cannot read the page as stored)
+//                       reads both operands K-major, so PV cannot read the page as stored); tokens past the sequence
+//                       end become zeros (a partial last page holds stale pool bytes, possibly NaN patterns)
 //     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
 // O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. Pages are visited in
 // strictly increasing order (no inverted order: it breaks with per-block P scales).
-// Shared memory tiles use WGMMA's no-swizzle K-major layout: 8-row x 16-byte core matrices, 128 B each, adjacent
-// in K (leading byte offset 128), then the next 8 rows (stride byte offset = row bytes / 16 * 128).
+// Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
+// 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
+// no-swizzle K-major layout (8-row x 16-byte core matrices).
 // Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine.
 
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 #include <cstdint>
 
@@ -27,18 +32,26 @@ namespace snapmla {
 constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 3;
 constexpr float kFp8Max = 448.f;
 
-// shared memory map (bytes)
-constexpr int kQ8 = 0;                                // [64 rows x 512 B]
-constexpr int kQR = kQ8 + kRows * kLatent;            // [64 rows x 128 B] bf16
-constexpr int kK8 = kQR + kRows * kRope * 2;          // kStages x [64 tokens x 512 B]
-constexpr int kKR = kK8 + kStages * kPage * kLatent;  // kStages x [64 tokens x 128 B] bf16
-constexpr int kKS = kKR + kStages * kPage * kRope * 2;  // kStages x [64] fp32 scales
-constexpr int kVT = kKS + kStages * kPage * 4;        // [512 latent x 64 B] fp8 (V^T)
+// shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
+constexpr int kTile = kPage * 128;                    // one [64 rows x 128 B] swizzled tile, 8 KB
+constexpr int kStageBytes = 5 * kTile + kPage * 4;    // 4 content tiles, 1 RoPE tile, 64 fp32 scales
+constexpr int kQ8 = 0;                                // 4 tiles [64 rows x 128 B]
+constexpr int kQR = kQ8 + 4 * kTile;                  // 1 tile [64 rows x 64 bf16]
+constexpr int kStage0 = kQR + kTile;                  // kStages x kStageBytes (padded to 1024 B)
+constexpr int kStagePitch = (kStageBytes + 1023) / 1024 * 1024;
+constexpr int kVT = kStage0 + kStages * kStagePitch;  // [512 latent x 64 B] fp8 (V^T)
 constexpr int kP8 = kVT + kLatent * kPage;            // [64 rows x 64 B] fp8
 constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
 constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
-constexpr int kSmemBytes = kRowL + kRows * 4;  // 202 240 B of the 227 KB an H100 CTA may use
+constexpr int kBar = kRowL + kRows * 4;               // kStages x 8 B mbarriers
+constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~200 KB in all)
+static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
+
+// byte offset of (row, byte) in a run of 128 B-swizzled tiles holding rows of `row_bytes` (a multiple of 128)
+__device__ __forceinline__ int sw128(int row, int byte) {
+  return (byte >> 7) * kTile + row * 128 + ((((byte >> 4) & 7) ^ (row & 7)) << 4) + (byte & 15);
+}
 
 __device__ __forceinline__ int kmajor(int row, int byte, int row_bytes) {
   return (row >> 3) * (row_bytes / 16) * 128 + (byte >> 4) * 128 + (row & 7) * 16 + (byte & 15);
@@ -50,6 +63,43 @@ __device__ __forceinline__ uint64_t smem_desc(const uint8_t* p, int stride_byte_
   d |= (uint64_t)(128 >> 4) << 16;                        // leading byte offset: next core matrix along K
   d |= (uint64_t)((stride_byte_offset & 0x3FFFF) >> 4) << 32;  // stride byte offset: next 8 rows
   return d;                                               // base offset 0, swizzle mode 0 (none)
+}
+
+// K-major, 128 B swizzle: rows of 128 B, 8-row atoms 1024 B apart; stepping along K inside the 128 B row is a byte
+// offset added to the start address (the hardware applies the XOR on the final address bits)
+__device__ __forceinline__ uint64_t smem_desc_sw128(const uint8_t* p) {
+  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  d |= (uint64_t)1 << 16;                 // leading byte offset: unused for swizzled K-major
+  d |= (uint64_t)(1024 >> 4) << 32;       // stride byte offset: next 8-row atom
+  d |= (uint64_t)1 << 62;                 // layout: 128 B swizzle
+  return d;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
 __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
@@ -68,41 +118,41 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
-// Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into the K-major tile `dst` (16-byte cp.async
-// chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
+// Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into 128 B-swizzled tiles at `dst` (16-byte
+// cp.async chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
+// Used once per CTA, for the Q tile.
 template <int kRowBytes>
 __device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, int valid_rows) {
   constexpr int kChunks = kRowBytes / 16;
   const int last = max(valid_rows - 1, 0);
   for (int c = threadIdx.x; c < 64 * kChunks; c += kThreads) {
     int row = c / kChunks, b = (c % kChunks) * 16;
-    cp_async16(dst + kmajor(row, b, kRowBytes), src + (int64_t)min(row, last) * kRowBytes + b, row < valid_rows);
+    cp_async16(dst + sw128(row, b), src + (int64_t)min(row, last) * kRowBytes + b, row < valid_rows);
   }
 }
 
-// Stage page `page` of the pool into buffer `buf`: fp8 content, bf16 RoPE, fp32 scales. Tokens at or past
-// `valid_tokens` are zero-filled (masked scores then meet finite zeros in PV).
-__device__ __forceinline__ void load_page(uint8_t* smem, int buf, const uint8_t* kv_fp8, const float* kv_scale,
-                                          const uint16_t* kv_rope, int64_t page, int valid_tokens) {
-  const int64_t slot0 = page * kPage;
-  stage_rows<kLatent>(smem + kK8 + buf * kPage * kLatent, kv_fp8 + slot0 * kLatent, valid_tokens);
-  stage_rows<kRope * 2>(smem + kKR + buf * kPage * kRope * 2,
-                        reinterpret_cast<const uint8_t*>(kv_rope) + slot0 * kRope * 2, valid_tokens);
-  const int t = threadIdx.x;
-  if (t < kPage * 4 / 16) {  // 16 chunks of 4 scales
-    int tok = t * 4;
-    // a chunk straddling the sequence end copies a few finite pool scales: their scores are masked anyway
-    cp_async16(smem + kKS + buf * kPage * 4 + t * 16, kv_scale + slot0 + tok, tok < valid_tokens);
-  }
+// One thread: page `page` of the pool into stage `buf` (4 content boxes, the RoPE box, the scales), all completing
+// on the stage's mbarrier.
+__device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensorMap* map_kv,
+                                          const CUtensorMap* map_rope, const float* kv_scale, int64_t page) {
+  uint8_t* stage = smem + kStage0 + buf * kStagePitch;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + kBar) + buf;
+  mbar_expect_tx(bar, kStageBytes);
+  const int row = static_cast<int>(page * kPage);
+#pragma unroll
+  for (int blk = 0; blk < 4; ++blk) tma_load_2d(stage + blk * kTile, map_kv, blk * 128, row, bar);
+  tma_load_2d(stage + 4 * kTile, map_rope, 0, row, bar);
+  bulk_load(stage + 5 * kTile, kv_scale + page * kPage, kPage * 4, bar);
 }
 
 // V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127), in 4 x 4 byte
 // blocks: four 4-byte reads (4 latent channels of one token), byte permutes, four 4-byte writes (4 tokens of one
-// channel). Lanes map to blocks so that the reads hit 32 distinct banks: lane bits 0-1 pick the channel group, bit 2
-// the token group's parity and bits 3-4 (`rot`) rotate which of the block's 4 tokens is read first (the read bank
-// depends on token & 7); the rotation is undone with one funnel shift per word. Writes stay 4-way conflicted.
-__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw) {
-  const uint8_t* k8 = smem + kK8 + buf * kPage * kLatent;
+// channel). Lanes map to blocks so that the reads hit 32 distinct banks: lane bits 0-1 pick the 4-byte word of a
+// 16 B chunk, bits 2-4 the token, whose low three bits (the swizzle's XOR) then differ across the 8 lane groups
+// thanks to `rot` rotating which of the block's 4 tokens is read first; the rotation is undone with one funnel
+// shift per word. Tokens at or past `valid` read as zeros. Writes stay 4-way conflicted.
+__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw, int valid) {
+  const uint8_t* k8 = smem + kStage0 + buf * kStagePitch;
   uint8_t* vt = smem + kVT;
   const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3;
   // 2048 blocks = 64 groups of 32 (a group: 4 channel blocks x 8 token blocks); each warp takes 16 groups
@@ -110,8 +160,11 @@ __device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw) {
     const int d4 = (g % 32) * 4 + (lane & 3), tok4 = (g / 32) * 8 + (lane >> 2);
     uint32_t r[4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
-      r[a] = *reinterpret_cast<const uint32_t*>(k8 + kmajor(tok4 * 4 + ((a + rot) & 3), d4 * 4, kLatent));
+    for (int a = 0; a < 4; ++a) {
+      const int tok = tok4 * 4 + ((a + rot) & 3);
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(k8 + sw128(tok, d4 * 4));
+      r[a] = tok < valid ? w : 0u;
+    }
     uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
     uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
     uint32_t w[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
@@ -131,36 +184,46 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
+    const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
     const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
-    const uint8_t* __restrict__ kv_fp8, const float* __restrict__ kv_scale, const uint16_t* __restrict__ kv_rope,
-    const int* __restrict__ block_table, const int* __restrict__ seq_lens, float* __restrict__ o_part,
-    float* __restrict__ lse_part, int stride_bt, int R, int H, int S_Q, float qk_scale_log2, int num_splits) {
+    const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+    float* __restrict__ o_part, float* __restrict__ lse_part, int stride_bt, int R, int H, int S_Q,
+    float qk_scale_log2, int num_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) uint8_t smem[];
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const int b = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
   const int t = threadIdx.x, wg = t / 128, tw = t % 128, warp = tw / 32, lane = tw % 32;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBar);
 
   const int seq_len = seq_lens[b];
   const int n_pages = (seq_len + kPage - 1) / kPage;
   const int per_split = (n_pages + num_splits - 1) / num_splits;
   const int first = split * per_split;
   const int last = min(first + per_split, n_pages);
+  const int* bt = block_table + (int64_t)b * stride_bt;
+
+  if (t == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // prologue: the first kStages pages in flight
+  if (t == 0)
+    for (int i = 0; i < kStages && first + i < last; ++i)
+      load_page(smem, i, &map_kv, &map_rope, kv_scale, bt[first + i]);
+  // the page id kStages ahead of the page being computed, read one iteration before it is needed (thread 0 only)
+  int next_page_id = (t == 0 && first + kStages < last) ? bt[first + kStages] : 0;
 
   // Q tile: 64 rows of this sequence (zero rows past R)
   const int64_t q_row0 = (int64_t)b * R + tile * kRows;
   const int q_rows = R - tile * kRows;
   stage_rows<kLatent>(smem + kQ8, q8 + q_row0 * kLatent, q_rows);
   stage_rows<kRope * 2>(smem + kQR, reinterpret_cast<const uint8_t*>(q_rope) + q_row0 * kRope * 2, q_rows);
-  // prologue: pages first and first + 1 in flight (one commit group each, empty past the split's end)
-  const int* bt = block_table + (int64_t)b * stride_bt;
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (first + i < last)
-      load_page(smem, i, kv_fp8, kv_scale, kv_rope, bt[first + i], min(kPage, seq_len - (first + i) * kPage));
-    cp_async_commit();
-  }
-  // the page id two pages ahead, read one iteration before it is needed (its global latency stays off the path)
-  int next_page_id = first + kStages - 1 < last ? bt[first + kStages - 1] : 0;
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_async_smem();  // Q was written through the generic proxy; WGMMA reads it through the async proxy
+  __syncthreads();
 
   // accumulator rows of this thread (same mapping in both warpgroups)
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
@@ -177,32 +240,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 
   for (int p = first; p < last; ++p) {
     const int buf = (p - first) % kStages;
-    cp_async_wait_pending<kStages - 2>();  // page p's group done; page p + 1's may still be in flight
-    fence_async_smem();
-    __syncthreads();  // page p staged; page p - 1's QK, transpose and PV are done with their buffers
-    {
-      const int ahead = p + kStages - 1;  // into the buffer page p - 1 used
-      if (ahead < last)
-        load_page(smem, (ahead - first) % kStages, kv_fp8, kv_scale, kv_rope, next_page_id,
-                  min(kPage, seq_len - ahead * kPage));
-      cp_async_commit();  // always one group per iteration, so that the wait above counts pages
-      next_page_id = ahead + 1 < last ? bt[ahead + 1] : 0;
-    }
-    const float* ks = reinterpret_cast<const float*>(smem + kKS + buf * kPage * 4);
+    const int valid = min(kPage, seq_len - p * kPage);  // tokens of this page inside the sequence
+    __syncthreads();  // page p - 1's PV is done with V^T and P8 in both warpgroups
+    mbar_wait(full + buf, ((p - first) / kStages) & 1);  // page p has landed
+    const uint8_t* stage = smem + kStage0 + buf * kStagePitch;
+    const float* ks = reinterpret_cast<const float*>(stage + 5 * kTile);
 
-    if (wg == 1) transpose_page(smem, buf, tw);  // off warpgroup 0's QK + softmax path
+    if (wg == 1) transpose_page(smem, buf, tw, valid);  // off warpgroup 0's QK + softmax path
 
     if (wg == 0) {
       float s[32];
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k)
-        wgmma_m64n64k32_e4m3(s, smem_desc(smem + kQ8 + k * 256, (kLatent / 16) * 128),
-                             smem_desc(smem + kK8 + buf * kPage * kLatent + k * 256, (kLatent / 16) * 128), k > 0);
+      for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
+        wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
+                             smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
 #pragma unroll
       for (int k = 0; k < kRope * 2 / 32; ++k)
-        wgmma_m64n64k16_bf16(s, smem_desc(smem + kQR + k * 256, (kRope * 2 / 16) * 128),
-                             smem_desc(smem + kKR + buf * kPage * kRope * 2 + k * 256, (kRope * 2 / 16) * 128), 1);
+        wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32), 1);
       wgmma_commit();
       wgmma_wait_all();
 
@@ -213,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
-          float kscale = ks[col];
+          float kscale = col < valid ? ks[col] : 0.f;  // stale pool bytes past the end
           float v0 = s[4 * j + c] * qs0 * kscale, v1 = s[4 * j + 2 + c] * qs1 * kscale;
           v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
           v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
@@ -237,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           int col = j * 8 + (lane % 4) * 2 + c;
-          float kscale = ks[col];
+          float kscale = col < valid ? ks[col] : 0.f;
           float p0 = exp2f(s[4 * j + c] - ms0), p1 = exp2f(s[4 * j + 2 + c] - ms1);
           sum0 += p0;
           sum1 += p1;
@@ -261,27 +316,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       // a row without any visible key in this page keeps its scale (its P8 is zero either way)
       const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
       const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
-      // P8 = fp8(P' / sigma_P), correctly rounded division as in the reference; P' >= 0 and exact zeros (masked
-      // keys, padding rows) skip the division, whose slow path they would take. Two adjacent columns per store.
+      // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
+      // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
+      // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
+      const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
       uint8_t* p8 = smem + kP8;
-      auto quot = [](float x, float d) { return x > 0.f ? __fdiv_rn(x, d) : 0.f; };
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) =
-            to_fp8x2(quot(s[4 * j], ps0), quot(s[4 * j + 1], ps0));
+        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
         *reinterpret_cast<uint16_t*>(p8 + kmajor(row1, col, kPage)) =
-            to_fp8x2(quot(s[4 * j + 2], ps1), quot(s[4 * j + 3], ps1));
+            to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
       }
       if (lane % 4 == 0) {
-        rowf[row0] = a0 * s0 / ps0;
-        rowf[row1] = a1 * s1 / ps1;
+        rowf[row0] = a0 * s0 * inv0;
+        rowf[row1] = a1 * s1 * inv1;
       }
       s0 = ps0;
       s1 = ps1;
     }
     fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads through the async proxy
     __syncthreads();
+    if (t == 0 && p + kStages < last) {  // QK and the transpose are done with this stage: refill it
+      fence_async_smem();  // the transpose's generic-proxy reads of the stage before the TMA's async-proxy writes
+      load_page(smem, buf, &map_kv, &map_rope, kv_scale, next_page_id);
+      next_page_id = p + kStages + 1 < last ? bt[p + kStages + 1] : 0;
+    }
 
     const float f0 = rowf[row0], f1 = rowf[row1];
 #pragma unroll
@@ -301,7 +361,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     wgmma_wait_all();
   }
 
-  cp_async_wait_all();  // an empty split never waited for its Q tile
   // epilogue: warpgroup 0 publishes each row's s / l and LSE; both warpgroups write their 256 columns
   float* rows_s = reinterpret_cast<float*>(smem + kRowS);
   float* rows_l = reinterpret_cast<float*>(smem + kRowL);
@@ -332,22 +391,55 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #endif
 }
 
-// Host launcher (no torch types: the file compiles on its own, e.g. for the CPU CI's sm_90a compile check).
+// Host side (no torch types: the file compiles on its own, e.g. for the CPU CI's sm_90a compile check).
+
+// cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no -lcuda at link time)
+static PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &p, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A [rows x row_bytes] row-major pool array seen as 2-D tiles of 64 rows x 128 B, 128 B swizzle (the K tile layout)
+static bool encode_pool_map(CUtensorMap* map, const void* base, int64_t rows, int row_bytes,
+                            CUtensorMapDataType dtype, int elem_bytes) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  cuuint64_t dims[2] = {static_cast<cuuint64_t>(row_bytes / elem_bytes), static_cast<cuuint64_t>(rows)};
+  cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem_bytes), static_cast<cuuint32_t>(kPage)};
+  cuuint32_t elem_strides[2] = {1, 1};
+  return encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
-                                     const float* kv_scale, const void* kv_rope, const int* block_table,
-                                     const int* seq_lens, float* o_part, float* lse_part, int batch, int stride_bt,
-                                     int R, int H, int S_Q, float qk_scale_log2, int num_splits,
-                                     cudaStream_t stream) {
+                                     const float* kv_scale, const void* kv_rope, int64_t pool_rows,
+                                     const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
+                                     int batch, int stride_bt, int R, int H, int S_Q, float qk_scale_log2,
+                                     int num_splits, cudaStream_t stream) {
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
   static cudaError_t attr = cudaFuncSetAttribute(decode_split_sm90_kernel,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (attr != cudaSuccess) return attr;
+  // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
+  // the pool's addresses, which stay fixed for the life of a server.
+  CUtensorMap map_kv, map_rope;
+  if (!encode_pool_map(&map_kv, kv_fp8, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
+      !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2))
+    return cudaErrorInvalidValue;
   dim3 grid(batch, num_splits, (R + kRows - 1) / kRows);
   decode_split_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
-      static_cast<const uint8_t*>(q8), q_scale, static_cast<const uint16_t*>(q_rope),
-      static_cast<const uint8_t*>(kv_fp8), kv_scale, static_cast<const uint16_t*>(kv_rope), block_table, seq_lens,
-      o_part, lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
+      map_kv, map_rope, static_cast<const uint8_t*>(q8), q_scale, static_cast<const uint16_t*>(q_rope), kv_scale,
+      block_table, seq_lens, o_part, lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
   return cudaGetLastError();
 }
 
