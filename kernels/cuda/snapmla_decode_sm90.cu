@@ -147,32 +147,57 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensor
 
 // V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127), in 4 x 4 byte
 // blocks: four 4-byte reads (4 latent channels of one token), byte permutes, four 4-byte writes (4 tokens of one
-// channel). Lanes map to blocks so that the reads hit 32 distinct banks: lane bits 0-1 pick the 4-byte word of a
-// 16 B chunk, bits 2-4 the token, whose low three bits (the swizzle's XOR) then differ across the 8 lane groups
-// thanks to `rot` rotating which of the block's 4 tokens is read first; the rotation is undone with one funnel
-// shift per word. Tokens at or past `valid` read as zeros. Writes stay 4-way conflicted.
+// channel). 2048 blocks = 16 rounds of 128; in round i warp w takes the 16 B chunk column w + 4 i of the 512 B rows
+// and tokens 32 (i / 8) ..+31; lane bits 0-1 pick the 4-byte word of the chunk, bits 2-4 the token block. Reads hit
+// 32 distinct banks: `rot` (lane bits 3-4) rotates which of the block's 4 tokens is read first, so the tokens' low
+// three bits (the swizzle's XOR) differ across the 8 lane groups; the second permute level undoes the rotation.
+// All addresses are per-thread bases plus compile-time offsets (the profile of the generic index math showed the
+// transpose as the longest path). Tokens at or past `valid` read as zeros (kMasked: only a sequence's last page).
+template <bool kMasked>
 __device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw, int valid) {
   const uint8_t* k8 = smem + kStage0 + buf * kStagePitch;
   uint8_t* vt = smem + kVT;
-  const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3;
-  // 2048 blocks = 64 groups of 32 (a group: 4 channel blocks x 8 token blocks); each warp takes 16 groups
-  for (int g = warp; g < 64; g += 4) {
-    const int d4 = (g % 32) * 4 + (lane & 3), tok4 = (g / 32) * 8 + (lane >> 2);
+  const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3, word = lane & 3, tblk = lane >> 2;
+  int rd[4][2];  // read offset of token a of this lane's block, for even / odd rounds (round 0 / 1 of the tile)
+#pragma unroll
+  for (int a = 0; a < 4; ++a) {
+    const int tok = tblk * 4 + ((a + rot) & 3);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) rd[a][e] = tok * 128 + (((warp + 4 * e) ^ (tok & 7)) << 4) + word * 4;
+  }
+  int wr[4];  // write offset of output word c (channel 16 warp + 4 word + c, tokens 4 tblk ..+3) in round 0
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const int ch = word * 4 + c;  // channel within the 16-channel group of the warp
+    wr[c] = (2 * warp + (ch >> 3)) * 512 + (tblk >> 2) * 128 + (ch & 7) * 16 + (tblk & 3) * 4;
+  }
+  // second-level byte selectors with the rotation folded in: result byte k takes selector nibble (k - rot) & 3
+  auto rotl_sel = [rot](uint32_t sel) { return ((sel << (4 * rot)) | (sel >> (16 - 4 * rot))) & 0xFFFFu; };
+  const uint32_t sel_lo = rotl_sel(0x5410u), sel_hi = rotl_sel(0x7632u);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int roff = ((i % 8) / 2) * kTile + (i / 8) * 4096;  // tile (i % 8) / 2, tokens + 32 (i / 8)
     uint32_t r[4];
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
-      const int tok = tok4 * 4 + ((a + rot) & 3);
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(k8 + sw128(tok, d4 * 4));
-      r[a] = tok < valid ? w : 0u;
+      r[a] = *reinterpret_cast<const uint32_t*>(k8 + rd[a][i & 1] + roff);
+      if (kMasked) r[a] = (tblk * 4 + ((a + rot) & 3) + 32 * (i / 8)) < valid ? r[a] : 0u;
     }
-    uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
-    uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
-    uint32_t w[4] = {__byte_perm(t0, t2, 0x5410), __byte_perm(t0, t2, 0x7632), __byte_perm(t1, t3, 0x5410),
-                     __byte_perm(t1, t3, 0x7632)};
-#pragma unroll
-    for (int c = 0; c < 4; ++c)  // byte k of w[c] holds token (k + rot) & 3: rotate left by rot bytes
-      *reinterpret_cast<uint32_t*>(vt + kmajor(d4 * 4 + c, tok4 * 4, kPage)) = __funnelshift_l(w[c], w[c], 8 * rot);
+    const uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
+    const uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
+    const int woff = (i % 8) * 8 * 512 + (i / 8) * 2 * 128;  // channels + 64 (i % 8), tokens + 32 (i / 8)
+    *reinterpret_cast<uint32_t*>(vt + wr[0] + woff) = __byte_perm(t0, t2, sel_lo);
+    *reinterpret_cast<uint32_t*>(vt + wr[1] + woff) = __byte_perm(t0, t2, sel_hi);
+    *reinterpret_cast<uint32_t*>(vt + wr[2] + woff) = __byte_perm(t1, t3, sel_lo);
+    *reinterpret_cast<uint32_t*>(vt + wr[3] + woff) = __byte_perm(t1, t3, sel_hi);
   }
+}
+
+// 2^x by the SFU (ex2.approx.ftz: ~2 ulp, -inf -> 0, subnormal results flushed to 0, as softmax weights can be)
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // Two fp8 values (RNE, saturating to +-448, the reference's to_fp8) packed for one 16-bit store: `lo` at the lower
@@ -246,7 +271,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const uint8_t* stage = smem + kStage0 + buf * kStagePitch;
     const float* ks = reinterpret_cast<const float*>(stage + 5 * kTile);
 
-    if (wg == 1) transpose_page(smem, buf, tw, valid);  // off warpgroup 0's QK + softmax path
+    if (wg == 1) {  // off warpgroup 0's QK + softmax path
+      if (valid == kPage) transpose_page<false>(smem, buf, tw, valid);
+      else transpose_page<true>(smem, buf, tw, valid);
+    }
 
     if (wg == 0) {
       float s[32];
@@ -262,14 +290,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       wgmma_wait_all();
 
       // scale, mask, online softmax (two rows per thread; a row's 64 columns live in one quad of lanes)
+      float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
+        kscale[2 * j] = col < valid ? k2.x : 0.f;
+        kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
+      }
       float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
-          float kscale = col < valid ? ks[col] : 0.f;  // stale pool bytes past the end
-          float v0 = s[4 * j + c] * qs0 * kscale, v1 = s[4 * j + 2 + c] * qs1 * kscale;
+          const float ksc = kscale[2 * j + c];
+          float v0 = s[4 * j + c] * qs0 * ksc, v1 = s[4 * j + 2 + c] * qs1 * ksc;
           v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
           v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
           s[4 * j + c] = v0;
@@ -285,19 +321,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       }
       const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
       const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float a0 = exp2f(m0 - ms0), a1 = exp2f(m1 - ms1);
+      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
       float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           int col = j * 8 + (lane % 4) * 2 + c;
-          float kscale = col < valid ? ks[col] : 0.f;
-          float p0 = exp2f(s[4 * j + c] - ms0), p1 = exp2f(s[4 * j + 2 + c] - ms1);
+          const float ksc = kscale[2 * j + c];
+          float p0 = fast_exp2(s[4 * j + c] - ms0), p1 = fast_exp2(s[4 * j + 2 + c] - ms1);
           sum0 += p0;
           sum1 += p1;
-          s[4 * j + c] = p0 * kscale;  // P' = P * sigma_k (V's per-token scale fused into P)
-          s[4 * j + 2 + c] = p1 * kscale;
+          s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
+          s[4 * j + 2 + c] = p1 * ksc;
           pm0 = fmaxf(pm0, s[4 * j + c]);
           pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
         }
