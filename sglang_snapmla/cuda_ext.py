@@ -1,8 +1,8 @@
 """The sm_90a CUDA decode extension: built with torch's C++ extension machinery at first use, cached.
 
 `load()` returns the compiled module, or None with the reason logged once (no CUDA device, not an sm_90 GPU, no
-nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` only uses this module when asked
-(SNAPMLA_DECODE_IMPL=cuda or auto): it is opt-in while it is slower than the Triton kernel (docs/KERNEL.md).
+nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` uses this module by default on sm_90
+(SNAPMLA_DECODE_IMPL=auto; `triton` opts out, `cuda` makes its absence an error).
 """
 
 from __future__ import annotations

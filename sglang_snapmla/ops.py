@@ -1,8 +1,8 @@
 """SnapMLA ops: one function per op, each validating its inputs and dispatching to a kernel.
 
-Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`; `decode` can instead run the sm_90a CUDA
-split kernel (`sglang_snapmla.cuda_ext`, SNAPMLA_DECODE_IMPL=cuda|auto; opt-in while slower than Triton) behind the
-same signature, followed by the same combine. Shapes and dtypes:
+Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except `decode`, which on sm_90 GPUs runs the
+CUDA split kernel (`sglang_snapmla.cuda_ext`, faster than the Triton one at every benchmarked shape, docs/KERNEL.md)
+behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto). Shapes and dtypes:
 
 | op | inputs | outputs |
 |---|---|---|
@@ -28,8 +28,8 @@ from .kernels.triton import decode as tdecode
 from .kernels.triton import quant as tquant
 
 MAX_SPLITS = 64
-# Decode implementation: "triton" (default), "cuda" (the sm_90a kernel; an error if it cannot be built) or "auto"
-# (cuda where available, else triton, logged once). The CUDA kernel is opt-in while it is slower (docs/KERNEL.md).
+# Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
+# logged once), "cuda" (an error if the CUDA kernel is unavailable) or "triton".
 DECODE_IMPLS = ("triton", "cuda", "auto")
 CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
 
@@ -200,7 +200,7 @@ def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device:
 
 def decode_impl(requested: str | None = None) -> str:
     """"triton" or "cuda": the decode implementation to run, from `requested` or SNAPMLA_DECODE_IMPL."""
-    want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "triton")
+    want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "auto")
     if want not in DECODE_IMPLS:
         raise SnapMLAInputError(f"decode implementation must be one of {DECODE_IMPLS}, got {want!r} "
                                 "(SNAPMLA_DECODE_IMPL)")

@@ -144,5 +144,8 @@ def test_decode_impl_choice_is_explicit(monkeypatch):
         with pytest.raises(ops.SnapMLAInputError, match="needs a GPU"):
             ops.decode_impl("cuda")
         assert ops.decode_impl("auto") == "triton"
+    monkeypatch.delenv("SNAPMLA_DECODE_IMPL", raising=False)
+    if ops.interpreter_mode():  # the default is auto: the interpreter has no CUDA kernel to run
+        assert ops.decode_impl() == "triton"
     monkeypatch.setenv("SNAPMLA_DECODE_IMPL", "triton")
     assert ops.decode_impl() == "triton"
