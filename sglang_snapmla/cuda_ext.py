@@ -52,7 +52,9 @@ def load():
     reason = unavailable_reason()
     if reason is None:
         try:
-            return build()
+            module = build()
+            log.info("SnapMLA decode: sm_90a CUDA kernel (SNAPMLA_DECODE_IMPL=triton selects the Triton kernel)")
+            return module
         except Exception as e:  # a failed build is reported, the Triton path stays usable
             reason = f"build failed: {e!r:.500}"
     log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels", reason)
