@@ -1,0 +1,143 @@
+"""Triton split-KV SnapMLA decode over a paged FP8 latent cache, and the combine of the splits.
+
+Program (b, split, row-tile): rows are the flattened (query token, head) pairs of sequence b (BLOCK_M of them);
+the split owns a contiguous range of 64-token pages, visited in strictly increasing order. Per page:
+  scores = (q8 . k8^T  [fp8 x fp8 dot]  +  q_rope' . k_rope'^T  [bf16 dot]) * sigma_q * sigma_k * scale*log2(e)
+  online softmax in base 2; P' = P * sigma_k; sigma_P = max(rowmax(P')/448, tiny); p8 = fp8(P'/sigma_P)
+  acc = acc * alpha + (p8 . k8 [fp8 x fp8 dot]) * sigma_P
+The split writes acc / l and its base-2 LSE; the combine kernel merges splits with their LSEs.
+No host synchronisation: page counts and split ranges are computed from device tensors inside the kernel.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def CVT(x):
+    return x
+
+LATENT = tl.constexpr(512)
+ROPE = tl.constexpr(64)
+PAGE = tl.constexpr(64)
+CHUNK = tl.constexpr(128)  # LATENT = 4 * CHUNK
+
+
+@triton.jit
+def decode_split_kernel(
+    q8_ptr, q_scale_ptr, q_rope_ptr,  # [B, R, 512] fp8, [B, R] fp32, [B, R, 64] bf16 with R = s_q * H (contiguous)
+    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
+    block_table_ptr, seq_lens_ptr,  # [B, max_pages] int32, [B] int32
+    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
+    stride_bt, R, H, S_Q,
+    qk_scale_log2,  # softmax_scale * log2(e)
+    NUM_SPLITS,  # runtime, not constexpr: one compiled kernel serves every batch size (CUDA-graph capture)
+    BLOCK_M: tl.constexpr,
+    FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
+):
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    tile = tl.program_id(2)
+
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    dr = tl.arange(0, ROPE)
+    keys = tl.arange(0, PAGE)
+
+    seq_len = tl.load(seq_lens_ptr + b)
+    n_pages = tl.cdiv(seq_len, PAGE)
+    per_split = tl.cdiv(n_pages, NUM_SPLITS)
+    first = split * per_split
+    last = tl.minimum(first + per_split, n_pages)
+    # query token of each row sees keys [0, seq_len - S_Q + token]
+    last_key = seq_len - S_Q + rows // H
+
+    q_row = (b * R + rows).to(tl.int64)
+    # The 512-wide latent is handled as four 128-wide chunks held in separate tensors: each MMA operand tile is
+    # then 8 KB instead of 32 KB, which keeps the kernel out of register spills at every tile height.
+    dq = tl.arange(0, CHUNK)
+    q_base = q8_ptr + q_row[:, None] * LATENT + dq[None, :]
+    q0 = tl.load(q_base + 0 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q1 = tl.load(q_base + 1 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q2 = tl.load(q_base + 2 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q3 = tl.load(q_base + 3 * CHUNK, mask=row_ok[:, None], other=0.0)
+    q_rope = tl.load(q_rope_ptr + q_row[:, None] * ROPE + dr[None, :], mask=row_ok[:, None], other=0.0)
+    q_scale = tl.load(q_scale_ptr + q_row, mask=row_ok, other=0.0) * qk_scale_log2
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc0 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+    acc3 = tl.zeros([BLOCK_M, CHUNK], tl.float32)
+
+    for page_idx in range(first, last):
+        page = tl.load(block_table_ptr + b * stride_bt + page_idx).to(tl.int64)
+        slots = page * PAGE + keys
+        v_base = kv_fp8_ptr + slots[:, None] * LATENT + dq[None, :]
+        v0 = tl.load(v_base + 0 * CHUNK)
+        v1 = tl.load(v_base + 1 * CHUNK)
+        v2 = tl.load(v_base + 2 * CHUNK)
+        v3 = tl.load(v_base + 3 * CHUNK)
+        k_rope_t = tl.load(kv_rope_ptr + slots[None, :] * ROPE + dr[:, None])
+        k_scale = tl.load(kv_scale_ptr + slots)
+        s = tl.dot(q_rope, k_rope_t)
+        s = tl.dot(q0, CVT(tl.trans(v0)), s)
+        s = tl.dot(q1, CVT(tl.trans(v1)), s)
+        s = tl.dot(q2, CVT(tl.trans(v2)), s)
+        s = tl.dot(q3, CVT(tl.trans(v3)), s)
+        s = s * q_scale[:, None] * k_scale[None, :]
+        key_pos = page_idx * PAGE + keys
+        s = tl.where(key_pos[None, :] <= last_key[:, None], s, float("-inf"))
+
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+
+        p_v = p * k_scale[None, :]
+        p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
+        p8 = CVT((p_v / p_scale[:, None]).to(tl.float8e4nv))
+        acc0 = acc0 * alpha[:, None] + tl.dot(p8, CVT(v0)) * p_scale[:, None]
+        acc1 = acc1 * alpha[:, None] + tl.dot(p8, CVT(v1)) * p_scale[:, None]
+        acc2 = acc2 * alpha[:, None] + tl.dot(p8, CVT(v2)) * p_scale[:, None]
+        acc3 = acc3 * alpha[:, None] + tl.dot(p8, CVT(v3)) * p_scale[:, None]
+        m = m_new
+
+    has = l > 0.0
+    inv_l = 1.0 / tl.where(has, l, 1.0)
+    lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
+    o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
+    tl.store(o_base + 0 * CHUNK, acc0 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 1 * CHUNK, acc1 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 2 * CHUNK, acc2 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(o_base + 3 * CHUNK, acc3 * inv_l[:, None], mask=row_ok[:, None])
+    tl.store(lse_part_ptr + part, lse2, mask=row_ok)
+
+
+@triton.jit
+def combine_kernel(
+    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
+    out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
+    R, H, S_Q,
+    NUM_SPLITS,  # runtime: the loops below keep one [512] row in registers whatever the split count
+):
+    r = tl.program_id(0)  # rows on the x axis: R = s_q * H exceeds the 65535 limit of y/z for long extends
+    b = tl.program_id(1)
+    dc = tl.arange(0, LATENT)
+    base = (b * R + r).to(tl.int64) * NUM_SPLITS
+    m = tl.load(lse_part_ptr + base)  # split 0 always holds key 0, so m is finite after the loop
+    for sp in range(1, NUM_SPLITS):
+        m = tl.maximum(m, tl.load(lse_part_ptr + base + sp))
+    denom = 0.0
+    out = tl.zeros([LATENT], tl.float32)
+    for sp in range(0, NUM_SPLITS):
+        w = tl.exp2(tl.load(lse_part_ptr + base + sp) - m)  # empty splits carry -inf -> weight 0
+        denom += w
+        out += w * tl.load(o_part_ptr + (base + sp) * LATENT + dc)
+    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, (out / denom).to(tl.bfloat16))
+    token = r // H
+    head = r % H
+    tl.store(lse_ptr + (b * H + head) * S_Q + token, (m + tl.log2(denom)) * 0.6931471805599453)
