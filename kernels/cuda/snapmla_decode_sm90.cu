@@ -1,22 +1,20 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 3 (v2b = tag cuda-decode-v2b-validated, v1 = tag cuda-decode-v1-validated, v0 = b468437). One CTA = 64
-// query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token pages, two warpgroups.
+// Version 2a (v1 = tag cuda-decode-v1-validated; v0 = b468437). One CTA = 64 query rows (flattened (token, head)
+// pairs of one sequence) x one split of its 64-token pages, two warpgroups.
 //   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
-//   into two stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage.
-//   step p (FlashAttention-3 order: the tensor cores run PV(p - 1) while page p's softmax and transpose run):
-//     both            : O *= f(p - 1); warpgroup 0 issues QK(p), then each warpgroup issues its half of PV(p - 1)
-//     warpgroup 0     : waits for QK(p) only: S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16
-//                       bf16) -- one accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k,
-//                       causal mask, online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448,
-//                       P8(p) = fp8(P' / sigma_P) and f(p) into the double-buffered slots of page p
-//     warpgroup 1     : V^T(p) = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA reads
-//                       both operands K-major, so PV cannot read the page as stored); tokens past the sequence end
-//                       become zeros (a partial last page holds stale pool bytes, possibly NaN patterns)
-//     then            : thread 0 refills page p's stage with page p + 2 (named barrier: QK and transpose are done)
+//   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
+//   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
+//     warpgroup 0     : S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) -- one
+//                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
+//                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
+//     warpgroup 1     : meanwhile V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA
+//                       reads both operands K-major, so PV cannot read the page as stored); tokens past the sequence
+//                       end become zeros (a partial last page holds stale pool bytes, possibly NaN patterns)
+//     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
-// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. PV accumulates pages
-// in strictly increasing order (no inverted order: it breaks with per-block P scales).
+// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. Pages are visited in
+// strictly increasing order (no inverted order: it breaks with per-block P scales).
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
 // no-swizzle K-major layout (8-row x 16-byte core matrices).
@@ -31,7 +29,7 @@
 
 namespace snapmla {
 
-constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 2;
+constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 3;
 constexpr float kFp8Max = 448.f;
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
@@ -41,13 +39,13 @@ constexpr int kQ8 = 0;                                // 4 tiles [64 rows x 128 
 constexpr int kQR = kQ8 + 4 * kTile;                  // 1 tile [64 rows x 64 bf16]
 constexpr int kStage0 = kQR + kTile;                  // kStages x kStageBytes (padded to 1024 B)
 constexpr int kStagePitch = (kStageBytes + 1023) / 1024 * 1024;
-constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 x [512 latent x 64 B] fp8 (V^T of pages p, p - 1)
-constexpr int kP8 = kVT + 2 * kLatent * kPage;        // 2 x [64 rows x 64 B] fp8
-constexpr int kRowF = kP8 + 2 * kRows * kPage;        // 2 x [64] fp32 per-row O rescale factor
-constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale s / l
+constexpr int kVT = kStage0 + kStages * kStagePitch;  // [512 latent x 64 B] fp8 (V^T)
+constexpr int kP8 = kVT + kLatent * kPage;            // [64 rows x 64 B] fp8
+constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
+constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
 constexpr int kBar = kRowL + kRows * 4;               // kStages x 8 B mbarriers
-constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~197 KB in all)
+constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~200 KB in all)
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
 // byte offset of (row, byte) in a run of 128 B-swizzled tiles holding rows of `row_bytes` (a multiple of 128)
@@ -119,10 +117,6 @@ __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.a
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// all but the most recent WGMMA group done (FA3 order: QK(p) is committed before PV(p - 1))
-__device__ __forceinline__ void wgmma_wait_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
 // Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into 128 B-swizzled tiles at `dst` (16-byte
 // cp.async chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
@@ -160,8 +154,9 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensor
 // All addresses are per-thread bases plus compile-time offsets (the profile of the generic index math showed the
 // transpose as the longest path). Tokens at or past `valid` read as zeros (kMasked: only a sequence's last page).
 template <bool kMasked>
-__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, uint8_t* vt, int tw, int valid) {
+__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw, int valid) {
   const uint8_t* k8 = smem + kStage0 + buf * kStagePitch;
+  uint8_t* vt = smem + kVT;
   const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3, word = lane & 3, tblk = lane >> 2;
   int rd[4][2];  // read offset of token a of this lane's block, for even / odd rounds (round 0 / 1 of the tile)
 #pragma unroll
@@ -211,175 +206,6 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
   uint16_t pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(hi), "f"(lo));
   return pair;
-}
-
-// O_g[64 x 256] += P8 V^T_g for the page in double-buffer slot `slot`, output columns of warpgroup `g` (async: the
-// caller commits and waits)
-__device__ __forceinline__ void issue_pv(float* o, uint8_t* smem, int slot, int g) {
-  const uint8_t* p8 = smem + kP8 + slot * kRows * kPage;
-  const uint8_t* vt = smem + kVT + slot * kLatent * kPage + (g * 256 / 8) * ((kPage / 16) * 128);
-#pragma unroll
-  for (int k = 0; k < kPage / 32; ++k)
-    wgmma_m64n256k32_e4m3(o, smem_desc(p8 + k * 256, (kPage / 16) * 128), smem_desc(vt + k * 256, (kPage / 16) * 128),
-                          1);
-}
-
-// One page step of the main loop (see the kernel): kHasCur = page p exists (QK, softmax, transpose), kHasPrev = PV of
-// page p - 1 is due. Separate instantiations for the first, steady and drain steps keep every WGMMA on a path that
-// is uniform at compile time (ptxas serializes WGMMAs issued under runtime conditions).
-template <bool kHasCur, bool kHasPrev>
-__device__ __forceinline__ void page_step(
-    const int p, const int first, const int last, const int seq_len, uint8_t* smem, uint64_t* full,
-    const CUtensorMap* map_kv, const CUtensorMap* map_rope, const float* kv_scale, const int* bt, int& next_page_id,
-    float (&o)[128], float& m0, float& m1, float& l0, float& l1, float& s0, float& s1,
-    const float qs0, const float qs1, const int last_key0, const int last_key1, const int grow0, const int grow1,
-    const int R, const int row0, const int row1, const int t, const int wg, const int tw, const int lane) {
-  float* rowf = reinterpret_cast<float*>(smem + kRowF);
-  const int pb = (p - first) & 1, qb = pb ^ 1;  // double-buffer slots of page p and page p - 1
-  fence_async_smem();  // P8, V^T (ordinary stores) before WGMMA reads them through the async proxy
-  __syncthreads();  // P8, f and V^T of page p - 1 are complete; PV(p - 2) is done with slot pb in both groups
-  const int buf = (p - first) % kStages;
-  const int valid = kHasCur ? min(kPage, seq_len - p * kPage) : 0;  // tokens of page p inside the sequence
-  const uint8_t* stage = smem + kStage0 + buf * kStagePitch;
-  const float* ks = reinterpret_cast<const float*>(stage + 5 * kTile);
-  if constexpr (kHasCur) mbar_wait(full + buf, ((p - first) / kStages) & 1);  // page p has landed
-
-  if constexpr (kHasPrev) {  // O for page p - 1 (factors from softmax(p - 1)), before PV(p - 1) reads it
-    const float g0 = rowf[qb * kRows + row0], g1 = rowf[qb * kRows + row1];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= g0;
-      o[4 * j + 1] *= g0;
-      o[4 * j + 2] *= g1;
-      o[4 * j + 3] *= g1;
-    }
-  }
-  float s[32];
-  if constexpr (kHasCur) {
-    if (wg == 0) {
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
-        wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
-                             smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
-#pragma unroll
-      for (int k = 0; k < kRope * 2 / 32; ++k)
-        wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32),
-                             1);
-      wgmma_commit();
-    }
-  }
-  if constexpr (kHasPrev) {  // both warpgroups, each its 256 output columns
-    wgmma_fence();
-    issue_pv(o, smem, qb, wg);
-    wgmma_commit();
-  }
-  if constexpr (kHasCur) {  // warpgroup 0: QK(p) done, PV(p - 1) may still run (warpgroup 1: no-op / PV done)
-    if constexpr (kHasPrev) wgmma_wait_one(); else wgmma_wait_all();
-  }
-  if (wg == 0) {
-    if constexpr (kHasCur) {
-      // scale, mask, online softmax (two rows per thread; a row's 64 columns live in one quad of lanes), on a copy
-      // of the scores: rewriting WGMMA accumulator registers while PV(p - 1) is in flight serializes the WGMMAs
-      float x[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) x[i] = s[i];
-      float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
-        kscale[2 * j] = col < valid ? k2.x : 0.f;
-        kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
-      }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
-          const float ksc = kscale[2 * j + c];
-          float v0 = x[4 * j + c] * qs0 * ksc, v1 = x[4 * j + 2 + c] * qs1 * ksc;
-          v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
-          v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
-          x[4 * j + c] = v0;
-          x[4 * j + 2 + c] = v1;
-          mx0 = fmaxf(mx0, v0);
-          mx1 = fmaxf(mx1, v1);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
-      }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
-      float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float ksc = kscale[2 * j + c];
-          float p0 = fast_exp2(x[4 * j + c] - ms0), p1 = fast_exp2(x[4 * j + 2 + c] - ms1);
-          sum0 += p0;
-          sum1 += p1;
-          x[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
-          x[4 * j + 2 + c] = p1 * ksc;
-          pm0 = fmaxf(pm0, x[4 * j + c]);
-          pm1 = fmaxf(pm1, x[4 * j + 2 + c]);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
-        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
-        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
-        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
-      }
-      l0 = l0 * a0 + sum0;
-      l1 = l1 * a1 + sum1;
-      m0 = mn0;
-      m1 = mn1;
-      // a row without any visible key in this page keeps its scale (its P8 is zero either way)
-      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
-      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
-      // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
-      // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
-      // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
-      const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
-      uint8_t* p8 = smem + kP8 + pb * kRows * kPage;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) = to_fp8x2(x[4 * j] * inv0, x[4 * j + 1] * inv0);
-        *reinterpret_cast<uint16_t*>(p8 + kmajor(row1, col, kPage)) =
-            to_fp8x2(x[4 * j + 2] * inv1, x[4 * j + 3] * inv1);
-      }
-      if (lane % 4 == 0) {  // O's rescale factors for page p, applied by both warpgroups before PV(p)
-        rowf[pb * kRows + row0] = a0 * s0 * inv0;
-        rowf[pb * kRows + row1] = a1 * s1 * inv1;
-      }
-      s0 = ps0;
-      s1 = ps1;
-      named_bar_sync(1, kThreads);  // warpgroup 1's transpose of page p is done too: the stage is free
-      if (t == 0 && p + kStages < last) {  // refill it with page p + 2
-        fence_async_smem();  // generic-proxy reads of the stage (transpose) before the TMA's async writes
-        load_page(smem, buf, map_kv, map_rope, kv_scale, next_page_id);
-        next_page_id = p + kStages + 1 < last ? bt[p + kStages + 1] : 0;
-      }
-    }
-    wgmma_wait_all();  // PV(p - 1)
-  } else {
-    if constexpr (kHasCur) {  // V^T of page p while the tensor cores run PV(p - 1)
-      uint8_t* vt = smem + kVT + pb * kLatent * kPage;
-      if (valid == kPage) transpose_page<false>(smem, buf, vt, tw, valid);
-      else transpose_page<true>(smem, buf, vt, tw, valid);
-      named_bar_arrive(1, kThreads);
-    }
-    wgmma_wait_all();  // PV(p - 1)
-  }
 }
 
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
@@ -435,19 +261,140 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;  // warpgroup 0's row state
+  float* rowf = reinterpret_cast<float*>(smem + kRowF);
 
-  // Iteration p: QK(p) + softmax(p) by warpgroup 0 and the transpose of page p by warpgroup 1 overlap PV(p - 1)
-  // (both warpgroups, issued right after QK(p): FlashAttention-3 order), so the tensor cores run PV while the
-  // softmax runs. A final step only drains PV(last - 1). Pages stay in strictly increasing order: O is rescaled for
-  // page p - 1 before PV(p - 1) is issued, and PV(p) comes one step later.
-  if (first < last) {
-#define SNAPMLA_STEP_ARGS                                                                                        \
-  first, last, seq_len, smem, full, &map_kv, &map_rope, kv_scale, bt, next_page_id, o, m0, m1, l0, l1, s0, s1, qs0, \
-      qs1, last_key0, last_key1, grow0, grow1, R, row0, row1, t, wg, tw, lane
-    page_step<true, false>(first, SNAPMLA_STEP_ARGS);
-    for (int p = first + 1; p < last; ++p) page_step<true, true>(p, SNAPMLA_STEP_ARGS);
-    page_step<false, true>(last, SNAPMLA_STEP_ARGS);
-#undef SNAPMLA_STEP_ARGS
+  for (int p = first; p < last; ++p) {
+    const int buf = (p - first) % kStages;
+    const int valid = min(kPage, seq_len - p * kPage);  // tokens of this page inside the sequence
+    __syncthreads();  // page p - 1's PV is done with V^T and P8 in both warpgroups
+    mbar_wait(full + buf, ((p - first) / kStages) & 1);  // page p has landed
+    const uint8_t* stage = smem + kStage0 + buf * kStagePitch;
+    const float* ks = reinterpret_cast<const float*>(stage + 5 * kTile);
+
+    if (wg == 1) {  // off warpgroup 0's QK + softmax path
+      if (valid == kPage) transpose_page<false>(smem, buf, tw, valid);
+      else transpose_page<true>(smem, buf, tw, valid);
+    }
+
+    if (wg == 0) {
+      float s[32];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
+        wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
+                             smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
+#pragma unroll
+      for (int k = 0; k < kRope * 2 / 32; ++k)
+        wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32), 1);
+      wgmma_commit();
+      wgmma_wait_all();
+
+      // scale, mask, online softmax (two rows per thread; a row's 64 columns live in one quad of lanes)
+      float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
+        kscale[2 * j] = col < valid ? k2.x : 0.f;
+        kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
+      }
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
+          const float ksc = kscale[2 * j + c];
+          float v0 = s[4 * j + c] * qs0 * ksc, v1 = s[4 * j + 2 + c] * qs1 * ksc;
+          v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
+          v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
+          s[4 * j + c] = v0;
+          s[4 * j + 2 + c] = v1;
+          mx0 = fmaxf(mx0, v0);
+          mx1 = fmaxf(mx1, v1);
+        }
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
+      }
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
+      float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          int col = j * 8 + (lane % 4) * 2 + c;
+          const float ksc = kscale[2 * j + c];
+          float p0 = fast_exp2(s[4 * j + c] - ms0), p1 = fast_exp2(s[4 * j + 2 + c] - ms1);
+          sum0 += p0;
+          sum1 += p1;
+          s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
+          s[4 * j + 2 + c] = p1 * ksc;
+          pm0 = fmaxf(pm0, s[4 * j + c]);
+          pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
+        }
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
+        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
+        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
+      }
+      l0 = l0 * a0 + sum0;
+      l1 = l1 * a1 + sum1;
+      m0 = mn0;
+      m1 = mn1;
+      // a row without any visible key in this page keeps its scale (its P8 is zero either way)
+      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
+      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
+      // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
+      // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
+      // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
+      const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
+      uint8_t* p8 = smem + kP8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
+        *reinterpret_cast<uint16_t*>(p8 + kmajor(row1, col, kPage)) =
+            to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
+      }
+      if (lane % 4 == 0) {
+        rowf[row0] = a0 * s0 * inv0;
+        rowf[row1] = a1 * s1 * inv1;
+      }
+      s0 = ps0;
+      s1 = ps1;
+    }
+    fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads through the async proxy
+    __syncthreads();
+    if (t == 0 && p + kStages < last) {  // QK and the transpose are done with this stage: refill it
+      fence_async_smem();  // the transpose's generic-proxy reads of the stage before the TMA's async-proxy writes
+      load_page(smem, buf, &map_kv, &map_rope, kv_scale, next_page_id);
+      next_page_id = p + kStages + 1 < last ? bt[p + kStages + 1] : 0;
+    }
+
+    const float f0 = rowf[row0], f1 = rowf[row1];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j + 0] *= f0;
+      o[4 * j + 1] *= f0;
+      o[4 * j + 2] *= f1;
+      o[4 * j + 3] *= f1;
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kPage / 32; ++k)
+      wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + k * 256, (kPage / 16) * 128),
+                            smem_desc(smem + kVT + (wg * 256 / 8) * ((kPage / 16) * 128) + k * 256,
+                                      (kPage / 16) * 128), 1);
+    wgmma_commit();
+    wgmma_wait_all();
   }
 
   // epilogue: warpgroup 0 publishes each row's s / l and LSE; both warpgroups write their 256 columns
