@@ -11,12 +11,18 @@ import torch
 from helpers import assert_close
 from sglang_snapmla import numerics as nx
 
-H = 8
 SCALE = 576**-0.5
+# heads per rank: 8 (small), 64 = DeepSeek-V3's 128 under TP 2 (issue 6); the backend reads layer.tp_q_head_num
+HEADS_PER_RANK = [8, 64]
+
+
+@pytest.fixture(params=HEADS_PER_RANK, ids=[f"h{h}" for h in HEADS_PER_RANK])
+def heads(request):
+    return request.param
 
 
 @pytest.fixture
-def setup(gen):
+def setup(gen, heads):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: F401  (import check)
 
     from sglang_snapmla import plugin
@@ -34,7 +40,7 @@ def setup(gen):
     pages = (torch.randperm(12, generator=gen)[:8] + 1).reshape(2, 4)
     backend.req_to_token = (pages[:, :, None] * 64 + torch.arange(64)).reshape(2, -1).to(torch.int32)
     backend.forward_metadata = SimpleNamespace(block_kv_indices=pages.to(torch.int32), seq_lens_k=None)
-    layer = SimpleNamespace(layer_id=0, tp_q_head_num=H, scaling=SCALE)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=heads, scaling=SCALE)
     return backend, pool, layer
 
 
@@ -51,8 +57,10 @@ def reference(pool, q_nope, q_rope, block_table, seq_lens):
     return nx.snapmla_decode_reference(q, nx.LatentCache(kv, scale, rope), block_table, seq_lens, SCALE)[0]
 
 
-def test_decode_and_target_verify(setup, gen):
+def test_decode_and_target_verify(setup, gen, heads):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    H = heads
 
     backend, pool, layer = setup
     lens = torch.tensor([130, 70], dtype=torch.int32)
@@ -74,8 +82,10 @@ def test_decode_and_target_verify(setup, gen):
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
 
 
-def test_absorbed_extend_writes_and_attends(setup, gen):
+def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    H = heads
 
     backend, pool, layer = setup
     prefix, ext = [100, 3], [5, 61]  # prefix + new tokens per request; lengths not multiples of 64

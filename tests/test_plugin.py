@@ -86,6 +86,19 @@ def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     assert args.attention_backend == "snapmla" and args.page_size == 64
 
 
+@pytest.mark.parametrize("layout", [["--tp", "2"], ["--tp", "2", "--enable-dp-attention", "--dp", "2"]],
+                         ids=["tp2", "dp2-attention"])
+def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
+    """Issue 6's layouts (examples/gpu/multi_gpu.sh): tensor parallelism and DP attention parse with snapmla and keep
+    its page size; each rank then builds its own pool and backend in its scheduler process (the entry point registers
+    there too: test_fresh_process_registers_through_load_plugins)."""
+    args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
+                 "--device", "cpu", "--load-format", "dummy", *layout)
+    assert args.attention_backend == "snapmla" and args.page_size == 64 and args.tp_size == 2
+    assert args.enable_dp_attention == ("--enable-dp-attention" in layout)
+    assert args.dp_size == (2 if "--dp" in layout else 1)
+
+
 def test_other_backends_untouched(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu")
     assert args.page_size == 1
