@@ -1,4 +1,5 @@
-"""GPU-size checks of the Triton kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA)."""
+"""GPU-size checks of the kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA). Decode runs twice:
+Triton, and the default (`auto`: the sm_90a CUDA kernel on sm_90)."""
 
 import pytest
 import torch
@@ -22,40 +23,42 @@ def _to(p, dev):
     ([1024 + 7 * i for i in range(64)], 64, 2),
     ([640], 128, 1),
 ])
-def test_decode_real_sizes(gen, seq_lens, heads, s_q):
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_decode_real_sizes(gen, seq_lens, heads, s_q, impl):
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=3), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
     out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
-                                  p["block_table"], p["seq_lens"], p["softmax_scale"])
+                                  p["block_table"], p["seq_lens"], p["softmax_scale"], impl=impl)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    assert_close(out.float(), ref, rel_l2=1e-2, what="triton vs reference")
+    assert_close(out.float(), ref, rel_l2=1e-2, what=f"{impl} vs reference")
     # Hopper's FP8 MMA accumulates with reduced precision: LSE (~10) differs from the fp32 reference by ~5e-3
     assert (lse - ref_lse).abs().max() <= 1e-2
     gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
-    assert_close(out.float(), gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="triton vs golden")
+    assert_close(out.float(), gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what=f"{impl} vs golden")
 
 
-def test_decode_cuda_graph_replay_matches_eager(gen):
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_decode_cuda_graph_replay_matches_eager(gen, impl):
     p = _to(paged_problem(gen, [300, 4000, 64], 16, s_q=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
     qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     lens = p["seq_lens"].clone()
-    eager, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"])
+    eager, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.cuda.graph(g):
-        graphed, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"])
+        graphed, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(graphed, eager)
     lens[1] = 1000  # metadata changes between replays without re-capture
     g.replay()
-    ref, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"])
+    ref, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     assert torch.equal(graphed, ref)
 
 
