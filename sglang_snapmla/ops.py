@@ -2,7 +2,8 @@
 
 Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except `decode`, which on sm_90 GPUs runs the
 CUDA split kernel (`sglang_snapmla.cuda_ext`, faster than the Triton one at every benchmarked shape, docs/KERNEL.md)
-behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto). Shapes and dtypes:
+behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto).
+Shapes and dtypes:
 
 | op | inputs | outputs |
 |---|---|---|

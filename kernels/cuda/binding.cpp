@@ -23,10 +23,10 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
               "block_table must be int32 with unit stride in its last dim");
   auto err = snapmla::launch_decode_split_sm90(
       q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_fp8.data_ptr(), kv_scale.data_ptr<float>(),
-      kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(), o_part.data_ptr<float>(),
-      lse_part.data_ptr<float>(), static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)),
-      static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
-      static_cast<int>(num_splits), c10::cuda::getCurrentCUDAStream());
+      kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
+      o_part.data_ptr<float>(), lse_part.data_ptr<float>(), static_cast<int>(q8.size(0)),
+      static_cast<int>(block_table.stride(0)), static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q),
+      static_cast<float>(qk_scale_log2), static_cast<int>(num_splits), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (TMA descriptor encoding of the pool failed: the pool arrays must be "
                                              "16-byte aligned with 512 B / 128 B rows)" : "");

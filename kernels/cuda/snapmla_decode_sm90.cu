@@ -1,7 +1,8 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 2a (v1 = tag cuda-decode-v1-validated; v0 = b468437). One CTA = 64 query rows (flattened (token, head)
-// pairs of one sequence) x one split of its 64-token pages, two warpgroups.
+// Version 2b (tag cuda-decode-v2b-validated; v2a: TMA pages; v1 = tag cuda-decode-v1-validated; v0 = b468437). One
+// CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token pages, two
+// warpgroups.
 //   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
 //   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
 //   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
@@ -48,18 +49,25 @@ constexpr int kBar = kRowL + kRows * 4;               // kStages x 8 B mbarriers
 constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~200 KB in all)
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
-// byte offset of (row, byte) in a run of 128 B-swizzled tiles holding rows of `row_bytes` (a multiple of 128)
+// byte offset of (row, byte) in a run of 128 B-swizzled [64 rows x 128 B] tiles that hold rows wider than 128 B
+// side by side (byte 128 t ..+127 of every row in tile t)
 __device__ __forceinline__ int sw128(int row, int byte) {
   return (byte >> 7) * kTile + row * 128 + ((((byte >> 4) & 7) ^ (row & 7)) << 4) + (byte & 15);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ int kmajor(int row, int byte, int row_bytes) {
   return (row >> 3) * (row_bytes / 16) * 128 + (byte >> 4) * 128 + (row & 7) * 16 + (byte & 15);
 }
 
+// start-address field shared by both descriptor kinds (bits 0-13: shared address >> 4)
+__device__ __forceinline__ uint64_t desc_start(const uint8_t* p) { return (uint64_t)((smem_u32(p) & 0x3FFFF) >> 4); }
+
 __device__ __forceinline__ uint64_t smem_desc(const uint8_t* p, int stride_byte_offset) {
-  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  uint64_t d = desc_start(p);
   d |= (uint64_t)(128 >> 4) << 16;                        // leading byte offset: next core matrix along K
   d |= (uint64_t)((stride_byte_offset & 0x3FFFF) >> 4) << 32;  // stride byte offset: next 8 rows
   return d;                                               // base offset 0, swizzle mode 0 (none)
@@ -68,17 +76,13 @@ __device__ __forceinline__ uint64_t smem_desc(const uint8_t* p, int stride_byte_
 // K-major, 128 B swizzle: rows of 128 B, 8-row atoms 1024 B apart; stepping along K inside the 128 B row is a byte
 // offset added to the start address (the hardware applies the XOR on the final address bits)
 __device__ __forceinline__ uint64_t smem_desc_sw128(const uint8_t* p) {
-  uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4);
+  uint64_t d = desc_start(p);
   d |= (uint64_t)1 << 16;                 // leading byte offset: unused for swizzled K-major
   d |= (uint64_t)(1024 >> 4) << 32;       // stride byte offset: next 8-row atom
   d |= (uint64_t)1 << 62;                 // layout: 128 B swizzle
   return d;
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
@@ -103,16 +107,11 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes,
 }
 
 __device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
-  uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   int n = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-template <int kPending>  // wait until at most kPending of this thread's most recent commit groups are in flight
-__device__ __forceinline__ void cp_async_wait_pending() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
