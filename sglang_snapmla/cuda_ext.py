@@ -8,7 +8,9 @@ nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` use
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -18,6 +20,9 @@ from . import kernels as kernels_pkg
 log = logging.getLogger(__name__)
 # the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
 SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
+# Kernel development only: build from another copy of kernels/cuda (an A/B of two kernel versions in one GPU session);
+# it gets its own extension name so that torch's build cache keeps both.
+SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
 # -lineinfo: Nsight Compute can map SASS back to source lines (no effect on the code)
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
@@ -41,8 +46,13 @@ def build(build_directory: str | None = None, verbose: bool = False):
     """Compile (or reuse torch's cached build of) the extension and import it; no GPU is needed to build."""
     from torch.utils.cpp_extension import load as torch_load
 
-    return torch_load(name="snapmla_sm90", sources=[str(SOURCE_DIR / s) for s in SOURCES],
-                      extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(SOURCE_DIR)],
+    source_dir, name = SOURCE_DIR, "snapmla_sm90"
+    if os.environ.get(SOURCE_DIR_ENV):
+        source_dir = Path(os.environ[SOURCE_DIR_ENV]).resolve()
+        name += "_" + hashlib.sha1(str(source_dir).encode()).hexdigest()[:8]
+        log.warning("SnapMLA CUDA decode built from %s=%s (kernel development override)", SOURCE_DIR_ENV, source_dir)
+    return torch_load(name=name, sources=[str(source_dir / s) for s in SOURCES],
+                      extra_cuda_cflags=list(NVCC_FLAGS), extra_include_paths=[str(source_dir)],
                       build_directory=build_directory, verbose=verbose)
 
 

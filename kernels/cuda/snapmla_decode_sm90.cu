@@ -216,7 +216,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const int b = blockIdx.x, split = blockIdx.y, tile = blockIdx.z;
+  // the row tiles of one (batch, split) are neighbours in launch order (x fastest), so they run in the same wave and
+  // the second tile's page reads hit L2 instead of DRAM (h128 has 2 tiles, h128 s_q 2 has 4)
+  const int tile = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
   const int t = threadIdx.x, wg = t / 128, tw = t % 128, warp = tw / 32, lane = tw % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBar);
 
@@ -471,7 +473,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   if (!encode_pool_map(&map_kv, kv_fp8, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
       !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2))
     return cudaErrorInvalidValue;
-  dim3 grid(batch, num_splits, (R + kRows - 1) / kRows);
+  dim3 grid((R + kRows - 1) / kRows, batch, num_splits);
   decode_split_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
       map_kv, map_rope, static_cast<const uint8_t*>(q8), q_scale, static_cast<const uint16_t*>(q_rope), kv_scale,
       block_table, seq_lens, o_part, lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
