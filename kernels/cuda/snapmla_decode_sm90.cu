@@ -1,8 +1,8 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 2b (tag cuda-decode-v2b-validated; v2a: TMA pages; v1 = tag cuda-decode-v1-validated; v0 = b468437). One
-// CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token pages, two
-// warpgroups.
+// Version 2c (= v2b with shared-memory accesses as LDS/STS and a tile-major grid, docs/KERNEL.md; v2b = tag
+// cuda-decode-v2b-validated; v1 = tag cuda-decode-v1-validated; v0 = b468437). One CTA = 64 query rows (flattened
+// (token, head) pairs of one sequence) x one split of its 64-token pages, two warpgroups.
 //   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
 //   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
 //   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
@@ -215,7 +215,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     float qk_scale_log2, int num_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw rather than by masking a uintptr_t: the pointer
+  // keeps its shared-memory provenance, so every access below compiles to LDS/STS with 32-bit addresses instead of
+  // generic LD.E/ST.E (64-bit address math, long-scoreboard waits: 33 % of the v2b stall samples were there)
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   // the row tiles of one (batch, split) are neighbours in launch order (x fastest), so they run in the same wave and
   // the second tile's page reads hit L2 instead of DRAM (h128 has 2 tiles, h128 s_q 2 has 4)
   const int tile = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
