@@ -67,3 +67,11 @@ def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=900,
                          env=dict(os.environ, CUDA_HOME=cuda_home))
     assert "BUILT True" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+
+
+def test_v_transpose_mapping_emulated():
+    """The decode's ldmatrix/stmatrix V transpose, replayed on byte coordinates, fills V^T in the slot order P8 uses,
+    without shared-memory bank conflicts (kernels/cuda/emulate_transpose.py)."""
+    res = subprocess.run([sys.executable, str(CUDA_DIR / "emulate_transpose.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr

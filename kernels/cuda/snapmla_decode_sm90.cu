@@ -1,8 +1,9 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 2c (= v2b with shared-memory accesses as LDS/STS and a tile-major grid, docs/KERNEL.md; v2b = tag
-// cuda-decode-v2b-validated; v1 = tag cuda-decode-v1-validated; v0 = b468437). One CTA = 64 query rows (flattened
-// (token, head) pairs of one sequence) x one split of its 64-token pages, two warpgroups.
+// Version 2d (v2c + V transposed by ldmatrix.trans / stmatrix; v2c = v2b with shared accesses as LDS/STS and a
+// tile-major grid, docs/KERNEL.md; v2b = tag cuda-decode-v2b-validated; v1 = tag cuda-decode-v1-validated;
+// v0 = b468437). One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token
+// pages, two warpgroups.
 //   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
 //   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
 //   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
@@ -10,7 +11,8 @@
 //                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
 //                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
 //     warpgroup 1     : meanwhile V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA
-//                       reads both operands K-major, so PV cannot read the page as stored); tokens past the sequence
+//                       reads both operands K-major, so PV cannot read the page as stored; ldmatrix.trans +
+//                       byte permutes + stmatrix, tokens in a permuted order that P8 shares); tokens past the sequence
 //                       end become zeros (a partial last page holds stale pool bytes, possibly NaN patterns)
 //     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
@@ -40,8 +42,11 @@ constexpr int kQ8 = 0;                                // 4 tiles [64 rows x 128 
 constexpr int kQR = kQ8 + 4 * kTile;                  // 1 tile [64 rows x 64 bf16]
 constexpr int kStage0 = kQR + kTile;                  // kStages x kStageBytes (padded to 1024 B)
 constexpr int kStagePitch = (kStageBytes + 1023) / 1024 * 1024;
-constexpr int kVT = kStage0 + kStages * kStagePitch;  // [512 latent x 64 B] fp8 (V^T)
-constexpr int kP8 = kVT + kLatent * kPage;            // [64 rows x 64 B] fp8
+// V^T rows of 8 channels (4 core matrices of 8 channels x 16 tokens, 512 B) are 528 B apart: +16 B puts the
+// channel groups k and k + 1 on different banks, so each 8-row stmatrix of the transpose is conflict-free
+constexpr int kVTStride = kPage / 16 * 128 + 16;
+constexpr int kVT = kStage0 + kStages * kStagePitch;  // [512 latent x 64 tokens] fp8 (V^T), kVTStride per 8 rows
+constexpr int kP8 = kVT + kLatent / 8 * kVTStride;    // [64 rows x 64 B] fp8
 constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
 constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
@@ -144,51 +149,52 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensor
   bulk_load(stage + 5 * kTile, kv_scale + page * kPage, kPage * 4, bar);
 }
 
-// V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127), in 4 x 4 byte
-// blocks: four 4-byte reads (4 latent channels of one token), byte permutes, four 4-byte writes (4 tokens of one
-// channel). 2048 blocks = 16 rounds of 128; in round i warp w takes the 16 B chunk column w + 4 i of the 512 B rows
-// and tokens 32 (i / 8) ..+31; lane bits 0-1 pick the 4-byte word of the chunk, bits 2-4 the token block. Reads hit
-// 32 distinct banks: `rot` (lane bits 3-4) rotates which of the block's 4 tokens is read first, so the tokens' low
-// three bits (the swizzle's XOR) differ across the 8 lane groups; the second permute level undoes the rotation.
-// All addresses are per-thread bases plus compile-time offsets (the profile of the generic index math showed the
-// transpose as the longest path). Tokens at or past `valid` read as zeros (kMasked: only a sequence's last page).
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
+}
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
+               "r"(c), "r"(d) : "memory");
+}
+
+// V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127). A unit is 16
+// tokens x 32 channels: one ldmatrix.x4.trans reads it as four 8 x 8 b16 matrices (tokens +0/+8 x channels +0/+16),
+// which leaves each thread 2 x 2 byte blocks (tokens 2q, 2q+1 of channels 2j, 2j+1; q = lane % 4, j = lane / 4);
+// two byte permutes per register pair regroup them per channel, and one stmatrix.x4 writes the four 8-channel x
+// 16 B rows. Within every 16-token group the tokens land in the slot order (2q, 2q+1, 8+2q, 9+2q) at slots 4q..4q+3
+// -- the order of the QK accumulator's columns in a thread, so P8 is written in the same order with 32-bit stores
+// (PV sums over tokens: any order shared by P8 and V^T gives the same product). Warp w takes the 32-channel chunks
+// w + 4 ci (ci = 0..3, one swizzled tile each) x the 4 token groups: every address is a per-thread base plus a
+// compile-time offset; reads and writes are bank-conflict-free (kernels/cuda/emulate_transpose.py checks the
+// mapping and the banks on the layouts).
+// v2c did this with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
+// showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
 template <bool kMasked>
 __device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw, int valid) {
-  const uint8_t* k8 = smem + kStage0 + buf * kStagePitch;
-  uint8_t* vt = smem + kVT;
-  const int lane = tw % 32, warp = tw / 32, rot = (lane >> 3) & 3, word = lane & 3, tblk = lane >> 2;
-  int rd[4][2];  // read offset of token a of this lane's block, for even / odd rounds (round 0 / 1 of the tile)
+  const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
+  // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
+  const uint32_t rd = smem_u32(smem + kStage0 + buf * kStagePitch) + (8 * (m & 1) + r) * 128 +
+                      (((2 * warp + (m >> 1)) ^ r) << 4);
+  // stmatrix row addresses: matrix m = channels 2 r + (m & 1) + 16 (m >> 1) of the 32-channel chunk
+  const uint32_t wr = smem_u32(smem + kVT) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
+                      (2 * (r % 4) + (m & 1)) * 16;
 #pragma unroll
-  for (int a = 0; a < 4; ++a) {
-    const int tok = tblk * 4 + ((a + rot) & 3);
+  for (int ci = 0; ci < 4; ++ci) {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) rd[a][e] = tok * 128 + (((warp + 4 * e) ^ (tok & 7)) << 4) + word * 4;
-  }
-  int wr[4];  // write offset of output word c (channel 16 warp + 4 word + c, tokens 4 tblk ..+3) in round 0
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const int ch = word * 4 + c;  // channel within the 16-channel group of the warp
-    wr[c] = (2 * warp + (ch >> 3)) * 512 + (tblk >> 2) * 128 + (ch & 7) * 16 + (tblk & 3) * 4;
-  }
-  // second-level byte selectors with the rotation folded in: result byte k takes selector nibble (k - rot) & 3
-  auto rotl_sel = [rot](uint32_t sel) { return ((sel << (4 * rot)) | (sel >> (16 - 4 * rot))) & 0xFFFFu; };
-  const uint32_t sel_lo = rotl_sel(0x5410u), sel_hi = rotl_sel(0x7632u);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int roff = ((i % 8) / 2) * kTile + (i / 8) * 4096;  // tile (i % 8) / 2, tokens + 32 (i / 8)
-    uint32_t r[4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a) {
-      r[a] = *reinterpret_cast<const uint32_t*>(k8 + rd[a][i & 1] + roff);
-      if (kMasked) r[a] = (tblk * 4 + ((a + rot) & 3) + 32 * (i / 8)) < valid ? r[a] : 0u;
+    for (int g = 0; g < 4; ++g) {
+      uint32_t v[4];
+      ldsm_x4_trans(rd + ci * kTile + g * 16 * 128, v);
+      uint32_t x0 = __byte_perm(v[0], v[1], 0x6420), y0 = __byte_perm(v[0], v[1], 0x7531);
+      uint32_t x1 = __byte_perm(v[2], v[3], 0x6420), y1 = __byte_perm(v[2], v[3], 0x7531);
+      if (kMasked) {  // this thread's bytes are tokens 16 g + (2q, 2q+1, 8+2q, 9+2q)
+        const int t0 = 16 * g + 2 * q;
+        const uint32_t keep = (t0 < valid ? 0xFFu : 0u) | (t0 + 1 < valid ? 0xFF00u : 0u) |
+                              (t0 + 8 < valid ? 0xFF0000u : 0u) | (t0 + 9 < valid ? 0xFF000000u : 0u);
+        x0 &= keep, y0 &= keep, x1 &= keep, y1 &= keep;
+      }
+      stsm_x4(wr + ci * 16 * kVTStride + g * 128, x0, y0, x1, y1);
     }
-    const uint32_t t0 = __byte_perm(r[0], r[1], 0x5140), t1 = __byte_perm(r[0], r[1], 0x7362);
-    const uint32_t t2 = __byte_perm(r[2], r[3], 0x5140), t3 = __byte_perm(r[2], r[3], 0x7362);
-    const int woff = (i % 8) * 8 * 512 + (i / 8) * 2 * 128;  // channels + 64 (i % 8), tokens + 32 (i / 8)
-    *reinterpret_cast<uint32_t*>(vt + wr[0] + woff) = __byte_perm(t0, t2, sel_lo);
-    *reinterpret_cast<uint32_t*>(vt + wr[1] + woff) = __byte_perm(t0, t2, sel_hi);
-    *reinterpret_cast<uint32_t*>(vt + wr[2] + woff) = __byte_perm(t1, t3, sel_lo);
-    *reinterpret_cast<uint32_t*>(vt + wr[3] + woff) = __byte_perm(t1, t3, sel_hi);
   }
 }
 
@@ -362,11 +368,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
       uint8_t* p8 = smem + kP8;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint16_t*>(p8 + kmajor(row0, col, kPage)) = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
-        *reinterpret_cast<uint16_t*>(p8 + kmajor(row1, col, kPage)) =
-            to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
+      for (int i = 0; i < 4; ++i) {  // tokens 16 i + (2q, 2q+1) and 16 i + 8 + (2q, 2q+1) -> slots 16 i + 4q ..+3
+        const int slot = i * 16 + (lane % 4) * 4, j = 2 * i;
+        const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
+        const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
+        const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
+        const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
+        *reinterpret_cast<uint32_t*>(p8 + kmajor(row0, slot, kPage)) = lo0 | hi0 << 16;
+        *reinterpret_cast<uint32_t*>(p8 + kmajor(row1, slot, kPage)) = lo1 | hi1 << 16;
       }
       if (lane % 4 == 0) {
         rowf[row0] = a0 * s0 * inv0;
@@ -395,8 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #pragma unroll
     for (int k = 0; k < kPage / 32; ++k)
       wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + k * 256, (kPage / 16) * 128),
-                            smem_desc(smem + kVT + (wg * 256 / 8) * ((kPage / 16) * 128) + k * 256,
-                                      (kPage / 16) * 128), 1);
+                            smem_desc(smem + kVT + (wg * 256 / 8) * kVTStride + k * 256, kVTStride), 1);
     wgmma_commit();
     wgmma_wait_all();
   }
