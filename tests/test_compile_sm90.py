@@ -75,3 +75,23 @@ def test_v_transpose_mapping_emulated():
     res = subprocess.run([sys.executable, str(CUDA_DIR / "emulate_transpose.py")], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
+
+
+def test_source_dir_override_builds_a_separately_named_extension(monkeypatch, tmp_path):
+    """SNAPMLA_CUDA_SOURCE_DIR (kernel A/B runs) compiles another copy of kernels/cuda under its own extension name,
+    so torch's build cache keeps both versions; without it the shipped sources build as `snapmla_sm90`."""
+    import torch.utils.cpp_extension as cpp
+
+    from sglang_snapmla import cuda_ext
+
+    calls = []
+    monkeypatch.setattr(cpp, "load", lambda **kw: calls.append(kw) or "module")
+    monkeypatch.delenv(cuda_ext.SOURCE_DIR_ENV, raising=False)
+    assert cuda_ext.build() == "module"
+    monkeypatch.setenv(cuda_ext.SOURCE_DIR_ENV, str(tmp_path))
+    cuda_ext.build()
+    shipped, variant = calls
+    assert shipped["name"] == "snapmla_sm90" and shipped["sources"][1].startswith(str(cuda_ext.SOURCE_DIR))
+    assert variant["name"].startswith("snapmla_sm90_") and variant["name"] != shipped["name"]
+    assert all(s.startswith(str(tmp_path)) for s in variant["sources"])
+    assert variant["extra_include_paths"] == [str(tmp_path)]
