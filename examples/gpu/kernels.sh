@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the H100 host (device tool, carry .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
 #   usage: [PYTEST_PATHS=tests/...] bash examples/gpu/kernels.sh [--cuda] [bench args...]
+# Another version of the CUDA decode (A/B in one device call): run it again with SNAPMLA_CUDA_SOURCE_DIR=<a copy of
+# kernels/cuda> and its own OUT=<folder>; it builds under its own extension name (sglang_snapmla/cuda_ext.py).
 set -uo pipefail
 source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 python3 -c "import sglang_snapmla.ops" || exit 1

@@ -18,13 +18,10 @@ for layout in ${@:-dp tp}; do
     *) echo "unknown layout $layout (dp or tp)"; exit 2 ;;
   esac
   echo "== layout $layout: $flags"
-  if [ -n "${WARMUP_ONLY:-}" ]; then  # unmeasured: compile what the first server start and first requests need
-    python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs snapmla --num-prompts 4 \
-      --warmup-prompts 0 --cuda-graph-max-bs 64 --startup-timeout 580 --out "$OUT/warmup_$layout" \
-      --extra $flags 2>&1 | grep -v "^{" | tail -3
-    continue
-  fi
-  python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs snapmla flashmla \
-    --num-prompts "$N" --warmup-prompts 4 --cuda-graph-max-bs 64 --greedy-repeat --startup-timeout "${STARTUP_TIMEOUT:-600}" --out "$OUT/$layout" \
+  # WARMUP_ONLY: one unmeasured snapmla server compiles what the first server start and first requests need
+  if [ -n "${WARMUP_ONLY:-}" ]; then runs=(snapmla); n=4 warm=0 timeout=580 dir=warmup_$layout repeat=
+  else runs=(snapmla flashmla); n=$N warm=4 timeout=${STARTUP_TIMEOUT:-600} dir=$layout repeat=--greedy-repeat; fi
+  python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs "${runs[@]}" --num-prompts $n \
+    --warmup-prompts $warm --cuda-graph-max-bs 64 $repeat --startup-timeout $timeout --out "$OUT/$dir" \
     --extra $flags 2>&1 | grep -v "^{" | tail -6
 done
