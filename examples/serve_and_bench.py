@@ -162,6 +162,13 @@ def pool_tokens(server_log: str) -> int | None:
     return int(m[-1]) if m else None
 
 
+def peak_running_requests(server_log: str) -> int | None:
+    """The largest `#running-req` of any decode batch in a server log (per rank): shows whether the pool bound the
+    batch (the run admitted fewer requests than it was sent)."""
+    m = re.findall(r"#running-req: (\d+)", server_log)
+    return max(map(int, m)) if m else None
+
+
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
     between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
@@ -199,6 +206,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         stop_server(proc, log)
     text = (out_dir / f"server_{name}.log").read_text(errors="replace")
     res["pool_tokens"] = pool_tokens(text)
+    res["peak_running_req"] = peak_running_requests(text)
     if "error" in res:
         res["server_log_tail"] = text[-3000:]
     return res
@@ -234,14 +242,15 @@ def main():
     base = next((r for r in results if r["run"] == "flashmla" and r.get("total_tok_s")), None)
     print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len}, {args.num_prompts} prompts")
     print("| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
-          "total vs flashmla BF16 | pool vs flashmla BF16 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "peak running req | total vs flashmla BF16 | pool vs flashmla BF16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ratio = (f"{r['total_tok_s'] / base['total_tok_s']:.2f}x" if base and r.get("total_tok_s") else "-")
         pool = (f"{r['pool_tokens'] / base['pool_tokens']:.2f}x" if base and r.get("pool_tokens")
                 and base.get("pool_tokens") else "-")
         print(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
-              f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | {ratio} | {pool} |"
+              f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
+              f"{r.get('peak_running_req')} | {ratio} | {pool} |"
               + (f" error: {r['error']}" if "error" in r else ""))
 
 
