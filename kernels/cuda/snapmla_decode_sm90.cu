@@ -32,7 +32,7 @@
 
 namespace snapmla {
 
-constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 3;
+constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 2;
 constexpr float kFp8Max = 448.f;
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
@@ -45,10 +45,12 @@ constexpr int kStagePitch = (kStageBytes + 1023) / 1024 * 1024;
 // V^T rows of 8 channels (4 core matrices of 8 channels x 16 tokens, 512 B) are 528 B apart: +16 B puts the
 // channel groups k and k + 1 on different banks, so each 8-row stmatrix of the transpose is conflict-free
 constexpr int kVTStride = kPage / 16 * 128 + 16;
-constexpr int kVT = kStage0 + kStages * kStagePitch;  // [512 latent x 64 tokens] fp8 (V^T), kVTStride per 8 rows
-constexpr int kP8 = kVT + kLatent / 8 * kVTStride;    // [64 rows x 64 B] fp8
-constexpr int kRowF = kP8 + kRows * kPage;            // [64] fp32 per-row O rescale factor
-constexpr int kRowS = kRowF + kRows * 4;              // [64] fp32 final scale s / l
+constexpr int kVTBytes = kLatent / 8 * kVTStride;     // one [512 latent x 64 tokens] fp8 V^T, kVTStride per 8 rows
+constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T buffers (page parity)
+constexpr int kP8Bytes = kRows * kPage;               // one [64 rows x 64 B] fp8 P8
+constexpr int kP8 = kVT + 2 * kVTBytes;               // 2 P8 buffers
+constexpr int kRowF = kP8 + 2 * kP8Bytes;             // 2 x [64] fp32 per-row O rescale factor
+constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
 constexpr int kBar = kRowL + kRows * 4;               // kStages x 8 B mbarriers
 constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~200 KB in all)
@@ -120,7 +122,11 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// wait until at most `kPending` committed WGMMA groups of this warpgroup are still running
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into 128 B-swizzled tiles at `dst` (16-byte
 // cp.async chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
@@ -171,13 +177,13 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
 // v2c did this with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
 // showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
 template <bool kMasked>
-__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int tw, int valid) {
+__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int vt, int tw, int valid) {
   const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
   // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
   const uint32_t rd = smem_u32(smem + kStage0 + buf * kStagePitch) + (8 * (m & 1) + r) * 128 +
                       (((2 * warp + (m >> 1)) ^ r) << 4);
   // stmatrix row addresses: matrix m = channels 2 r + (m & 1) + 16 (m >> 1) of the 32-channel chunk
-  const uint32_t wr = smem_u32(smem + kVT) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
+  const uint32_t wr = smem_u32(smem + vt) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
                       (2 * (r % 4) + (m & 1)) * 16;
 #pragma unroll
   for (int ci = 0; ci < 4; ++ci) {
@@ -247,8 +253,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   if (t == 0)
     for (int i = 0; i < kStages && first + i < last; ++i)
       load_page(smem, i, &map_kv, &map_rope, kv_scale, bt[first + i]);
-  // the page id kStages ahead of the page being computed, read one iteration before it is needed (thread 0 only)
-  int next_page_id = (t == 0 && first + kStages < last) ? bt[first + kStages] : 0;
 
   // Q tile: 64 rows of this sequence (zero rows past R)
   const int64_t q_row0 = (int64_t)b * R + tile * kRows;
@@ -271,127 +275,127 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;  // warpgroup 0's row state
-  float* rowf = reinterpret_cast<float*>(smem + kRowF);
 
-  for (int p = first; p < last; ++p) {
-    const int buf = (p - first) % kStages;
-    const int valid = min(kPage, seq_len - p * kPage);  // tokens of this page inside the sequence
-    __syncthreads();  // page p - 1's PV is done with V^T and P8 in both warpgroups
-    mbar_wait(full + buf, ((p - first) / kStages) & 1);  // page p has landed
-    const uint8_t* stage = smem + kStage0 + buf * kStagePitch;
-    const float* ks = reinterpret_cast<const float*>(stage + 5 * kTile);
+  auto stage_of = [&](int page) { return smem + kStage0 + ((page - first) % kStages) * kStagePitch; };
+  // the k-th use of a stage waits for phase k & 1 of its mbarrier
+  auto wait_page = [&](int page) {
+    mbar_wait(full + (page - first) % kStages, ((page - first) / kStages) & 1);
+  };
+  auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };  // tokens inside the sequence
 
-    if (wg == 1) {  // off warpgroup 0's QK + softmax path
-      if (valid == kPage) transpose_page<false>(smem, buf, tw, valid);
-      else transpose_page<true>(smem, buf, tw, valid);
+  // warpgroup 0: S = Q8 K8^T + Q_rope' K_rope'^T of a staged page (issued, not waited for)
+  auto issue_qk = [&](float (&s)[32], const uint8_t* stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
+      wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
+                           smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
+#pragma unroll
+    for (int k = 0; k < kRope * 2 / 32; ++k)
+      wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32), 1);
+    wgmma_commit();
+  };
+
+  // warpgroup 0: scale, mask, online softmax of page `page`'s scores (two rows per thread; a row's 64 columns live
+  // in one quad of lanes), P8 into P8 buffer `pb`, each row's O rescale factor into rowf buffer `pb`
+  auto softmax_to_p8 = [&](float (&s)[32], int page, int pb) {
+    const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
+    const int valid = valid_of(page);
+    float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int col = j * 8 + (lane % 4) * 2;
+      const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
+      kscale[2 * j] = col < valid ? k2.x : 0.f;
+      kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
     }
-
-    if (wg == 0) {
-      float s[32];
-      wgmma_fence();
+    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
-        wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
-                             smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
+    for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int k = 0; k < kRope * 2 / 32; ++k)
-        wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32), 1);
-      wgmma_commit();
-      wgmma_wait_all();
-
-      // scale, mask, online softmax (two rows per thread; a row's 64 columns live in one quad of lanes)
-      float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = j * 8 + (lane % 4) * 2;
-        const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
-        kscale[2 * j] = col < valid ? k2.x : 0.f;
-        kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
+      for (int c = 0; c < 2; ++c) {
+        int col = j * 8 + (lane % 4) * 2 + c, key = page * kPage + col;
+        const float ksc = kscale[2 * j + c];
+        float v0 = s[4 * j + c] * qs0 * ksc, v1 = s[4 * j + 2 + c] * qs1 * ksc;
+        v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
+        v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
+        s[4 * j + c] = v0;
+        s[4 * j + 2 + c] = v1;
+        mx0 = fmaxf(mx0, v0);
+        mx1 = fmaxf(mx1, v1);
       }
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = j * 8 + (lane % 4) * 2 + c, key = p * kPage + col;
-          const float ksc = kscale[2 * j + c];
-          float v0 = s[4 * j + c] * qs0 * ksc, v1 = s[4 * j + 2 + c] * qs1 * ksc;
-          v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
-          v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
-          s[4 * j + c] = v0;
-          s[4 * j + 2 + c] = v1;
-          mx0 = fmaxf(mx0, v0);
-          mx1 = fmaxf(mx1, v1);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
-      }
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
-      float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          int col = j * 8 + (lane % 4) * 2 + c;
-          const float ksc = kscale[2 * j + c];
-          float p0 = fast_exp2(s[4 * j + c] - ms0), p1 = fast_exp2(s[4 * j + 2 + c] - ms1);
-          sum0 += p0;
-          sum1 += p1;
-          s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
-          s[4 * j + 2 + c] = p1 * ksc;
-          pm0 = fmaxf(pm0, s[4 * j + c]);
-          pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
-        }
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
-        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
-        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
-        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
-      }
-      l0 = l0 * a0 + sum0;
-      l1 = l1 * a1 + sum1;
-      m0 = mn0;
-      m1 = mn1;
-      // a row without any visible key in this page keeps its scale (its P8 is zero either way)
-      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
-      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
-      // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
-      // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
-      // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
-      const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
-      uint8_t* p8 = smem + kP8;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // tokens 16 i + (2q, 2q+1) and 16 i + 8 + (2q, 2q+1) -> slots 16 i + 4q ..+3
-        const int slot = i * 16 + (lane % 4) * 4, j = 2 * i;
-        const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
-        const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
-        const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
-        const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
-        *reinterpret_cast<uint32_t*>(p8 + kmajor(row0, slot, kPage)) = lo0 | hi0 << 16;
-        *reinterpret_cast<uint32_t*>(p8 + kmajor(row1, slot, kPage)) = lo1 | hi1 << 16;
-      }
-      if (lane % 4 == 0) {
-        rowf[row0] = a0 * s0 * inv0;
-        rowf[row1] = a1 * s1 * inv1;
-      }
-      s0 = ps0;
-      s1 = ps1;
     }
-    fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads through the async proxy
-    __syncthreads();
-    if (t == 0 && p + kStages < last) {  // QK and the transpose are done with this stage: refill it
-      fence_async_smem();  // the transpose's generic-proxy reads of the stage before the TMA's async-proxy writes
-      load_page(smem, buf, &map_kv, &map_rope, kv_scale, next_page_id);
-      next_page_id = p + kStages + 1 < last ? bt[p + kStages + 1] : 0;
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
     }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+    const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
+    float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float ksc = kscale[2 * j + c];
+        float p0 = fast_exp2(s[4 * j + c] - ms0), p1 = fast_exp2(s[4 * j + 2 + c] - ms1);
+        sum0 += p0;
+        sum1 += p1;
+        s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
+        s[4 * j + 2 + c] = p1 * ksc;
+        pm0 = fmaxf(pm0, s[4 * j + c]);
+        pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
+      }
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {
+      sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
+      sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
+      pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
+      pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
+    }
+    l0 = l0 * a0 + sum0;
+    l1 = l1 * a1 + sum1;
+    m0 = mn0;
+    m1 = mn1;
+    // a row without any visible key in this page keeps its scale (its P8 is zero either way)
+    const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
+    const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
+    // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
+    // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
+    // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
+    const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
+    uint8_t* p8 = smem + kP8 + pb * kP8Bytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // tokens 16 i + (2q, 2q+1) and 16 i + 8 + (2q, 2q+1) -> slots 16 i + 4q ..+3
+      const int slot = i * 16 + (lane % 4) * 4, j = 2 * i;
+      const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
+      const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
+      const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
+      const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
+      *reinterpret_cast<uint32_t*>(p8 + kmajor(row0, slot, kPage)) = lo0 | hi0 << 16;
+      *reinterpret_cast<uint32_t*>(p8 + kmajor(row1, slot, kPage)) = lo1 | hi1 << 16;
+    }
+    if (lane % 4 == 0) {
+      float* rowf = reinterpret_cast<float*>(smem + kRowF) + pb * kRows;
+      rowf[row0] = a0 * s0 * inv0;
+      rowf[row1] = a1 * s1 * inv1;
+    }
+    s0 = ps0;
+    s1 = ps1;
+  };
 
+  // V^T of page `page` (warpgroup 1) into V^T buffer `vb`; tokens past the sequence end become zeros
+  auto transpose_to_vt = [&](int page, int vb) {
+    const int valid = valid_of(page), buf = (page - first) % kStages;
+    if (valid == kPage) transpose_page<false>(smem, buf, kVT + vb * kVTBytes, tw, valid);
+    else transpose_page<true>(smem, buf, kVT + vb * kVTBytes, tw, valid);
+  };
+
+  // both warpgroups: O_g = O_g * f + P8 V^T_g with buffers `pb` (issued, not waited for)
+  auto rescale_issue_pv = [&](int pb) {
+    const float* rowf = reinterpret_cast<const float*>(smem + kRowF) + pb * kRows;
     const float f0 = rowf[row0], f1 = rowf[row1];
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
@@ -403,10 +407,64 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kPage / 32; ++k)
-      wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + k * 256, (kPage / 16) * 128),
-                            smem_desc(smem + kVT + (wg * 256 / 8) * kVTStride + k * 256, kVTStride), 1);
+      wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + pb * kP8Bytes + k * 256, (kPage / 16) * 128),
+                            smem_desc(smem + kVT + pb * kVTBytes + (wg * 256 / 8) * kVTStride + k * 256, kVTStride),
+                            1);
     wgmma_commit();
-    wgmma_wait_all();
+  };
+
+  // Software pipeline, one block-wide barrier per page: while the tensor cores run page p's PV (both warpgroups),
+  // warpgroup 0 has already issued page p + 1's QK and runs its softmax as soon as QK lands, and warpgroup 1
+  // transposes page p + 1. P8, V^T and the row factors are double-buffered (buffer = page parity from `first`); the
+  // PV order stays strictly increasing (O is rescaled by page p's factor right before PV(p)).
+  if (first < last) {  // prologue: QK + softmax (warpgroup 0) and V^T (warpgroup 1) of the first page
+    wait_page(first);
+    if (wg == 0) {
+      float s[32];
+      issue_qk(s, stage_of(first));
+      wgmma_wait<0>();
+      softmax_to_p8(s, first, 0);
+    } else {
+      transpose_to_vt(first, 0);
+    }
+    fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads them through the async proxy
+    __syncthreads();
+    if (t == 0 && first + kStages < last) {  // the first page's stage is consumed: refill it
+      fence_async_smem();  // the transpose's generic-proxy reads of the stage before the TMA's async-proxy writes
+      load_page(smem, 0, &map_kv, &map_rope, kv_scale, bt[first + kStages]);
+    }
+  }
+  // the page id to load at the end of the next iteration, read one iteration ahead (thread 0 only)
+  int next_page_id = (t == 0 && first + kStages + 1 < last) ? bt[first + kStages + 1] : 0;
+
+  // pages first .. last - 2: PV(p) overlapped with page p + 1's QK + softmax / transpose (no branch around a WGMMA
+  // inside the loop: with one, ptxas serializes every WGMMA of the kernel, warning C7514)
+  for (int p = first; p + 1 < last; ++p) {
+    const int cur = (p - first) & 1, nxt = cur ^ 1;
+    if (wg == 0) {
+      float s[32];
+      wait_page(p + 1);
+      issue_qk(s, stage_of(p + 1));  // QK(p + 1) first: the softmax waits for it, PV(p) does not
+      rescale_issue_pv(cur);
+      wgmma_wait<1>();  // QK(p + 1) has landed (PV(p), committed after it, may still run)
+      softmax_to_p8(s, p + 1, nxt);
+    } else {
+      rescale_issue_pv(cur);
+      wait_page(p + 1);
+      transpose_to_vt(p + 1, nxt);
+    }
+    wgmma_wait<0>();  // PV(p) done with P8 / V^T buffer `cur` before the barrier lets them be rewritten
+    fence_async_smem();
+    __syncthreads();
+    if (t == 0 && p + 1 + kStages < last) {  // QK and V^T of page p + 1 are done with its stage: refill it
+      fence_async_smem();
+      load_page(smem, (p + 1 - first) % kStages, &map_kv, &map_rope, kv_scale, next_page_id);
+      next_page_id = p + 2 + kStages < last ? bt[p + 2 + kStages] : 0;
+    }
+  }
+  if (first < last) {  // the last page's PV
+    rescale_issue_pv((last - 1 - first) & 1);
+    wgmma_wait<0>();
   }
 
   // epilogue: warpgroup 0 publishes each row's s / l and LSE; both warpgroups write their 256 columns
