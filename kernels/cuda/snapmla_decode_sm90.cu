@@ -1,23 +1,26 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 2d (v2c + V transposed by ldmatrix.trans / stmatrix; v2c = v2b with shared accesses as LDS/STS and a
-// tile-major grid, docs/KERNEL.md; v2b = tag cuda-decode-v2b-validated; v1 = tag cuda-decode-v1-validated;
-// v0 = b468437). One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token
+// Version 6 (v2d + a software pipeline across pages; v2d = tag cuda-decode-v2d-validated, history in
+// docs/KERNEL.md). One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token
 // pages, two warpgroups.
 //   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
-//   into three stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; two pages in flight.
-//   (v1 staged pages with 16 B cp.async from all 256 threads: 28 % of the profile's stall samples sat there.)
-//     warpgroup 0     : S = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) -- one
-//                       accumulation thanks to scale-domain alignment -- then S *= sigma_q sigma_k, causal mask,
-//                       online softmax (base 2), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8 = fp8(P'/sigma_P)
-//     warpgroup 1     : meanwhile V^T = transpose of the staged fp8 page into a K-major [512 x 64] tile (FP8 WGMMA
-//                       reads both operands K-major, so PV cannot read the page as stored; ldmatrix.trans +
-//                       byte permutes + stmatrix, tokens in a permuted order that P8 shares); tokens past the sequence
-//                       end become zeros (a partial last page holds stale pool bytes, possibly NaN patterns)
-//     warpgroup g     : O_g[64 x 256] = O_g * f + P8 V^T_g (2 x m64n256k32 e4m3), output columns split in halves
+//   into two stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; a stage is refilled as
+//   soon as its page's QK and transpose are done, one page ahead of the page being consumed.
+//   Iteration p (one block-wide barrier at its end):
+//     warpgroup 0     : issue S(p+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) --
+//                       one accumulation thanks to scale-domain alignment; issue PV(p) for its output half; when
+//                       S(p+1) lands: S *= sigma_q sigma_k, causal mask, online softmax (base 2), P' = P * sigma_k,
+//                       sigma_P = rowmax(P') / 448, P8(p+1) = fp8(P'/sigma_P) and the row factors of page p+1
+//     warpgroup 1     : issue PV(p) for its output half, then V^T(p+1) = transpose of the staged fp8 page into a
+//                       K-major [512 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page as
+//                       stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8
+//                       shares); tokens past the sequence end become zeros (stale pool bytes, possibly NaN patterns)
+//     PV(p), both     : O_g[64 x 256] = O_g * f(p) + P8(p) V^T_g(p) (2 x m64n256k32 e4m3)
+//   P8, V^T and the row factors are double-buffered by page parity; the prologue computes S, P8 and V^T of the first
+//   page, the epilogue runs the last page's PV.
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
-// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. Pages are visited in
-// strictly increasing order (no inverted order: it breaks with per-block P scales).
+// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. PV runs over the pages
+// in strictly increasing order (no inverted order: it breaks with per-block P scales).
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
 // no-swizzle K-major layout (8-row x 16-byte core matrices).
