@@ -165,7 +165,7 @@ def pool_tokens(server_log: str) -> int | None:
 def peak_running_requests(server_log: str) -> int | None:
     """The largest `#running-req` of any decode batch in a server log (per rank): shows whether the pool bound the
     batch (the run admitted fewer requests than it was sent)."""
-    m = re.findall(r"#running-req: (\d+)", server_log)
+    m = re.findall(r"Decode batch[^\n]*?#running-req: (\d+)", server_log)
     return max(map(int, m)) if m else None
 
 

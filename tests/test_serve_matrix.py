@@ -46,3 +46,21 @@ def test_merge_tabulates_and_plots(tmp_path):
     assert set(merged) == {"configs/models/deepseek-v2-lite-shape", "configs/models/deepseek-v3-shape"}
     for png in ("serve_matrix_throughput.png", "serve_matrix_tpot.png"):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
+
+
+def test_server_log_parsers_read_pool_and_peak_batch():
+    """serve_and_bench reads the pool size (last rank's line) and the largest decode batch from a server log; a log
+    without decode batches gives None rather than 0 (a server that never decoded must not look capacity-bound)."""
+    import serve_and_bench as sb
+
+    log = "\n".join([
+        "[DP0 TP0] max_total_num_tokens=885120, chunked_prefill_size=4096",
+        "[DP1 TP1] max_total_num_tokens=885121, chunked_prefill_size=4096",
+        "[DP0 TP0] Prefill batch, #new-seq: 2, #new-token: 4096, #running-req: 400, #queue-req: 3",  # not a batch
+        "[DP0 TP0] Decode batch, #running-req: 190, #token: 868672, token usage: 0.98, cuda graph: True",
+        "[DP1 TP1] Decode batch, #running-req: 12, #token: 1000, token usage: 0.01, cuda graph: True",
+    ])
+    assert sb.pool_tokens(log) == 885121
+    assert sb.peak_running_requests(log) == 190
+    assert sb.peak_running_requests("no batches yet") is None
+    assert sb.pool_tokens("") is None
