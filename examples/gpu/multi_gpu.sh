@@ -10,6 +10,8 @@
 # then MoE Triton JIT during graph capture). So: first call WARMUP_ONLY=1 (one unmeasured snapmla server per layout
 # fills the JIT caches of the machine), then the measured call immediately after, on the still-warm machine (~2.5 min
 # per backend), one layout per call.
+# WARMUP_ONLY always sends 16 prompts (NUM_PROMPTS applies to the measured call); pass the same GRAPH_BS and
+# SERVER_FLAGS to both calls so the warm-up compiles what the measured servers will need.
 set -uo pipefail
 source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"

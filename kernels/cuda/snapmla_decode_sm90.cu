@@ -279,11 +279,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;  // warpgroup 0's row state
 
-  auto stage_of = [&](int page) { return smem + kStage0 + ((page - first) % kStages) * kStagePitch; };
+  auto stage_index = [&](int page) { return (page - first) % kStages; };  // pages cycle through the stages in order
+  auto stage_of = [&](int page) { return smem + kStage0 + stage_index(page) * kStagePitch; };
   // the k-th use of a stage waits for phase k & 1 of its mbarrier
-  auto wait_page = [&](int page) {
-    mbar_wait(full + (page - first) % kStages, ((page - first) / kStages) & 1);
-  };
+  auto wait_page = [&](int page) { mbar_wait(full + stage_index(page), ((page - first) / kStages) & 1); };
   auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };  // tokens inside the sequence
 
   // warpgroup 0: S = Q8 K8^T + Q_rope' K_rope'^T of a staged page (issued, not waited for)
@@ -391,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 
   // V^T of page `page` (warpgroup 1) into V^T buffer `vb`; tokens past the sequence end become zeros
   auto transpose_to_vt = [&](int page, int vb) {
-    const int valid = valid_of(page), buf = (page - first) % kStages;
+    const int valid = valid_of(page), buf = stage_index(page);
     if (valid == kPage) transpose_page<false>(smem, buf, kVT + vb * kVTBytes, tw, valid);
     else transpose_page<true>(smem, buf, kVT + vb * kVTBytes, tw, valid);
   };
@@ -461,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     __syncthreads();
     if (t == 0 && p + 1 + kStages < last) {  // QK and V^T of page p + 1 are done with its stage: refill it
       fence_async_smem();
-      load_page(smem, (p + 1 - first) % kStages, &map_kv, &map_rope, kv_scale, next_page_id);
+      load_page(smem, stage_index(p + 1), &map_kv, &map_rope, kv_scale, next_page_id);
       next_page_id = p + 2 + kStages < last ? bt[p + 2 + kStages] : 0;
     }
   }
