@@ -1,23 +1,23 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 6 (v2d + a software pipeline across pages; v2d = tag cuda-decode-v2d-validated, history in
-// docs/KERNEL.md). One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token
-// pages, two warpgroups.
-//   pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales per page)
-//   into two stages of 128 B-swizzled K-major tiles, completion on one mbarrier per stage; a stage is refilled as
-//   soon as its page's QK and transpose are done, one page ahead of the page being consumed.
-//   Iteration p (one block-wide barrier at its end):
-//     warpgroup 0     : issue S(p+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T (4 x m64n64k16 bf16) --
-//                       one accumulation thanks to scale-domain alignment; issue PV(p) for its output half; when
-//                       S(p+1) lands: S *= sigma_q sigma_k, causal mask, online softmax (base 2), P' = P * sigma_k,
-//                       sigma_P = rowmax(P') / 448, P8(p+1) = fp8(P'/sigma_P) and the row factors of page p+1
-//     warpgroup 1     : issue PV(p) for its output half, then V^T(p+1) = transpose of the staged fp8 page into a
-//                       K-major [512 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page as
-//                       stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8
-//                       shares); tokens past the sequence end become zeros (stale pool bytes, possibly NaN patterns)
-//     PV(p), both     : O_g[64 x 256] = O_g * f(p) + P8(p) V^T_g(p) (2 x m64n256k32 e4m3)
-//   P8, V^T and the row factors are double-buffered by page parity; the prologue computes S, P8 and V^T of the first
-//   page, the epilogue runs the last page's PV.
+// Version 8 (history in docs/KERNEL.md; v6 = tag cuda-decode-v6-validated). One CTA = 64 query rows (flattened
+// (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
+// (no block-wide barrier in the page loop):
+//   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
+//             per page) into three stages of 128 B-swizzled K-major tiles, "full" mbarrier per stage; a stage is
+//             refilled (by warpgroup 1's first thread) once its "empty" mbarrier says QK, the softmax's scale reads
+//             and both transposes are done with it, i.e. up to two pages ahead of the page being consumed.
+//   warpgroup 0 (softmax, no O): iteration c issues S(c+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T
+//             (4 x m64n64k16 bf16) -- one accumulation thanks to scale-domain alignment --, then publishes P8(c-1)
+//             ("pfull"), so that PV(c-1) queues behind QK(c+1) on the tensor cores, then runs page c's online
+//             softmax (base 2) while QK(c+1) runs: S *= sigma_q sigma_k (masks only on the pages that need them),
+//             P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the
+//             buffer of page parity once PV(c-2) has released it ("pempty").
+//   warpgroups 1 and 2 (PV, output columns 0..255 / 256..511): V^T(c) = transpose of their half of the staged fp8
+//             page into a K-major [256 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page
+//             as stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8 shares;
+//             tokens past the sequence end become zeros), then wait "pfull", O_g = O_g * f(c) + P8(c) V^T_g(c)
+//             (2 x m64n256k32 e4m3), release P8 ("pempty").
 // O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
 // O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. PV runs over the pages
 // in strictly increasing order (no inverted order: it breaks with per-block P scales).
@@ -30,12 +30,13 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <type_traits>
 
 #include "wgmma_ops.cuh"
 
 namespace snapmla {
 
-constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 256, kStages = 2;
+constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 384, kStages = 3;
 constexpr float kFp8Max = 448.f;
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
@@ -48,15 +49,15 @@ constexpr int kStagePitch = (kStageBytes + 1023) / 1024 * 1024;
 // V^T rows of 8 channels (4 core matrices of 8 channels x 16 tokens, 512 B) are 528 B apart: +16 B puts the
 // channel groups k and k + 1 on different banks, so each 8-row stmatrix of the transpose is conflict-free
 constexpr int kVTStride = kPage / 16 * 128 + 16;
-constexpr int kVTBytes = kLatent / 8 * kVTStride;     // one [512 latent x 64 tokens] fp8 V^T, kVTStride per 8 rows
-constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T buffers (page parity)
+constexpr int kVTHalfBytes = kLatent / 2 / 8 * kVTStride;  // one PV warpgroup's [256 x 64] fp8 V^T
+constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T halves (one per PV warpgroup)
 constexpr int kP8Bytes = kRows * kPage;               // one [64 rows x 64 B] fp8 P8
-constexpr int kP8 = kVT + 2 * kVTBytes;               // 2 P8 buffers
+constexpr int kP8 = kVT + 2 * kVTHalfBytes;           // 2 P8 buffers (page parity)
 constexpr int kRowF = kP8 + 2 * kP8Bytes;             // 2 x [64] fp32 per-row O rescale factor
 constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
-constexpr int kBar = kRowL + kRows * 4;               // kStages x 8 B mbarriers
-constexpr int kSmemBytes = kBar + kStages * 8 + 1024;  // + 1024: slack to align the base (~200 KB in all)
+constexpr int kBar = kRowL + kRows * 4;               // mbarriers: full / empty per stage, pfull / pempty per P8
+constexpr int kSmemBytes = kBar + (2 * kStages + 4) * 8 + 1024;  // + 1024: slack to align the base
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
 // byte offset of (row, byte) in a run of 128 B-swizzled [64 rows x 128 B] tiles that hold rows wider than 128 B
@@ -67,10 +68,6 @@ __device__ __forceinline__ int sw128(int row, int byte) {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ int kmajor(int row, int byte, int row_bytes) {
-  return (row >> 3) * (row_bytes / 16) * 128 + (byte >> 4) * 128 + (row & 7) * 16 + (byte & 15);
 }
 
 // start-address field shared by both descriptor kinds (bits 0-13: shared address >> 4)
@@ -105,6 +102,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       "{\n.reg .pred done;\nwait_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+// named barrier kId over kCount threads (whole warps); immediate operands, so ptxas knows which barriers are used
+template <int kId, int kCount>
+__device__ __forceinline__ void bar_sync() {
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
 }
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
   asm volatile(
@@ -158,6 +163,9 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensor
   bulk_load(stage + 5 * kTile, kv_scale + page * kPage, kPage * 4, bar);
 }
 
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&v)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
@@ -180,16 +188,16 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
 // v2c did this with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
 // showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
 template <bool kMasked>
-__device__ __forceinline__ void transpose_page(uint8_t* smem, int buf, int vt, int tw, int valid) {
+__device__ __forceinline__ void transpose_half(uint8_t* smem, int buf, uint8_t* vt, int half, int tw, int valid) {
   const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
   // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
-  const uint32_t rd = smem_u32(smem + kStage0 + buf * kStagePitch) + (8 * (m & 1) + r) * 128 +
+  const uint32_t rd = smem_u32(smem + kStage0 + buf * kStagePitch + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
                       (((2 * warp + (m >> 1)) ^ r) << 4);
   // stmatrix row addresses: matrix m = channels 2 r + (m & 1) + 16 (m >> 1) of the 32-channel chunk
-  const uint32_t wr = smem_u32(smem + vt) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
+  const uint32_t wr = smem_u32(vt) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
                       (2 * (r % 4) + (m & 1)) * 16;
 #pragma unroll
-  for (int ci = 0; ci < 4; ++ci) {
+  for (int ci = 0; ci < 2; ++ci) {  // the half's two 128-channel tiles
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
       uint32_t v[4];
@@ -214,6 +222,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 1/x by the SFU (rcp.approx.ftz: ~1 ulp; x is a P scale, >= FLT_MIN)
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Two fp8 values (RNE, saturating to +-448, the reference's to_fp8) packed for one 16-bit store: `lo` at the lower
 // address.
 __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
@@ -230,15 +245,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     float qk_scale_log2, int num_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
-  // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw rather than by masking a uintptr_t: the pointer
-  // keeps its shared-memory provenance, so every access below compiles to LDS/STS with 32-bit addresses instead of
-  // generic LD.E/ST.E (64-bit address math, long-scoreboard waits: 33 % of the v2b stall samples were there)
+  // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
   uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-  // the row tiles of one (batch, split) are neighbours in launch order (x fastest), so they run in the same wave and
-  // the second tile's page reads hit L2 instead of DRAM (h128 has 2 tiles, h128 s_q 2 has 4)
   const int tile = blockIdx.x, b = blockIdx.y, split = blockIdx.z;
   const int t = threadIdx.x, wg = t / 128, tw = t % 128, warp = tw / 32, lane = tw % 32;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBar);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBar);  // [kStages] TMA landed
+  uint64_t* empty = full + kStages;                            // [kStages] QK (wg 0) and both V^T halves done
+  uint64_t* pfull = empty + kStages;                           // [2] P8 / row factors published (wg 0)
+  uint64_t* pempty = pfull + 2;                                // [2] PV done with P8 (wg 1 and 2)
 
   const int seq_len = seq_lens[b];
   const int n_pages = (seq_len + kPage - 1) / kPage;
@@ -248,253 +262,259 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int* bt = block_table + (int64_t)b * stride_bt;
 
   if (t == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1);
+    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 130);
+    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  // prologue: the first kStages pages in flight
   if (t == 0)
     for (int i = 0; i < kStages && first + i < last; ++i)
       load_page(smem, i, &map_kv, &map_rope, kv_scale, bt[first + i]);
 
-  // Q tile: 64 rows of this sequence (zero rows past R)
   const int64_t q_row0 = (int64_t)b * R + tile * kRows;
   const int q_rows = R - tile * kRows;
   stage_rows<kLatent>(smem + kQ8, q8 + q_row0 * kLatent, q_rows);
   stage_rows<kRope * 2>(smem + kQR, reinterpret_cast<const uint8_t*>(q_rope) + q_row0 * kRope * 2, q_rows);
   cp_async_commit();
   cp_async_wait_all();
-  fence_async_smem();  // Q was written through the generic proxy; WGMMA reads it through the async proxy
+  fence_async_smem();
   __syncthreads();
 
-  // accumulator rows of this thread (same mapping in both warpgroups)
+  // accumulator rows of this thread (the same mapping in every warpgroup)
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
   const int grow0 = tile * kRows + row0, grow1 = tile * kRows + row1;
-  const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
-  const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
-  const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
-
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;  // warpgroup 0's row state
-
-  auto stage_index = [&](int page) { return (page - first) % kStages; };  // pages cycle through the stages in order
-  auto stage_of = [&](int page) { return smem + kStage0 + stage_index(page) * kStagePitch; };
-  // the k-th use of a stage waits for phase k & 1 of its mbarrier
-  auto wait_page = [&](int page) { mbar_wait(full + stage_index(page), ((page - first) / kStages) & 1); };
-  auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };  // tokens inside the sequence
-
-  // warpgroup 0: S = Q8 K8^T + Q_rope' K_rope'^T of a staged page (issued, not waited for)
-  auto issue_qk = [&](float (&s)[32], const uint8_t* stage) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kLatent / 32; ++k)  // tile k / 4, 32 B step k % 4 inside its 128 B rows
-      wgmma_m64n64k32_e4m3(s, smem_desc_sw128(smem + kQ8 + (k / 4) * kTile + (k % 4) * 32),
-                           smem_desc_sw128(stage + (k / 4) * kTile + (k % 4) * 32), k > 0);
-#pragma unroll
-    for (int k = 0; k < kRope * 2 / 32; ++k)
-      wgmma_m64n64k16_bf16(s, smem_desc_sw128(smem + kQR + k * 32), smem_desc_sw128(stage + 4 * kTile + k * 32), 1);
-    wgmma_commit();
-  };
-
-  // warpgroup 0: scale, mask, online softmax of page `page`'s scores (two rows per thread; a row's 64 columns live
-  // in one quad of lanes), P8 into P8 buffer `pb`, each row's O rescale factor into rowf buffer `pb`
-  auto softmax_to_p8 = [&](float (&s)[32], int page, int pb) {
-    const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
-    const int valid = valid_of(page);
-    float kscale[16];  // sigma_k of this thread's 16 columns; 0 past the sequence end (stale pool bytes there)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int col = j * 8 + (lane % 4) * 2;
-      const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
-      kscale[2 * j] = col < valid ? k2.x : 0.f;
-      kscale[2 * j + 1] = col + 1 < valid ? k2.y : 0.f;
-    }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        int col = j * 8 + (lane % 4) * 2 + c, key = page * kPage + col;
-        const float ksc = kscale[2 * j + c];
-        float v0 = s[4 * j + c] * qs0 * ksc, v1 = s[4 * j + 2 + c] * qs1 * ksc;
-        v0 = (key <= last_key0 && grow0 < R) ? v0 : -INFINITY;
-        v1 = (key <= last_key1 && grow1 < R) ? v1 : -INFINITY;
-        s[4 * j + c] = v0;
-        s[4 * j + 2 + c] = v1;
-        mx0 = fmaxf(mx0, v0);
-        mx1 = fmaxf(mx1, v1);
-      }
-    }
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffff, mx0, x));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffff, mx1, x));
-    }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-    const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
-    float sum0 = 0.f, sum1 = 0.f, pm0 = 0.f, pm1 = 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float ksc = kscale[2 * j + c];
-        float p0 = fast_exp2(s[4 * j + c] - ms0), p1 = fast_exp2(s[4 * j + 2 + c] - ms1);
-        sum0 += p0;
-        sum1 += p1;
-        s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k (V's per-token scale fused into P)
-        s[4 * j + 2 + c] = p1 * ksc;
-        pm0 = fmaxf(pm0, s[4 * j + c]);
-        pm1 = fmaxf(pm1, s[4 * j + 2 + c]);
-      }
-    }
-#pragma unroll
-    for (int x = 1; x < 4; x <<= 1) {
-      sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
-      sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
-      pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
-      pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
-    }
-    l0 = l0 * a0 + sum0;
-    l1 = l1 * a1 + sum1;
-    m0 = mn0;
-    m1 = mn1;
-    // a row without any visible key in this page keeps its scale (its P8 is zero either way)
-    const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
-    const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
-    // P8 = fp8(P' * (1 / sigma_P)): one correctly rounded reciprocal per row instead of a division per element
-    // (the product is within 1 ulp of the quotient; the fp8 rounding that follows absorbs it except at exact
-    // rounding ties). The row maximum maps to 448 (+-1 ulp, saturated to 448).
-    const float inv0 = __frcp_rn(ps0), inv1 = __frcp_rn(ps1);
-    uint8_t* p8 = smem + kP8 + pb * kP8Bytes;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // tokens 16 i + (2q, 2q+1) and 16 i + 8 + (2q, 2q+1) -> slots 16 i + 4q ..+3
-      const int slot = i * 16 + (lane % 4) * 4, j = 2 * i;
-      const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
-      const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
-      const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
-      const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
-      *reinterpret_cast<uint32_t*>(p8 + kmajor(row0, slot, kPage)) = lo0 | hi0 << 16;
-      *reinterpret_cast<uint32_t*>(p8 + kmajor(row1, slot, kPage)) = lo1 | hi1 << 16;
-    }
-    if (lane % 4 == 0) {
-      float* rowf = reinterpret_cast<float*>(smem + kRowF) + pb * kRows;
-      rowf[row0] = a0 * s0 * inv0;
-      rowf[row1] = a1 * s1 * inv1;
-    }
-    s0 = ps0;
-    s1 = ps1;
-  };
-
-  // V^T of page `page` (warpgroup 1) into V^T buffer `vb`; tokens past the sequence end become zeros
-  auto transpose_to_vt = [&](int page, int vb) {
-    const int valid = valid_of(page), buf = stage_index(page);
-    if (valid == kPage) transpose_page<false>(smem, buf, kVT + vb * kVTBytes, tw, valid);
-    else transpose_page<true>(smem, buf, kVT + vb * kVTBytes, tw, valid);
-  };
-
-  // both warpgroups: O_g = O_g * f + P8 V^T_g with buffers `pb` (issued, not waited for)
-  auto rescale_issue_pv = [&](int pb) {
-    const float* rowf = reinterpret_cast<const float*>(smem + kRowF) + pb * kRows;
-    const float f0 = rowf[row0], f1 = rowf[row1];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j + 0] *= f0;
-      o[4 * j + 1] *= f0;
-      o[4 * j + 2] *= f1;
-      o[4 * j + 3] *= f1;
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kPage / 32; ++k)
-      wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + pb * kP8Bytes + k * 256, (kPage / 16) * 128),
-                            smem_desc(smem + kVT + pb * kVTBytes + (wg * 256 / 8) * kVTStride + k * 256, kVTStride),
-                            1);
-    wgmma_commit();
-  };
-
-  // Software pipeline, one block-wide barrier per page: while the tensor cores run page p's PV (both warpgroups),
-  // warpgroup 0 has already issued page p + 1's QK and runs its softmax as soon as QK lands, and warpgroup 1
-  // transposes page p + 1. P8, V^T and the row factors are double-buffered (buffer = page parity from `first`); the
-  // PV order stays strictly increasing (O is rescaled by page p's factor right before PV(p)).
-  if (first < last) {  // prologue: QK + softmax (warpgroup 0) and V^T (warpgroup 1) of the first page
-    wait_page(first);
-    if (wg == 0) {
-      float s[32];
-      issue_qk(s, stage_of(first));
-      wgmma_wait<0>();
-      softmax_to_p8(s, first, 0);
-    } else {
-      transpose_to_vt(first, 0);
-    }
-    fence_async_smem();  // P8 and V^T were written by ordinary stores; WGMMA reads them through the async proxy
-    __syncthreads();
-    if (t == 0 && first + kStages < last) {  // the first page's stage is consumed: refill it
-      fence_async_smem();  // the transpose's generic-proxy reads of the stage before the TMA's async-proxy writes
-      load_page(smem, 0, &map_kv, &map_rope, kv_scale, bt[first + kStages]);
-    }
-  }
-  // the page id to load at the end of the next iteration, read one iteration ahead (thread 0 only)
-  int next_page_id = (t == 0 && first + kStages + 1 < last) ? bt[first + kStages + 1] : 0;
-
-  // pages first .. last - 2: PV(p) overlapped with page p + 1's QK + softmax / transpose (no branch around a WGMMA
-  // inside the loop: with one, ptxas serializes every WGMMA of the kernel, warning C7514)
-  for (int p = first; p + 1 < last; ++p) {
-    const int cur = (p - first) & 1, nxt = cur ^ 1;
-    if (wg == 0) {
-      float s[32];
-      wait_page(p + 1);
-      issue_qk(s, stage_of(p + 1));  // QK(p + 1) first: the softmax waits for it, PV(p) does not
-      rescale_issue_pv(cur);
-      wgmma_wait<1>();  // QK(p + 1) has landed (PV(p), committed after it, may still run)
-      softmax_to_p8(s, p + 1, nxt);
-    } else {
-      rescale_issue_pv(cur);
-      wait_page(p + 1);
-      transpose_to_vt(p + 1, nxt);
-    }
-    wgmma_wait<0>();  // PV(p) done with P8 / V^T buffer `cur` before the barrier lets them be rewritten
-    fence_async_smem();
-    __syncthreads();
-    if (t == 0 && p + 1 + kStages < last) {  // QK and V^T of page p + 1 are done with its stage: refill it
-      fence_async_smem();
-      load_page(smem, stage_index(p + 1), &map_kv, &map_rope, kv_scale, next_page_id);
-      next_page_id = p + 2 + kStages < last ? bt[p + 2 + kStages] : 0;
-    }
-  }
-  if (first < last) {  // the last page's PV
-    rescale_issue_pv((last - 1 - first) & 1);
-    wgmma_wait<0>();
-  }
-
-  // epilogue: warpgroup 0 publishes each row's s / l and LSE; both warpgroups write their 256 columns
+  const int n_mine = last - first;
+  auto stage_of = [&](int page) { return smem + kStage0 + ((page - first) % kStages) * kStagePitch; };
+  auto use_parity = [&](int page) { return ((page - first) / kStages) & 1; };  // k-th use of a stage: phase k & 1
+  auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };
   float* rows_s = reinterpret_cast<float*>(smem + kRowS);
   float* rows_l = reinterpret_cast<float*>(smem + kRowL);
-  if (wg == 0 && lane % 4 == 0) {
-    rows_s[row0] = l0 > 0.f ? s0 / l0 : 0.f;
-    rows_s[row1] = l1 > 0.f ? s1 / l1 : 0.f;
-    rows_l[row0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
-    rows_l[row1] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
-  }
-  __syncthreads();
-  const float w0 = rows_s[row0], w1 = rows_s[row1];
+
+  if (wg == 0) {
+    // ---- softmax warpgroup: QK of page c+1 runs on the tensor cores while the softmax of page c runs here ----
+    const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
+    const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
+    const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
+    // pages below this one hold only keys that every row of the tile sees (no causal or sequence-end mask)
+    const int unmasked_end = (seq_len - S_Q + 1) / kPage;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;
+    // descriptors: one per operand tile, K steps as constant start-address increments (address >> 4 stays inside
+    // the 14-bit field, so a plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
+    const uint64_t desc_q8 = smem_desc_sw128(smem + kQ8), desc_qr = smem_desc_sw128(smem + kQR);
+    auto issue_qk = [&](float (&s)[32], int page) {
+      const uint64_t desc_k = smem_desc_sw128(stage_of(page));
+      wgmma_fence();
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    int col = wg * 256 + j * 8 + (lane % 4) * 2;
-    if (grow0 < R) {
-      float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
-      *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
+      for (int k = 0; k < kLatent / 32; ++k) {
+        const int off = ((k / 4) * kTile + (k % 4) * 32) >> 4;
+        wgmma_m64n64k32_e4m3(s, desc_q8 + off, desc_k + off, k > 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kRope * 2 / 32; ++k)
+        wgmma_m64n64k16_bf16(s, desc_qr + ((k * 32) >> 4), desc_k + ((4 * kTile + k * 32) >> 4), 1);
+      wgmma_commit();
+    };
+    // this thread's P8 words: rows row0 / row1, slots 16 i + 4 (lane % 4) of the K-major [64 x 64] tile
+    const uint32_t p8_row0 = smem_u32(smem + kP8) + (row0 >> 3) * 512 + (row0 & 7) * 16 + (lane % 4) * 4;
+    const uint32_t p8_row1 = p8_row0 + 512;  // row1 = row0 + 8: the next 8-row group
+    // Online softmax of one page in base 2. Unmasked pages use max_j(u_j qs) = qs max_j(u_j) (qs >= 0) with
+    // u = S sigma_k, and fold qs into the exponent's FMA: 3 ALU ops + ex2 per score instead of 6.
+    auto softmax_to_p8 = [&](float (&s)[32], int page, int pb, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
+      const int valid = valid_of(page);
+      float kscale[16];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = j * 8 + (lane % 4) * 2;
+        const float2 k2 = *reinterpret_cast<const float2*>(ks + col);
+        kscale[2 * j] = !kMasked || col < valid ? k2.x : 0.f;
+        kscale[2 * j + 1] = !kMasked || col + 1 < valid ? k2.y : 0.f;
+      }
+      // row reductions over 4 partials each: dependency chains of 4 instead of 16 (one warp per scheduler runs
+      // this, so latency, not issue, bounds it)
+      float mx0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, mx1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float ksc = kscale[2 * j + c];
+          float& mp0 = mx0[(2 * j + c) % 4];
+          float& mp1 = mx1[(2 * j + c) % 4];
+          float u0 = s[4 * j + c] * ksc, u1 = s[4 * j + 2 + c] * ksc;
+          if (kMasked) {  // masked pages keep the fully scaled score (-inf where masked)
+            const int key = page * kPage + j * 8 + (lane % 4) * 2 + c;
+            u0 = (key <= last_key0 && grow0 < R) ? u0 * qs0 : -INFINITY;
+            u1 = (key <= last_key1 && grow1 < R) ? u1 * qs1 : -INFINITY;
+          }
+          s[4 * j + c] = u0;
+          s[4 * j + 2 + c] = u1;
+          mp0 = fmaxf(mp0, u0);
+          mp1 = fmaxf(mp1, u1);
+        }
+      }
+      float rmx0 = fmaxf(fmaxf(mx0[0], mx0[1]), fmaxf(mx0[2], mx0[3]));
+      float rmx1 = fmaxf(fmaxf(mx1[0], mx1[1]), fmaxf(mx1[2], mx1[3]));
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        rmx0 = fmaxf(rmx0, __shfl_xor_sync(0xffffffff, rmx0, x));
+        rmx1 = fmaxf(rmx1, __shfl_xor_sync(0xffffffff, rmx1, x));
+      }
+      const float mn0 = fmaxf(m0, kMasked ? rmx0 : rmx0 * qs0), mn1 = fmaxf(m1, kMasked ? rmx1 : rmx1 * qs1);
+      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+      const float e0 = kMasked ? 1.f : qs0, e1 = kMasked ? 1.f : qs1;  // what multiplies s in the exponent
+      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
+      float sp0[4] = {}, sp1[4] = {}, pp0[4] = {}, pp1[4] = {};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int r = (2 * j + c) % 4;
+          const float ksc = kscale[2 * j + c];
+          const float p0 = fast_exp2(fmaf(s[4 * j + c], e0, -ms0)), p1 = fast_exp2(fmaf(s[4 * j + 2 + c], e1, -ms1));
+          sp0[r] += p0;
+          sp1[r] += p1;
+          s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k
+          s[4 * j + 2 + c] = p1 * ksc;
+          pp0[r] = fmaxf(pp0[r], s[4 * j + c]);
+          pp1[r] = fmaxf(pp1[r], s[4 * j + 2 + c]);
+        }
+      }
+      float sum0 = (sp0[0] + sp0[1]) + (sp0[2] + sp0[3]), sum1 = (sp1[0] + sp1[1]) + (sp1[2] + sp1[3]);
+      float pm0 = fmaxf(fmaxf(pp0[0], pp0[1]), fmaxf(pp0[2], pp0[3]));
+      float pm1 = fmaxf(fmaxf(pp1[0], pp1[1]), fmaxf(pp1[2], pp1[3]));
+#pragma unroll
+      for (int x = 1; x < 4; x <<= 1) {
+        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
+        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
+        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
+      }
+      l0 = l0 * a0 + sum0;
+      l1 = l1 * a1 + sum1;
+      m0 = mn0;
+      m1 = mn1;
+      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
+      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
+      const float inv0 = fast_rcp(ps0), inv1 = fast_rcp(ps1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int j = 2 * i;
+        const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
+        const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
+        const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
+        const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
+        st_shared_u32(p8_row0 + pb * kP8Bytes + i * 128, lo0 | hi0 << 16);
+        st_shared_u32(p8_row1 + pb * kP8Bytes + i * 128, lo1 | hi1 << 16);
+      }
+      if (lane % 4 == 0) {
+        float* rowf = reinterpret_cast<float*>(smem + kRowF) + pb * kRows;
+        rowf[row0] = a0 * s0 * inv0;
+        rowf[row1] = a1 * s1 * inv1;
+      }
+      s0 = ps0;
+      s1 = ps1;
+    };
+    // page c's softmax into P8 buffer (c - first) & 1, once PV(c - 2) is done with it; published (pfull) later
+    auto softmax_page = [&](float (&s)[32], int c) {
+      const int i = c - first, pb = i & 1;
+      if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
+      if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{});
+      else softmax_to_p8(s, c, pb, std::true_type{});
+      mbar_arrive(empty + i % kStages);  // QK(c) and the scales of page c are done with its stage
+      fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
+    };
+    // Iteration c: QK(c + 1) is queued on the tensor cores first, then P8(c - 1) is published, so PV(c - 1) queues
+    // behind it (QK is on this warpgroup's critical path, PV is not); then page c's softmax runs on `cur` while
+    // QK(c + 1) fills `nxt`, which is copied into `cur` at the end. The copy (32 moves) keeps the loop body one
+    // uniform step: two register sets would need a loop unrolled by two with a conditional odd page, a branch
+    // around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514). The last page is peeled.
+    float cur[32], nxt[32];
+    if (n_mine > 0) {
+      mbar_wait(full, 0);
+      issue_qk(cur, first);
+      wgmma_wait<0>();
+      for (int c = first; c + 1 < last; ++c) {
+        mbar_wait(full + (c + 1 - first) % kStages, use_parity(c + 1));
+        issue_qk(nxt, c + 1);
+        if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));
+        softmax_page(cur, c);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 32; ++j) cur[j] = nxt[j];
+      }
+      if (last - 1 > first) mbar_arrive(pfull + ((last - 2 - first) & 1));
+      softmax_page(cur, last - 1);
+      mbar_arrive(pfull + ((last - 1 - first) & 1));
     }
-    if (grow1 < R) {
-      float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
-      *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+    if (lane % 4 == 0) {
+      rows_s[row0] = l0 > 0.f ? s0 / l0 : 0.f;
+      rows_s[row1] = l1 > 0.f ? s1 / l1 : 0.f;
+      rows_l[row0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
+      rows_l[row1] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
     }
-  }
-  if (wg == 0 && lane % 4 == 0) {
-    if (grow0 < R) lse_part[((int64_t)b * R + grow0) * num_splits + split] = rows_l[row0];
-    if (grow1 < R) lse_part[((int64_t)b * R + grow1) * num_splits + split] = rows_l[row1];
+    __syncthreads();  // (1) row scales published
+    if (lane % 4 == 0) {
+      if (grow0 < R) lse_part[((int64_t)b * R + grow0) * num_splits + split] = rows_l[row0];
+      if (grow1 < R) lse_part[((int64_t)b * R + grow1) * num_splits + split] = rows_l[row1];
+    }
+  } else {
+    // ---- PV warpgroups: wg 1 owns output columns 0..255, wg 2 columns 256..511 ----
+    const int half = wg - 1;
+    uint8_t* vt = smem + kVT + half * kVTHalfBytes;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    int next_page = t == 128 && first + kStages < last ? bt[first + kStages] : 0;  // the loader thread's next page
+    for (int c = first; c < last; ++c) {
+      const int i = c - first, pb = i & 1, buf = i % kStages, valid = valid_of(c);
+      mbar_wait(full + buf, use_parity(c));
+      if (valid == kPage) transpose_half<false>(smem, buf, vt, half, tw, valid);
+      else transpose_half<true>(smem, buf, vt, half, tw, valid);
+      fence_async_smem();  // V^T: generic stores, read by this warpgroup's WGMMA; the stage: read before a TMA rewrite
+      if (half == 0) bar_sync<1, 128>();  // the whole V^T half is written
+      else bar_sync<2, 128>();
+      if (tw == 0) {
+        mbar_arrive(empty + buf);  // this half of the page is transposed
+        if (half == 0 && c + kStages < last) {  // wg 1 refills the stage once QK(c) and both halves are done with it
+          mbar_wait(empty + buf, use_parity(c));
+          load_page(smem, buf, &map_kv, &map_rope, kv_scale, next_page);
+          next_page = c + kStages + 1 < last ? bt[c + kStages + 1] : 0;
+        }
+      }
+      mbar_wait(pfull + pb, (i >> 1) & 1);
+      const float* rowf = reinterpret_cast<const float*>(smem + kRowF) + pb * kRows;
+      const float f0 = rowf[row0], f1 = rowf[row1];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j + 0] *= f0;
+        o[4 * j + 1] *= f0;
+        o[4 * j + 2] *= f1;
+        o[4 * j + 3] *= f1;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kPage / 32; ++k)
+        wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + pb * kP8Bytes + k * 256, (kPage / 16) * 128),
+                              smem_desc(vt + k * 256, kVTStride), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      mbar_arrive(pempty + pb);
+    }
+    __syncthreads();  // (1) row scales published
+    const float w0 = rows_s[row0], w1 = rows_s[row1];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      int col = half * 256 + j * 8 + (lane % 4) * 2;
+      if (grow0 < R) {
+        float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
+        *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
+      }
+      if (grow1 < R) {
+        float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
+        *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+      }
+    }
   }
 #endif
 }

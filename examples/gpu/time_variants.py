@@ -1,0 +1,79 @@
+"""Time the CUDA decode of several kernel source copies in one device call (GPU host, after
+`source examples/gpu/env.sh`):
+
+    python3 examples/gpu/time_variants.py SHAPES NAME...
+
+SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384. NAME: `main` (kernels/cuda) or a copy of
+kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of the page loop compiled out for an ablation.
+All variants are built in parallel first (each under its own extension name, sglang_snapmla/cuda_ext.py), then each
+is timed in its own process (one extension per process), like examples/bench_kernels.py times `ours` (CUDA graph of
+20 calls, median of 15 replays, incl. Q quantization and combine). Prints a table, writes $OUT/variants.json."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def time_one(shapes: str) -> dict:
+    sys.path.insert(0, "examples")
+    import torch
+    from bench_kernels import make_inputs, time_graph
+
+    from sglang_snapmla import ops
+
+    res = {}
+    for shape in shapes.split(","):
+        h, b, sk = (int(x) for x in shape[1:].split("x"))
+        x = make_inputs(b, sk, h, 1, 1, "cuda")[0]
+        seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
+        qn, qr = x["q"][..., :512], x["q"][..., 512:]
+
+        def call(_, x=x, seqlens=seqlens, qn=qn, qr=qr):
+            return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, 576 ** -0.5,
+                                              impl="cuda")
+
+        res[shape] = round(time_graph(call, 1), 1)
+        del x
+        torch.cuda.empty_cache()
+    return res
+
+
+def main():
+    shapes, names = sys.argv[1], sys.argv[2:]
+    if os.environ.get("TIME_VARIANTS_CHILD"):
+        print("RESULT", json.dumps(time_one(shapes)))
+        return
+    base = {k: v for k, v in os.environ.items() if k != "SNAPMLA_CUDA_SOURCE_DIR"}
+    envs = {n: base if n == "main" else dict(base, SNAPMLA_CUDA_SOURCE_DIR=f"ab/{n}/kernels/cuda") for n in names}
+    t0 = time.time()
+    builds = {n: subprocess.Popen([sys.executable, "-c", "from sglang_snapmla import cuda_ext; cuda_ext.build()"],
+                                  env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for n, e in envs.items()}
+    failed = set()
+    for n, p in builds.items():
+        log = p.communicate()[0]
+        if p.returncode:
+            failed.add(n)
+            print(n, "BUILD FAILED", log[-2000:])
+    print(f"builds {time.time() - t0:.0f} s", flush=True)
+    table = {}
+    for n in names:
+        if n in failed:
+            continue
+        r = subprocess.run([sys.executable, __file__, shapes], env=dict(envs[n], TIME_VARIANTS_CHILD="1"),
+                           capture_output=True, text=True, timeout=240)
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
+        table[n] = json.loads(line[0][len("RESULT "):]) if line else r.stderr[-1500:]
+        print(n, table[n], flush=True)
+    cols = shapes.split(",")
+    print("| variant | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
+    for n, v in table.items():
+        if isinstance(v, dict):
+            print(f"| {n} | " + " | ".join(str(v[c]) for c in cols) + " |")
+    json.dump(table, open(os.path.join(os.environ.get("OUT", "."), "variants.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
