@@ -284,8 +284,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
   const int grow0 = tile * kRows + row0, grow1 = tile * kRows + row1;
   const int n_mine = last - first;
-  auto stage_of = [&](int page) { return smem + kStage0 + ((page - first) % kStages) * kStagePitch; };
-  auto use_parity = [&](int page) { return ((page - first) / kStages) & 1; };  // k-th use of a stage: phase k & 1
+  // a split's pages cycle through the stages in order: page -> stage, and the parity of that stage's k-th use
+  auto stage_index = [&](int page) { return (page - first) % kStages; };
+  auto stage_of = [&](int page) { return smem + kStage0 + stage_index(page) * kStagePitch; };
+  auto use_parity = [&](int page) { return ((page - first) / kStages) & 1; };
   auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };
   float* rows_s = reinterpret_cast<float*>(smem + kRowS);
   float* rows_l = reinterpret_cast<float*>(smem + kRowL);
@@ -421,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
       if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{});
       else softmax_to_p8(s, c, pb, std::true_type{});
-      mbar_arrive(empty + i % kStages);  // QK(c) and the scales of page c are done with its stage
+      mbar_arrive(empty + stage_index(c));  // QK(c) and the scales of page c are done with its stage
       fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
     };
     // Iteration c: QK(c + 1) is queued on the tensor cores first, then P8(c - 1) is published, so PV(c - 1) queues
@@ -435,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       issue_qk(cur, first);
       wgmma_wait<0>();
       for (int c = first; c + 1 < last; ++c) {
-        mbar_wait(full + (c + 1 - first) % kStages, use_parity(c + 1));
+        mbar_wait(full + stage_index(c + 1), use_parity(c + 1));
         issue_qk(nxt, c + 1);
         if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));
         softmax_page(cur, c);
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     int next_page = t == 128 && first + kStages < last ? bt[first + kStages] : 0;  // the loader thread's next page
     for (int c = first; c < last; ++c) {
-      const int i = c - first, pb = i & 1, buf = i % kStages, valid = valid_of(c);
+      const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
       mbar_wait(full + buf, use_parity(c));
       if (valid == kPage) transpose_half<false>(smem, buf, vt, half, tw, valid);
       else transpose_half<true>(smem, buf, vt, half, tw, valid);
