@@ -189,13 +189,34 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
     return max(1, min(want, MAX_SPLITS, max_pages))
 
 
+# Cost model of the sm_90a decode + combine at small batches, fitted to examples/gpu/split_sweep.py on the H100
+# (docs/BENCHMARKS.md, session 8): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
+# adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and ~0.1 us to each combine
+# program's serial read. Below one wave, more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits
+# (one page each) and 16.2 with 16.
+CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT = 1.56, 0.42, 0.1
+
+
+def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device) -> int:
+    """Split count for the sm_90a decode: the cheapest under the cost model above among the counts that fit one
+    wave (one CTA per SM and 64-row tile). Shapes only: CUDA-graph safe."""
+    most = choose_num_splits(batch, math.ceil(rows / CUDA_ROWS), max_pages, device, ctas_per_sm=1)
+
+    def cost(splits: int) -> float:
+        partial_mb = batch * rows * splits * nx.KV_LORA_RANK * 4 / 1e6
+        return (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_PARTIAL_US_PER_MB * partial_mb
+                + CUDA_COMBINE_US_PER_SPLIT * splits)
+
+    return min(range(1, most + 1), key=lambda s: (cost(s), -s))
+
+
 def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device,
                        impl: str | None = None) -> int:
     """The split count `decode` would pick, from shapes only (for callers that capture CUDA graphs and must use
     the same count at capture and replay: pass a static `max_pages`)."""
     rows = s_q * heads
-    if decode_impl(impl) == "cuda":  # one 256-thread CTA per 64 rows, one CTA per SM
-        return choose_num_splits(batch, math.ceil(rows / CUDA_ROWS), max_pages, device, ctas_per_sm=1)
+    if decode_impl(impl) == "cuda":
+        return cuda_num_splits(batch, rows, max_pages, device)
     return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
 
 

@@ -52,3 +52,16 @@ def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, wh
     if one_minus_cos is not None:
         assert m["one_minus_cos"] <= one_minus_cos, f"{what}: 1-cos {m['one_minus_cos']:.3e} > {one_minus_cos:.1e}"
     return m
+
+
+# Small decode problems with the hard cases (length 1, lengths not a multiple of 64, RoPE outliers ~1e3, few heads
+# as under tensor parallelism); `paged_problem` adds zero rows and scattered pages. (seq_lens, heads, s_q, outlier)
+HARD_DECODE_CASES = [
+    ([1, 64, 100], 16, 1, None),
+    ([130, 2, 65], 8, 2, None),
+    ([200, 37], 64, 1, 1000.0),
+    ([63, 129], 128, 2, None),
+    ([256], 32, 1, 1000.0),
+    ([70, 1, 333, 129], 2, 1, None),  # tensor parallelism leaves few heads per GPU (16 heads / TP 8)
+    ([129], 4, 2, 1000.0),
+]
