@@ -78,7 +78,7 @@ def test_fetch_dequant_bit_exact(gen):
 
 def run_decode(p, num_splits=None, impl="triton"):
     """This file's subject is the Triton decode (on an sm_90 GPU `auto` would run the CUDA kernel, whose own checks,
-    with Hopper's FP8 accumulation tolerance, are in tests/test_gpu_kernels.py)."""
+    with Hopper's FP8 accumulation tolerance, are test_gpu_kernels.py::test_cuda_sm90_decode_matches_reference)."""
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
     out, lse = ops.decode(q.content.to(DEV), q.scale.to(DEV), q.rope.to(DEV), *pool_from(cache),

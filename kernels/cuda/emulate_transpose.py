@@ -1,4 +1,4 @@
-"""Emulates the sm_90a decode's V transpose (`transpose_page` in snapmla_decode_sm90.cu) on byte coordinates.
+"""Emulates the sm_90a decode's V transpose (`transpose_half` in snapmla_decode_sm90.cu) on byte coordinates.
 
 The ldmatrix.x4.trans reads from the 128 B-swizzled staged page, the byte permutes and the stmatrix.x4 writes into
 V^T are replayed with the kernel's address formulas (keep them in sync); then V^T is read the way the PV WGMMA's
