@@ -105,7 +105,7 @@ def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor):
         tquant.quantize_q_kernel[(T, H)](
             q_nope, q_rope, q8, q_scale, q_rope_al,
             q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), H,
-            FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
+            FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, PDL=pdl_enabled(q_nope.device), num_warps=4)
     return q8, q_scale, q_rope_al
 
 
@@ -220,6 +220,23 @@ def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device:
     return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
 
 
+@functools.lru_cache(maxsize=8)
+def _pdl_capable(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Chain Q-quant -> decode -> combine with programmatic dependent launch (sm_90+; SNAPMLA_PDL=0 turns it off).
+
+    Each kernel's launch and prologue then overlap the previous kernel's tail: ~1 us per boundary, which is what
+    separates a 3-kernel decode from FlashMLA's 2 kernels at batch 1 (docs/KERNEL.md). Safe for any caller: every
+    dependent kernel waits (griddepcontrol.wait) before its first global access, and kernels other than these
+    three are launched normally, so they still see all of our writes."""
+    if device.type != "cuda" or interpreter_mode() or os.environ.get("SNAPMLA_PDL", "1") == "0":
+        return False
+    return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def decode_impl(requested: str | None = None) -> str:
     """"triton" or "cuda": the decode implementation to run, from `requested` or SNAPMLA_DECODE_IMPL."""
     want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "auto")
@@ -283,7 +300,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         from . import cuda_ext
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, R, H, s_q, qk_scale_log2, splits)
+                                     lse_part, R, H, s_q, qk_scale_log2, splits, pdl_enabled(dev))
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
@@ -291,7 +308,9 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
             block_table.stride(0), R, H, s_q, qk_scale_log2,
             splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
             num_warps=warps, num_stages=stages)
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, num_warps=4)
+    pdl = pdl_enabled(dev)
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, PDL=pdl, launch_pdl=pdl,
+                                   num_warps=4)
     return out, lse
 
 

@@ -24,9 +24,10 @@ def compile_one(fn, signature, constexprs, **options):
 def main() -> int:
     quant_consts = {"FP8_MAX": nx.FP8_MAX, "SCALE_FLOOR": nx.SCALE_FLOOR}
     variants = [
-        ("quantize_q", quant.quantize_q_kernel,
-         dict(q_nope_ptr="*bf16", q_rope_ptr="*bf16", q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_out_ptr="*bf16",
-              stride_nt="i32", stride_nh="i32", stride_rt="i32", stride_rh="i32", H="i32"), quant_consts, {}),
+        *((f"quantize_q PDL={pdl}", quant.quantize_q_kernel,
+           dict(q_nope_ptr="*bf16", q_rope_ptr="*bf16", q8_ptr="*fp8e4nv", q_scale_ptr="*fp32",
+                q_rope_out_ptr="*bf16", stride_nt="i32", stride_nh="i32", stride_rt="i32", stride_rh="i32", H="i32"),
+           {**quant_consts, "PDL": pdl}, {}) for pdl in (False, True)),
         ("append_kv", quant.append_kv_kernel,
          dict(c_kv_ptr="*bf16", k_rope_ptr="*bf16", loc_ptr="*i64", kv_fp8_ptr="*fp8e4nv", kv_scale_ptr="*fp32",
               kv_rope_ptr="*bf16", stride_c="i32", stride_r="i32"), quant_consts, {}),
@@ -42,11 +43,14 @@ def main() -> int:
         variants.append((f"decode_split BLOCK_M={block_m}", decode.decode_split_kernel, dec_sig,
                          dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR),
                          dict(num_warps=warps, num_stages=stages)))
-    variants.append(("combine", decode.combine_kernel,
-                     dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
-                          H="i32", S_Q="i32", NUM_SPLITS="i32"), {}, {}))
+    for pdl in (False, True):  # PDL: the programmatic dependent launch of ops.pdl_enabled (griddepcontrol.wait)
+        variants.append((f"combine PDL={pdl}", decode.combine_kernel,
+                         dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
+                              H="i32", S_Q="i32", NUM_SPLITS="i32"), {"PDL": pdl}, dict(launch_pdl=pdl)))
     for name, fn, sig, consts, opts in variants:
         k = compile_one(fn, sig, consts, **opts)
+        if consts.get("PDL") and "griddepcontrol" not in k.asm["ptx"]:
+            raise AssertionError(f"{name}: no griddepcontrol instruction in the PTX")
         print(f"{name}: ok (shared {k.metadata.shared} B, ptx {len(k.asm['ptx'])} chars)")
     return 0
 

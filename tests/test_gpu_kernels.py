@@ -109,3 +109,39 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
                                 impl="triton")
     assert_close(out.float(), tri.float(), rel_l2=1e-2, what="cuda sm90 vs triton")
 
+
+
+@pytest.mark.parametrize("impl", ["triton", "auto"])
+def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
+    """Q-quant -> decode -> combine with programmatic dependent launch (ops.pdl_enabled) give the same bits as
+    plainly serialized launches, in a CUDA graph of back-to-back layers whose queries a preceding kernel rewrites
+    (a dependent kernel reading before its griddepcontrol.wait would see the previous layer's queries)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90+")
+    p = _to(paged_problem(gen, [640, 64, 3000], 128, s_q=1), "cuda")
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
+    layers = 8
+
+    def run_layers(pdl: str):
+        monkeypatch.setenv("SNAPMLA_PDL", pdl)
+        assert ops.pdl_enabled(qn.device) == (pdl == "1")
+        q_layer = torch.empty_like(qn)
+        outs = []
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s), torch.cuda.graph(g):
+            for layer in range(layers):
+                torch.mul(qn, 1.0 + 0.25 * layer, out=q_layer)  # the producer of this layer's queries
+                outs.append(ops.snapmla_decode(q_layer, qr, *kv, p["block_table"], p["seq_lens"],
+                                               p["softmax_scale"], impl=impl)[0])
+        torch.cuda.current_stream().wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize()
+        return torch.stack(outs)
+
+    serial, chained = run_layers("0"), run_layers("1")
+    assert not torch.equal(serial[0], serial[-1])  # the layers differ, so a stale read would show
+    assert torch.equal(chained, serial)

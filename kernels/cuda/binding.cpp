@@ -8,7 +8,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
                                      int batch, int stride_bt, int R, int H, int S_Q, float qk_scale_log2,
-                                     int num_splits, cudaStream_t stream);
+                                     int num_splits, bool pdl, cudaStream_t stream);
 }
 
 // Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
@@ -16,7 +16,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
 void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, int64_t R, int64_t H, int64_t S_Q,
-                  double qk_scale_log2, int64_t num_splits) {
+                  double qk_scale_log2, int64_t num_splits, bool pdl) {
   for (const auto& t : {q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, o_part, lse_part})
     TORCH_CHECK(t.is_cuda() && t.is_contiguous(), "snapmla sm90 decode: CUDA, contiguous tensors expected");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && block_table.stride(1) == 1,
@@ -26,7 +26,7 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
       kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
       o_part.data_ptr<float>(), lse_part.data_ptr<float>(), static_cast<int>(q8.size(0)),
       static_cast<int>(block_table.stride(0)), static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q),
-      static_cast<float>(qk_scale_log2), static_cast<int>(num_splits), c10::cuda::getCurrentCUDAStream());
+      static_cast<float>(qk_scale_log2), static_cast<int>(num_splits), pdl, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (TMA descriptor encoding of the pool failed: the pool arrays must be "
                                              "16-byte aligned with 512 B / 128 B rows)" : "");

@@ -254,6 +254,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   uint64_t* pfull = empty + kStages;                           // [2] P8 / row factors published (wg 0)
   uint64_t* pempty = pfull + 2;                                // [2] PV done with P8 (wg 1 and 2)
 
+  if (t == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 130);
+    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Programmatic dependent launch (a no-op without it): the prologue above overlapped the previous kernel (the
+  // Q quantization); every global access, the metadata included, comes after the wait, so no producer of any
+  // input can race with this kernel. The trigger lets the combine's CTAs be scheduled while the pages stream.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  __syncthreads();
   const int seq_len = seq_lens[b];
   const int n_pages = (seq_len + kPage - 1) / kPage;
   const int per_split = (n_pages + num_splits - 1) / num_splits;
@@ -261,12 +272,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int last = min(first + per_split, n_pages);
   const int* bt = block_table + (int64_t)b * stride_bt;
 
-  if (t == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 130);
-    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
   if (t == 0)
     for (int i = 0; i < kStages && first + i < last; ++i)
       load_page(smem, i, &map_kv, &map_rope, kv_scale, bt[first + i]);
@@ -554,7 +559,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
                                      int batch, int stride_bt, int R, int H, int S_Q, float qk_scale_log2,
-                                     int num_splits, cudaStream_t stream) {
+                                     int num_splits, bool pdl, cudaStream_t stream) {
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
   static cudaError_t attr = cudaFuncSetAttribute(decode_split_sm90_kernel,
@@ -567,10 +572,19 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
       !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2))
     return cudaErrorInvalidValue;
   dim3 grid((R + kRows - 1) / kRows, batch, num_splits);
-  decode_split_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(
-      map_kv, map_rope, static_cast<const uint8_t*>(q8), q_scale, static_cast<const uint16_t*>(q_rope), kv_scale,
-      block_table, seq_lens, o_part, lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_split_sm90_kernel, map_kv, map_rope, static_cast<const uint8_t*>(q8),
+                            q_scale, static_cast<const uint16_t*>(q_rope), kv_scale, block_table, seq_lens, o_part,
+                            lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
 }
 
 }  // namespace snapmla

@@ -11,6 +11,7 @@ No host synchronisation: page counts and split ranges are computed from device t
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 LATENT = tl.constexpr(512)
 ROPE = tl.constexpr(64)
@@ -118,7 +119,10 @@ def combine_kernel(
     out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
     R, H, S_Q,
     NUM_SPLITS,  # runtime: the loops below keep one [512] row in registers whatever the split count
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel: wait for its partials
 ):
+    if PDL:
+        gdc_wait()  # before any global access (the partials, and outputs the previous kernel may still read)
     r = tl.program_id(0)  # rows on the x axis: R = s_q * H exceeds the 65535 limit of y/z for long extends
     b = tl.program_id(1)
     dc = tl.arange(0, LATENT)

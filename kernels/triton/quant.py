@@ -6,6 +6,7 @@ content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). One 
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 LATENT = tl.constexpr(512)
 ROPE = tl.constexpr(64)
@@ -28,7 +29,10 @@ def quantize_q_kernel(
     q8_ptr, q_scale_ptr, q_rope_out_ptr,  # [T, H, 512] fp8, [T, H] fp32, [T, H, 64] bf16, contiguous
     stride_nt, stride_nh, stride_rt, stride_rh, H,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
+    PDL: tl.constexpr,  # signal programmatic dependent launch: the decode that follows may start its prologue
 ):
+    if PDL:
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets exceed 2^31 bytes on large pools and batches
     h = tl.program_id(1).to(tl.int64)
     dc = tl.arange(0, LATENT)
