@@ -102,10 +102,11 @@ def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor):
     q_scale = torch.empty(T, H, dtype=torch.float32, device=q_nope.device)
     q_rope_al = torch.empty(T, H, nx.ROPE_DIM, dtype=torch.bfloat16, device=q_nope.device)
     if T:
+        pdl = pdl_enabled(q_nope.device)
         tquant.quantize_q_kernel[(T, H)](
             q_nope, q_rope, q8, q_scale, q_rope_al,
             q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), H,
-            FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, PDL=pdl_enabled(q_nope.device), num_warps=4)
+            FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return q8, q_scale, q_rope_al
 
 
@@ -226,12 +227,13 @@ def _pdl_capable(device_index: int) -> bool:
 
 
 def pdl_enabled(device: torch.device) -> bool:
-    """Chain Q-quant -> decode -> combine with programmatic dependent launch (sm_90+; SNAPMLA_PDL=0 turns it off).
+    """Launch Q-quant, decode and combine with programmatic dependent launch (sm_90+; SNAPMLA_PDL=0 turns it off).
 
-    Each kernel's launch and prologue then overlap the previous kernel's tail: ~1 us per boundary, which is what
-    separates a 3-kernel decode from FlashMLA's 2 kernels at batch 1 (docs/KERNEL.md). Safe for any caller: every
-    dependent kernel waits (griddepcontrol.wait) before its first global access, and kernels other than these
-    three are launched normally, so they still see all of our writes."""
+    Each kernel's launch and prologue then overlap the previous kernel's tail (Q-quant and decode also trigger
+    their dependents early): ~0.5-1.5 us per boundary, which is what separates a 3-kernel decode from FlashMLA's
+    2 kernels at batch 1 (docs/KERNEL.md). Safe for any neighbour: each of the three waits (griddepcontrol.wait)
+    for the previous kernel's completion before its first global access, and the kernel after the combine is
+    launched normally (the combine does not trigger early), so it sees all of our writes."""
     if device.type != "cuda" or interpreter_mode() or os.environ.get("SNAPMLA_PDL", "1") == "0":
         return False
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())

@@ -4,7 +4,9 @@
     python3 examples/gpu/time_variants.py SHAPES NAME...
 
 SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384. NAME: `main` (kernels/cuda) or a copy of
-kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of the page loop compiled out for an ablation.
+kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of the page loop compiled out for an ablation;
+`NAME+VAR=VALUE` runs it with an environment setting (e.g. `main+SNAPMLA_PDL=0`). A name may repeat (interleaved
+repetitions of an A/B): its later runs are labelled NAME#2, NAME#3.
 All variants are built in parallel first (each under its own extension name, sglang_snapmla/cuda_ext.py), then each
 is timed in its own process (one extension per process), like examples/bench_kernels.py times `ours` (CUDA graph of
 20 calls, median of 15 replays, incl. Q quantization and combine). Prints a table, writes $OUT/variants.json."""
@@ -46,11 +48,16 @@ def main():
         print("RESULT", json.dumps(time_one(shapes)))
         return
     base = {k: v for k, v in os.environ.items() if k != "SNAPMLA_CUDA_SOURCE_DIR"}
-    envs = {n: base if n == "main" else dict(base, SNAPMLA_CUDA_SOURCE_DIR=f"ab/{n}/kernels/cuda") for n in names}
+    envs = {}
+    for n in names:
+        source, *settings = n.split("+")
+        env = base if source == "main" else dict(base, SNAPMLA_CUDA_SOURCE_DIR=f"ab/{source}/kernels/cuda")
+        envs[n] = dict(env, **dict(kv.split("=", 1) for kv in settings))
     t0 = time.time()
+    sources = {n.split("+")[0]: e for n, e in envs.items()}  # one build per source copy
     builds = {n: subprocess.Popen([sys.executable, "-c", "from sglang_snapmla import cuda_ext; cuda_ext.build()"],
                                   env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for n, e in envs.items()}
+              for n, e in sources.items()}
     failed = set()
     for n, p in builds.items():
         log = p.communicate()[0]
@@ -60,13 +67,14 @@ def main():
     print(f"builds {time.time() - t0:.0f} s", flush=True)
     table = {}
     for n in names:
-        if n in failed:
+        if n.split("+")[0] in failed:
             continue
         r = subprocess.run([sys.executable, __file__, shapes], env=dict(envs[n], TIME_VARIANTS_CHILD="1"),
                            capture_output=True, text=True, timeout=240)
         line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
-        table[n] = json.loads(line[0][len("RESULT "):]) if line else r.stderr[-1500:]
-        print(n, table[n], flush=True)
+        label = n if n not in table else f"{n}#{sum(k.split('#')[0] == n for k in table) + 1}"
+        table[label] = json.loads(line[0][len("RESULT "):]) if line else r.stderr[-1500:]
+        print(label, table[label], flush=True)
     cols = shapes.split(",")
     print("| variant | " + " | ".join(cols) + " |\n|---|" + "---:|" * len(cols))
     for n, v in table.items():

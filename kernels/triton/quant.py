@@ -6,7 +6,7 @@ content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). One 
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LATENT = tl.constexpr(512)
 ROPE = tl.constexpr(64)
@@ -29,10 +29,11 @@ def quantize_q_kernel(
     q8_ptr, q_scale_ptr, q_rope_out_ptr,  # [T, H, 512] fp8, [T, H] fp32, [T, H, 64] bf16, contiguous
     stride_nt, stride_nh, stride_rt, stride_rh, H,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
-    PDL: tl.constexpr,  # signal programmatic dependent launch: the decode that follows may start its prologue
+    PDL: tl.constexpr,  # programmatic dependent launch, both ways (ops.pdl_enabled)
 ):
     if PDL:
-        gdc_launch_dependents()
+        gdc_wait()  # the producer of q_nope / q_rope (a GEMM) has finished and its writes are visible
+        gdc_launch_dependents()  # the decode that follows may launch and run its prologue
     t = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets exceed 2^31 bytes on large pools and batches
     h = tl.program_id(1).to(tl.int64)
     dc = tl.arange(0, LATENT)
