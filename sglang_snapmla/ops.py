@@ -229,8 +229,8 @@ def _pdl_capable(device_index: int) -> bool:
 def pdl_enabled(device: torch.device) -> bool:
     """Launch Q-quant, decode and combine with programmatic dependent launch (sm_90+; SNAPMLA_PDL=0 turns it off).
 
-    Each kernel's launch and prologue then overlap the previous kernel's tail (Q-quant and decode also trigger
-    their dependents early): ~0.5-1.5 us per boundary, which is what separates a 3-kernel decode from FlashMLA's
+    Each kernel's launch and prologue then overlap the previous kernel's tail (Q-quant also triggers the decode
+    early): -1.1 us per call at batch 1 on the H100 (docs/BENCHMARKS.md, session 9), which is what separates a 3-kernel decode from FlashMLA's
     2 kernels at batch 1 (docs/KERNEL.md). Safe for any neighbour: each of the three waits (griddepcontrol.wait)
     for the previous kernel's completion before its first global access, and the kernel after the combine is
     launched normally (the combine does not trigger early), so it sees all of our writes."""

@@ -259,11 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // Programmatic dependent launch (a no-op without it): the prologue above overlapped the previous kernel (the
-  // Q quantization); every global access, the metadata included, comes after the wait, so no producer of any
-  // input can race with this kernel. The trigger lets the combine's CTAs be scheduled while the pages stream.
+  // Programmatic dependent launch (a no-op without it): the launch and the prologue above overlapped the previous
+  // kernel (the Q quantization); every global access, the metadata included, comes after the wait, so no producer
+  // of any input can race with this kernel. No early trigger for the combine: its CTAs would sit on the SMs this
+  // grid leaves free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md, session 9).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   __syncthreads();
   const int seq_len = seq_lens[b];
   const int n_pages = (seq_len + kPage - 1) / kPage;
