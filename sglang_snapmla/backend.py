@@ -52,12 +52,15 @@ class SnapMLAForward:
         """Q-quant + decode over the pool for [B * s_q] query tokens; returns [B * s_q, H * 512]."""
         heads = layer.tp_q_head_num
         batch = q_nope.shape[0] // s_q
+        # the int32 cast (a kernel when SGLang's lengths are int64) goes first, so that the decode directly follows
+        # the Q-quant and overlaps it (programmatic dependent launch, ops.pdl_enabled)
+        seq_lens = seq_lens.to(torch.int32)
         q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
         splits = ops.default_num_splits(batch, s_q, heads, self.max_pages, q_nope.device)
         out, _ = ops.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
                             q_rope_al.view(batch, s_q, heads, -1),
                             *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                            block_table, seq_lens.to(torch.int32), layer.scaling, num_splits=splits)
+                            block_table, seq_lens, layer.scaling, num_splits=splits)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens, s_q: int):
