@@ -134,6 +134,24 @@ def backend_class() -> type:
     return SnapMLABackend
 
 
+@functools.lru_cache(maxsize=1)
+def multi_step_draft_backend_class() -> type:
+    """SnapMLAMultiStepDraftBackend: FlashMLA's per-step container for MTP draft decoding (one backend per draft step
+    but the last, sharing its kv_indptr buffers and metadata handling), with SnapMLA backends in the steps."""
+    from sglang.srt.layers.attention.flashmla_backend import FlashMLAMultiStepDraftBackend
+
+    class SnapMLAMultiStepDraftBackend(FlashMLAMultiStepDraftBackend):
+        def __init__(self, model_runner, topk: int, speculative_num_steps: int):
+            # the parent validates topk, allocates the per-step kv_indptr rows and builds FlashMLA backends, which
+            # are replaced here (their construction allocates only small metadata buffers)
+            super().__init__(model_runner, topk, speculative_num_steps)
+            self.attn_backends = [backend_class()(model_runner, skip_prefill=True, kv_indptr_buf=self.kv_indptr[i],
+                                                  kv_last_page_len_buf=None)
+                                  for i in range(speculative_num_steps - 1)]
+
+    return SnapMLAMultiStepDraftBackend
+
+
 def create_snapmla_backend(model_runner):
     """Factory registered under `--attention-backend snapmla`."""
     return backend_class()(model_runner)

@@ -13,6 +13,9 @@ What is registered:
   list (so q_nope / q_rope / k_nope / k_rope arrive split) and MHA one-shot support;
 * the KV pool: `KVCacheConfigurator._build_mla_kv_pool` builds `SnapMLATokenToKVPool`, and
   `calculate_mla_kv_cache_dim` budgets 644 bytes per token and layer (so the memory planner sizes the pool right);
+* MTP (NEXTN/EAGLE) draft backends: SGLang picks them from hard-coded maps (`speculative/draft_utils.py`), so the
+  factory's two methods are wrapped to build SnapMLA's (the multi-step draft decode and the draft extend) when
+  snapmla is selected;
 * a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
   kv_lora_rank != 512, rope != 64, a non-CUDA device, or mixing snapmla with another backend for prefill/decode
   (before any memory is allocated).
@@ -51,6 +54,9 @@ def register() -> None:
     HookRegistry.register(f"{configurator}.calculate_mla_kv_cache_dim", _kv_cache_dim_hook, HookType.AROUND)
     HookRegistry.register(f"{configurator}.KVCacheConfigurator._build_mla_kv_pool", _build_pool_hook, HookType.AROUND)
     HookRegistry.register("sglang.srt.server_args.ServerArgs._handle_page_size", _page_size_hook, HookType.AFTER)
+    factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
+    HookRegistry.register(f"{factory}.create_decode_backend", _draft_decode_backend_hook, HookType.AROUND)
+    HookRegistry.register(f"{factory}.create_draft_extend_backend", _draft_extend_backend_hook, HookType.AROUND)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
     _registered = True
 
@@ -132,6 +138,26 @@ def _build_pool_hook(original, configurator, *args, max_total_num_tokens: int, *
         layer_num=configurator.layer_info.num_effective_layers, device=configurator.device,
         enable_memory_saver=get_exec().features.enable_memory_saver,
         start_layer=configurator.layer_info.start_layer, end_layer=configurator.layer_info.end_layer)
+
+
+def _draft_decode_backend_hook(original, factory, *args, **kwargs):
+    """DraftBackendFactory.create_decode_backend: the multi-step draft decode container (none for <= 1 step)."""
+    if not is_selected(factory.server_args) or factory.speculative_num_steps <= 1:
+        return original(factory, *args, **kwargs)
+    from .backend import multi_step_draft_backend_class
+
+    return multi_step_draft_backend_class()(factory.draft_model_runner, factory.topk, factory.speculative_num_steps)
+
+
+def _draft_extend_backend_hook(original, factory, *args, **kwargs):
+    """DraftBackendFactory.create_draft_extend_backend: a SnapMLA backend for the draft model's extend (its KV pool
+    is a SnapMLA pool too), wrapped as SGLang wraps every draft-extend backend."""
+    if not is_selected(factory.server_args):
+        return original(factory, *args, **kwargs)
+    from sglang.srt.layers.attention.attention_registry import attn_backend_wrapper_for_draft_extend
+
+    runner = factory.draft_model_runner
+    return attn_backend_wrapper_for_draft_extend(runner, _create_backend(runner))
 
 
 def _page_size_hook(result, server_args, *args, **kwargs):

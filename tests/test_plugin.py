@@ -86,6 +86,36 @@ def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     assert args.attention_backend == "snapmla" and args.page_size == 64
 
 
+def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
+    """SGLang picks MTP draft backends from hard-coded maps (a server with snapmla + NEXTN failed at startup with
+    "EAGLE is not supported in decode attention backend snapmla"): the plugin's hooks build SnapMLA's multi-step
+    draft decode container and draft-extend backend, and leave other backends to SGLang's own maps."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from serve_and_bench import RUNS
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    from sglang_snapmla import backend
+
+    built = []
+    monkeypatch.setattr(backend, "multi_step_draft_backend_class",
+                        lambda: lambda runner, topk, steps: built.append(("draft decode", runner, topk, steps)))
+    monkeypatch.setattr(plugin, "_create_backend", lambda runner: built.append(("draft extend", runner)) or "ours")
+    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
+    v3 = ("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu", "--load-format", "dummy")
+    args = parse(*v3, *RUNS["snapmla-mtp"])
+    steps = args.speculative_num_steps
+    factory = DraftBackendFactory(args, runner, topk=1, speculative_num_steps=steps)
+    factory.create_decode_backend()
+    assert factory.create_draft_extend_backend() == "ours"
+    assert built == [("draft decode", runner, 1, steps), ("draft extend", runner)]
+    assert DraftBackendFactory(args, runner, topk=1, speculative_num_steps=1).create_decode_backend() is None
+
+    other = parse(*v3, *[a if a != "snapmla" else "flashmla" for a in RUNS["snapmla-mtp"]])
+    factory = DraftBackendFactory(other, runner, topk=1, speculative_num_steps=steps)
+    monkeypatch.setattr(factory, "_create_backend", lambda name, backend_map, template: sorted(backend_map))
+    assert "flashmla" in factory.create_decode_backend() and len(built) == 2  # SGLang's own map, untouched
+
+
 @pytest.mark.parametrize("layout", [["--tp", "2"], ["--tp", "2", "--enable-dp-attention", "--dp", "2"]],
                          ids=["tp2", "dp2-attention"])
 def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
