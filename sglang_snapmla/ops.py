@@ -3,6 +3,7 @@
 Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except `decode`, which on sm_90 GPUs runs the
 CUDA split kernel (`sglang_snapmla.cuda_ext`, faster than the Triton one at every benchmarked shape, docs/KERNEL.md)
 behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto).
+On sm_90+ Q-quant, decode and combine are chained by programmatic dependent launch (`pdl_enabled`; SNAPMLA_PDL=0 off).
 Shapes and dtypes:
 
 | op | inputs | outputs |

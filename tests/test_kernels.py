@@ -157,3 +157,22 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     for b, h, pages in [(1, 128, 10), (3, 64, 100), (8, 16, 7), (2, 128, 5000)]:
         s = pick(b, h, pages)
         assert 1 <= s <= min(pages, ops.MAX_SPLITS) and b * -(-h // 64) * s <= 132
+
+
+def test_pdl_only_where_it_can_run(monkeypatch):
+    """Programmatic dependent launch: on for CUDA devices of compute capability >= 9 unless SNAPMLA_PDL=0; never in
+    the CPU interpreter, on CPU tensors or on older GPUs (whose launch would reject the attribute)."""
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.setattr(ops, "_pdl_capable", lambda index: True)
+    monkeypatch.setattr(ops, "interpreter_mode", lambda: False)
+    monkeypatch.delenv("SNAPMLA_PDL", raising=False)
+    assert ops.pdl_enabled(cuda0)
+    assert not ops.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("SNAPMLA_PDL", "0")
+    assert not ops.pdl_enabled(cuda0)
+    monkeypatch.setenv("SNAPMLA_PDL", "1")
+    monkeypatch.setattr(ops, "_pdl_capable", lambda index: False)  # e.g. an A100 (sm_80)
+    assert not ops.pdl_enabled(cuda0)
+    monkeypatch.setattr(ops, "_pdl_capable", lambda index: True)
+    monkeypatch.setattr(ops, "interpreter_mode", lambda: True)
+    assert not ops.pdl_enabled(cuda0)
