@@ -112,6 +112,31 @@ def test_decode_split_count_does_not_change_result(gen):
         assert_close(o, outs[0], rel_l2=4e-3, what="splits")  # bf16 output rounding + summation order
 
 
+def test_combine_skips_splits_without_keys(gen):
+    """The combine merges split partials by their base-2 LSEs; a split with LSE -inf (past the end of a short sequence,
+    or every key masked for that row) has weight 0 and its partial row is never read: NaN there must not leak."""
+    from sglang_snapmla.kernels.triton import decode as tdecode
+
+    B, s_q, H, splits = 2, 2, 3, 5
+    R = s_q * H
+    o_part = torch.randn(B, R, splits, 512, generator=gen)
+    lse_part = 4 * torch.randn(B, R, splits, generator=gen)
+    empty = torch.zeros(B, R, splits, dtype=torch.bool)
+    empty[0, :, 3:] = True  # sequence 0 is short: its last two splits hold no page
+    empty[1, 1, 1] = True  # one row of sequence 1 sees no key in split 1 (causal mask)
+    lse_part[empty] = float("-inf")
+    o_part[empty] = float("nan")  # never written by the split kernel
+    out = torch.empty(B, R, 512, dtype=torch.bfloat16)
+    lse = torch.empty(B, H, s_q)
+    o_dev, l_dev, out_dev, lse_dev = (t.to(DEV) for t in (o_part, lse_part, out, lse))
+    tdecode.combine_kernel[(R, B)](o_dev, l_dev, out_dev, lse_dev, R, H, s_q, splits, PDL=False, num_warps=4)
+    weights = torch.softmax(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # 2^lse / sum 2^lse
+    ref = (weights[..., None] * torch.where(empty[..., None], 0.0, o_part)).sum(2)
+    assert_close(out_dev.float().cpu(), ref, rel_l2=4e-3, what="combine")
+    ref_lse = torch.logsumexp(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # [B, R] natural log
+    assert torch.allclose(lse_dev.cpu(), ref_lse.view(B, s_q, H).transpose(1, 2), atol=1e-5)
+
+
 def test_decode_rejects_bad_inputs(gen):
     p = paged_problem(gen, [64], 8)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])

@@ -133,9 +133,13 @@ def combine_kernel(
     denom = 0.0
     out = tl.zeros([LATENT], tl.float32)
     for sp in range(0, NUM_SPLITS):
-        w = tl.exp2(tl.load(lse_part_ptr + base + sp) - m)  # empty splits carry -inf -> weight 0
+        lse_sp = tl.load(lse_part_ptr + base + sp)
+        w = tl.exp2(lse_sp - m)  # splits without a key for this row carry -inf: weight 0
         denom += w
-        out += w * tl.load(o_part_ptr + (base + sp) * LATENT + dc)
+        # ... and their partial rows are not read: a split past the end of a short sequence (the split count is set
+        # for the longest sequence a graph can hold) costs 4 bytes here instead of 2 KB, and may leave its row unwritten
+        width = tl.where(lse_sp > float("-inf"), LATENT, 0)
+        out += w * tl.load(o_part_ptr + (base + sp) * LATENT + dc, mask=dc < width, other=0.0)
     tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, (out / denom).to(tl.bfloat16))
     token = r // H
     head = r % H
