@@ -137,6 +137,21 @@ def test_combine_skips_splits_without_keys(gen):
     assert torch.allclose(lse_dev.cpu(), ref_lse.view(B, s_q, H).transpose(1, 2), atol=1e-5)
 
 
+def test_decode_reads_no_partial_it_did_not_write(gen, monkeypatch):
+    """More splits than a sequence has pages (as in serving, where the count is set for the longest sequence a CUDA
+    graph holds): the split kernel leaves the partial rows of splits without keys unwritten and the combine does not
+    read them. With every buffer `decode` allocates filled with NaN the result is the same as with zeros."""
+    p = paged_problem(gen, [70, 300, 2], 16, s_q=2)  # 2, 5 and 1 pages over 8 splits
+    results = []
+    for fill in (0.0, float("nan")):
+        empty = torch.empty
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(fill))
+        results.append(run_decode(p, num_splits=8)[:2])
+        monkeypatch.undo()
+    (out0, lse0), (out1, lse1) = results
+    assert not out1.isnan().any() and torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
 def test_decode_rejects_bad_inputs(gen):
     p = paged_problem(gen, [64], 8)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])

@@ -106,10 +106,13 @@ def decode_split_kernel(
     lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
     part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
     o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
-    tl.store(o_base + 0 * CHUNK, acc0 * inv_l[:, None], mask=row_ok[:, None])
-    tl.store(o_base + 1 * CHUNK, acc1 * inv_l[:, None], mask=row_ok[:, None])
-    tl.store(o_base + 2 * CHUNK, acc2 * inv_l[:, None], mask=row_ok[:, None])
-    tl.store(o_base + 3 * CHUNK, acc3 * inv_l[:, None], mask=row_ok[:, None])
+    # rows without a key in this split (all of them past a short sequence's end) leave their partial row unwritten:
+    # their LSE is -inf, so the combine does not read it
+    o_ok = (row_ok & has)[:, None]
+    tl.store(o_base + 0 * CHUNK, acc0 * inv_l[:, None], mask=o_ok)
+    tl.store(o_base + 1 * CHUNK, acc1 * inv_l[:, None], mask=o_ok)
+    tl.store(o_base + 2 * CHUNK, acc2 * inv_l[:, None], mask=o_ok)
+    tl.store(o_base + 3 * CHUNK, acc3 * inv_l[:, None], mask=o_ok)
     tl.store(lse_part_ptr + part, lse2, mask=row_ok)
 
 
