@@ -3,8 +3,10 @@
 
     python3 examples/gpu/time_variants.py SHAPES NAME...
 
-SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384. NAME: `main` (kernels/cuda) or a copy of
-kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of the page loop compiled out for an ablation;
+SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384; a suffix sN forces N splits
+(h128x1x640s57: the count serving's static page bound gives a 640-token sequence at a 32k context).
+NAME: `main` (kernels/cuda) or a copy of kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of
+the page loop compiled out for an ablation;
 `NAME+VAR=VALUE` runs it with an environment setting (e.g. `main+SNAPMLA_PDL=0`). A name may repeat (interleaved
 repetitions of an A/B): its later runs are labelled NAME#2, NAME#3.
 All variants are built in parallel first (each under its own extension name, sglang_snapmla/cuda_ext.py), then each
@@ -27,14 +29,16 @@ def time_one(shapes: str) -> dict:
 
     res = {}
     for shape in shapes.split(","):
-        h, b, sk = (int(x) for x in shape[1:].split("x"))
+        dims, _, forced = shape[1:].partition("s")  # h128x1x640s57: 57 splits, as serving's static page bound gives
+        h, b, sk = (int(x) for x in dims.split("x"))
+        splits = int(forced) if forced else None
         x = make_inputs(b, sk, h, 1, 1, "cuda")[0]
         seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
         qn, qr = x["q"][..., :512], x["q"][..., 512:]
 
-        def call(_, x=x, seqlens=seqlens, qn=qn, qr=qr):
+        def call(_, x=x, seqlens=seqlens, qn=qn, qr=qr, splits=splits):
             return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, 576 ** -0.5,
-                                              impl="cuda")
+                                              num_splits=splits, impl="cuda")
 
         res[shape] = round(time_graph(call, 1), 1)
         del x
