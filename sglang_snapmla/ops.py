@@ -203,7 +203,13 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device)
     """Split count for the sm_90a decode: the cheapest under the cost model above among the counts that fit one
     wave (one CTA per SM and 64-row tile). Shapes only: CUDA-graph safe."""
     most = choose_num_splits(batch, math.ceil(rows / CUDA_ROWS), max_pages, device, ctas_per_sm=1)
+    return _cheapest_split_count(batch, rows, max_pages, most)
 
+
+# Memoized: the backend asks once per layer and decode step (~30 us of Python per ask for 64 candidates, ~2 ms per
+# step over 61 layers when decode runs outside CUDA graphs); the answer depends on these shapes only.
+@functools.lru_cache(maxsize=4096)
+def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int) -> int:
     def cost(splits: int) -> float:
         partial_mb = batch * rows * splits * nx.KV_LORA_RANK * 4 / 1e6
         return (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_PARTIAL_US_PER_MB * partial_mb
