@@ -4,9 +4,21 @@
 # -C ab/NAME`). Each variant goes through examples/gpu/kernels.sh (build, debug_cuda, GPU tests, memcheck,
 # racecheck, benchmark) with its own OUT; then the default source (kernels/cuda) is benchmarked in the same call.
 #   usage: bash examples/gpu/ab.sh "bench_kernels.py args" NAME...
+# Shorter (two or three variants in one 600 s call): SHAPES=h128x64x16384,h128x1x640s57 bash examples/gpu/ab.sh "" NAME...
+# checks every variant without its FlashMLA benchmark, then times all of them and main with time_variants.py.
 set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}
 BENCH=$1; shift
+if [ -n "${SHAPES:-}" ]; then
+  for V in "$@"; do
+    echo "=================== $V (checks)"
+    SNAPMLA_CUDA_SOURCE_DIR=ab/$V/kernels/cuda OUT=$OUT/$V NO_BENCH=1 \
+      PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} bash examples/gpu/kernels.sh --cuda
+  done
+  source examples/gpu/env.sh
+  timeout 300 python3 examples/gpu/time_variants.py "$SHAPES" main "$@"
+  exit
+fi
 for V in "$@"; do
   echo "=================== $V"
   SNAPMLA_CUDA_SOURCE_DIR=ab/$V/kernels/cuda OUT=$OUT/$V PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} \

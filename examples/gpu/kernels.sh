@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the H100 host (device tool, carry .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
-#   usage: [PYTEST_PATHS=tests/...] bash examples/gpu/kernels.sh [--cuda] [bench args...]
+#   usage: [PYTEST_PATHS=tests/...] [NO_BENCH=1] bash examples/gpu/kernels.sh [--cuda] [bench args...]
 # Another version of the CUDA decode (A/B in one device call): run it again with SNAPMLA_CUDA_SOURCE_DIR=<a copy of
 # kernels/cuda> and its own OUT=<folder>; it builds under its own extension name (sglang_snapmla/cuda_ext.py).
 set -uo pipefail
@@ -26,5 +26,6 @@ if [[ " $* " == *" --cuda "* ]]; then  # the sm_90a kernel: memcheck and raceche
       python3 tests/gpu_sanitize_decode.py 2>&1 | tee "$OUT/cuda_$tool.log" | tail -4; echo "$tool rc=${PIPESTATUS[0]}"
   done
 fi
+[ -n "${NO_BENCH:-}" ] && exit 0  # checks only (examples/gpu/ab.sh with SHAPES=...: one timing call for all variants)
 echo "== kernel benchmark"
 timeout 400 python3 examples/bench_kernels.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v '^{'
