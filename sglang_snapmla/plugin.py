@@ -17,8 +17,8 @@ What is registered:
   factory's two methods are wrapped to build SnapMLA's (the multi-step draft decode and the draft extend) when
   snapmla is selected;
 * a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
-  kv_lora_rank != 512, rope != 64, a non-CUDA device, or mixing snapmla with another backend for prefill/decode
-  (before any memory is allocated).
+  kv_lora_rank != 512, rope != 64, a non-CUDA device, or mixing snapmla with another backend for prefill, decode
+  or the MTP draft (before any memory is allocated).
 """
 
 from __future__ import annotations
@@ -180,6 +180,10 @@ def check_server_args(args) -> int:
     if phases != {BACKEND}:
         raise ValueError(f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
                          "Use --attention-backend snapmla alone (no other --prefill/--decode-attention-backend).")
+    draft = getattr(args, "speculative_draft_attention_backend", None)
+    if draft not in (None, BACKEND):
+        raise ValueError(f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "
+                         f"--speculative-draft-attention-backend {draft}. Drop that flag (the draft then uses snapmla).")
     from .pool import check_pool_config
 
     device = getattr(args, "device", None) or "cuda"

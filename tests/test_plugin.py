@@ -157,6 +157,9 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
     with pytest.raises(ValueError, match="only readable by snapmla"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--prefill-attention-backend",
               "flashinfer", "--device", "cpu")
+    with pytest.raises(ValueError, match="speculative-draft-attention-backend flashmla"):
+        parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
+              "--speculative-algorithm", "NEXTN", "--speculative-draft-attention-backend", "flashmla", "--device", "cpu")
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # outside the interpreter, a CPU device cannot run the kernels
     with pytest.raises(ValueError, match="runs on CUDA GPUs"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu")
