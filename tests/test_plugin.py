@@ -157,6 +157,10 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
     with pytest.raises(ValueError, match="only readable by snapmla"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--prefill-attention-backend",
               "flashinfer", "--device", "cpu")
+    for dtype in ("fp8_e5m2", "bf16"):  # snapmla's layout is its own: a different cache dtype is not silently ignored
+        with pytest.raises(ValueError, match=f"--kv-cache-dtype {dtype}. Drop the flag"):
+            parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--kv-cache-dtype", dtype,
+                  "--device", "cpu")
     with pytest.raises(ValueError, match="speculative-draft-attention-backend flashmla"):
         parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
               "--speculative-algorithm", "NEXTN", "--speculative-draft-attention-backend", "flashmla", "--device", "cpu")
