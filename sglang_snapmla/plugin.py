@@ -17,8 +17,9 @@ What is registered:
   factory's two methods are wrapped to build SnapMLA's (the multi-step draft decode and the draft extend) when
   snapmla is selected;
 * a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
-  kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, or mixing
-  snapmla with another backend for prefill, decode or the MTP draft (before any memory is allocated).
+  kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, the
+  hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the MTP draft (before
+  any memory is allocated).
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ def check_server_args(args) -> int:
     if kv_dtype not in (None, "auto", "fp8_e4m3"):
         raise ValueError(f"--attention-backend snapmla stores its own KV layout (FP8 e4m3 content, one fp32 scale per "
                          f"token, BF16 RoPE): got --kv-cache-dtype {kv_dtype}. Drop the flag or pass fp8_e4m3.")
+    if getattr(args, "enable_hierarchical_cache", False):
+        raise ValueError("--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
+                         "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
+                         "scales, BF16 RoPE). Drop the flag.")
     draft = getattr(args, "speculative_draft_attention_backend", None)
     if draft not in (None, BACKEND):
         raise ValueError(f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "

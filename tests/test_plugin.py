@@ -161,6 +161,9 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
         with pytest.raises(ValueError, match=f"--kv-cache-dtype {dtype}. Drop the flag"):
             parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--kv-cache-dtype", dtype,
                   "--device", "cpu")
+    with pytest.raises(ValueError, match="enable-hierarchical-cache is not supported"):
+        parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--enable-hierarchical-cache",
+              "--device", "cpu")
     with pytest.raises(ValueError, match="speculative-draft-attention-backend flashmla"):
         parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
               "--speculative-algorithm", "NEXTN", "--speculative-draft-attention-backend", "flashmla", "--device", "cpu")
