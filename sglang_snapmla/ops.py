@@ -305,11 +305,12 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     if B == 0:
         return out, lse
     qk_scale_log2 = softmax_scale * math.log2(math.e)
+    pdl = pdl_enabled(dev)
     if impl == "cuda":
         from . import cuda_ext
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, R, H, s_q, qk_scale_log2, splits, pdl_enabled(dev))
+                                     lse_part, R, H, s_q, qk_scale_log2, splits, pdl)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
@@ -317,7 +318,6 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
             block_table.stride(0), R, H, s_q, qk_scale_log2,
             splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
             num_warps=warps, num_stages=stages)
-    pdl = pdl_enabled(dev)
     tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, PDL=pdl, launch_pdl=pdl,
                                    num_warps=4)
     return out, lse

@@ -110,7 +110,6 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     assert_close(out.float(), tri.float(), rel_l2=1e-2, what="cuda sm90 vs triton")
 
 
-
 @pytest.mark.parametrize("impl", ["triton", "auto"])
 def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
     """Q-quant -> decode -> combine with programmatic dependent launch (ops.pdl_enabled) give the same bits as
