@@ -10,13 +10,20 @@ set -uo pipefail
 OUT=${OUT:-/tmp/snapmla_out}
 BENCH=$1; shift
 if [ -n "${SHAPES:-}" ]; then
+  # build + debug run of every variant first (a hanging kernel is dropped in 90 s), then the timing, then the GPU
+  # tests and sanitizers of the variants that passed (the long part: what is left of the 600 s goes to it)
+  PASSED=()
   for V in "$@"; do
+    echo "=================== $V (build, debug run)"
+    SNAPMLA_CUDA_SOURCE_DIR=ab/${V%%+*}/kernels/cuda OUT=$OUT/$V GATE_ONLY=1 bash examples/gpu/kernels.sh --cuda \
+      && PASSED+=("$V")
+  done
+  (source examples/gpu/env.sh; timeout 300 python3 examples/gpu/time_variants.py "$SHAPES" main "${PASSED[@]}")
+  for V in "${PASSED[@]}"; do
     echo "=================== $V (checks)"
-    SNAPMLA_CUDA_SOURCE_DIR=ab/$V/kernels/cuda OUT=$OUT/$V NO_BENCH=1 \
+    SNAPMLA_CUDA_SOURCE_DIR=ab/${V%%+*}/kernels/cuda OUT=$OUT/$V NO_BENCH=1 CUDA_ONLY=1 \
       PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} bash examples/gpu/kernels.sh --cuda
   done
-  source examples/gpu/env.sh
-  timeout 300 python3 examples/gpu/time_variants.py "$SHAPES" main "$@"
   exit
 fi
 for V in "$@"; do
