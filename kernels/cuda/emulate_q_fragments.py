@@ -5,7 +5,9 @@ The ldmatrix.x4 reads from the 128 B-swizzled Q tiles are replayed with the kern
 sync): lane L of warp w gives the row address of matrix L // 8, row L % 8; register i of lane L then holds 4 bytes of
 matrix i, row L // 4, bytes 4 (L % 4)..+3 (PTX ldmatrix, b16 elements). Every register must hold the bytes that
 WGMMA's A fragment expects there (PTX wgmma register fragments, m64nNk32 8-bit = m64nNk16 16-bit in bytes):
-row 16 w + L // 4 (+ 8 for registers 1 and 3), K bytes 32 k + 4 (L % 4) (+ 16 for registers 2 and 3).
+row 16 w + L // 4 (+ 8 for registers 1 and 3), K bytes 32 k + 4 (L % 4) (+ 16 for registers 2 and 3) -- the
+register-source A layout that CUTLASS's cute GMMA traits give for 8-bit types (ALayout_64x32) and, in bytes, for
+16-bit ones.
 Each 8-row ldmatrix phase must touch 8 distinct 16 B bank groups (no bank conflicts).
     usage: python kernels/cuda/emulate_q_fragments.py
 """
