@@ -12,8 +12,9 @@
 //             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
 //             scale-domain alignment --, then publishes P8(c-1) ("pfull"), so that PV(c-1) queues behind QK(c+1)
 //             on the tensor cores, then runs page c's online softmax (base 2) while QK(c+1) runs:
-//             S *= sigma_q sigma_k (masks only on the pages that need them), P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the
-//             buffer of page parity once PV(c-2) has released it ("pempty").
+//             S *= sigma_q sigma_k (masks only on the pages that need them), P' = P * sigma_k,
+//             sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the buffer of page
+//             parity once PV(c-2) has released it ("pempty").
 //   warpgroups 1 and 2 (PV, output columns 0..255 / 256..511): V^T(c) = transpose of their half of the staged fp8
 //             page into a K-major [256 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page
 //             as stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8 shares;
