@@ -37,15 +37,20 @@
 #include "wgmma_ops.cuh"
 
 #ifndef SNAPMLA_SOFTMAX_REGS
-#define SNAPMLA_SOFTMAX_REGS 192
+#define SNAPMLA_SOFTMAX_REGS 184
 #endif
 
 namespace snapmla {
 
 constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 384, kStages = 3;
 constexpr float kFp8Max = 448.f;
-constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (65536 / 128 - kSoftmaxRegs) / 2;  // per thread
+// setmaxnreg only moves registers within what the CTA was launched with: 384 threads x 168 (the most a 384-thread
+// CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
+// forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
+constexpr int kLaunchRegs = 168;
+constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (3 * kLaunchRegs - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
 static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
+static_assert(kSoftmaxRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg: more registers than the CTA holds");
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
 constexpr int kTile = kPage * 128;                    // one [64 rows x 128 B] swizzled tile, 8 KB
@@ -311,8 +316,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 
   if (wg == 0) {
     // ---- softmax warpgroup: QK of page c+1 runs on the tensor cores while the softmax of page c runs here ----
-    // registers: 192 here (80 of them hold Q), 160 in each PV warpgroup (128 accumulators): 128 x (192 + 2 x 160)
-    // = the 64 K of the SM
+    // registers: 184 here (80 of them hold Q), 160 in each PV warpgroup (128 accumulators): 184 + 2 x 160 = 3 x 168,
+    // the launch's allocation
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kSoftmaxRegs));
     const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
     const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
