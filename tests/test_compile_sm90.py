@@ -77,6 +77,14 @@ def test_v_transpose_mapping_emulated():
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
 
 
+def test_q_fragment_loads_emulated():
+    """v11's ldmatrix loads of Q into WGMMA A fragments, replayed on byte coordinates, put every byte where the A
+    fragment expects it, without shared-memory bank conflicts (kernels/cuda/emulate_q_fragments.py)."""
+    res = subprocess.run([sys.executable, str(CUDA_DIR / "emulate_q_fragments.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "registers hold the bytes" in res.stdout, res.stdout + res.stderr
+
+
 def test_source_dir_override_builds_a_separately_named_extension(monkeypatch, tmp_path):
     """SNAPMLA_CUDA_SOURCE_DIR (kernel A/B runs) compiles another copy of kernels/cuda under its own extension name,
     so torch's build cache keeps both versions; without it the shipped sources build as `snapmla_sm90`."""

@@ -6,25 +6,34 @@ and mechanical, hence generated:  python kernels/cuda/gen_wgmma.py
 
 from pathlib import Path
 
-SHAPES = [  # (function, shape, operand type, accumulator registers per thread, bf16 form)
-    ("wgmma_m64n64k32_e4m3", "m64n64k32", "e4m3", 32, False),
-    ("wgmma_m64n64k16_bf16", "m64n64k16", "bf16", 32, True),
-    ("wgmma_m64n256k32_e4m3", "m64n256k32", "e4m3", 128, False),
+SHAPES = [  # (function, shape, operand type, accumulator registers per thread, bf16 form, A in registers)
+    ("wgmma_m64n64k32_e4m3", "m64n64k32", "e4m3", 32, False, False),
+    ("wgmma_m64n64k16_bf16", "m64n64k16", "bf16", 32, True, False),
+    ("wgmma_m64n256k32_e4m3", "m64n256k32", "e4m3", 128, False, False),
+    ("wgmma_m64n64k32_e4m3_rs", "m64n64k32", "e4m3", 32, False, True),
+    ("wgmma_m64n64k16_bf16_rs", "m64n64k16", "bf16", 32, True, True),
 ]
 
 
-def wrapper(name: str, shape: str, atype: str, nregs: int, bf16: bool) -> str:
+def wrapper(name: str, shape: str, atype: str, nregs: int, bf16: bool, a_regs: bool) -> str:
     regs = ", ".join(f"%{i}" for i in range(nregs))
     ops = ", ".join(f'"+f"(d[{i}])' for i in range(nregs))
-    # bf16 takes imm-trans-a/b (0: K-major); fp8 WGMMA is K-major only and has no such operands
-    tail = ", p, 1, 1, 0, 0;" if bf16 else ", p, 1, 1;"
-    return f'''// D[64 x N] (+)= A[64 x K] * B[N x K]^T, both K-major in shared memory; `accumulate` 0 overwrites D.
-__device__ __forceinline__ void {name}(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {{
+    if a_regs:  # A: this thread's 4 x b32 fragment (ldmatrix.x4 layout of a 16 x 32 B block per warp)
+        a_param, n_in, a_doc = "const uint32_t (&a)[4]", 4, "A as this thread's fragment"
+        a_operand = "{" + ", ".join(f"%{nregs + i}" for i in range(4)) + "}"
+        a_inputs = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), '
+    else:
+        a_param, a_operand, a_inputs, n_in, a_doc = "uint64_t desc_a", f"%{nregs}", '"l"(desc_a), ', 1, "A K-major"
+    # bf16 takes imm-trans-a (shared-memory A only) and imm-trans-b (0: K-major); fp8 WGMMA is K-major only and has
+    # no such operands
+    tail = (", p, 1, 1, 0;" if a_regs else ", p, 1, 1, 0, 0;") if bf16 else ", p, 1, 1;"
+    return f'''// D[64 x N] (+)= A[64 x K] * B[N x K]^T, {a_doc}, B K-major in shared memory; `accumulate` 0 overwrites D.
+__device__ __forceinline__ void {name}(float* d, {a_param}, uint64_t desc_b, int accumulate) {{
   asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nregs + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.{shape}.f32.{atype}.{atype} {{{regs}}}, %{nregs}, %{nregs + 1}{tail}\\n}}\\n"
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nregs + n_in + 1}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.{shape}.f32.{atype}.{atype} {{{regs}}}, {a_operand}, %{nregs + n_in}{tail}\\n}}\\n"
       : {ops}
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+      : {a_inputs}"l"(desc_b), "r"(accumulate));
 }}
 '''
 

@@ -1,6 +1,7 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 8 (history in docs/KERNEL.md; v6 = tag cuda-decode-v6-validated). One CTA = 64 query rows (flattened
+// Version 11 = v8 with Q as the register operand of QK (untested on a GPU when written: docs/KERNEL.md, session 9)
+// (history in docs/KERNEL.md; v6 = tag cuda-decode-v6-validated). One CTA = 64 query rows (flattened
 // (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
 // (no block-wide barrier in the page loop):
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
@@ -8,11 +9,12 @@
 //             refilled (by warpgroup 1's first thread) once its "empty" mbarrier says QK, the softmax's scale reads
 //             and both transposes are done with it, i.e. up to two pages ahead of the page being consumed.
 //   warpgroup 0 (softmax, no O): iteration c issues S(c+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T
-//             (4 x m64n64k16 bf16) -- one accumulation thanks to scale-domain alignment --, then publishes P8(c-1)
-//             ("pfull"), so that PV(c-1) queues behind QK(c+1) on the tensor cores, then runs page c's online
-//             softmax (base 2) while QK(c+1) runs: S *= sigma_q sigma_k (masks only on the pages that need them),
-//             P' = P * sigma_k, sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the
-//             buffer of page parity once PV(c-2) has released it ("pempty").
+//             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
+//             scale-domain alignment --, then publishes P8(c-1) ("pfull"), so that PV(c-1) queues behind QK(c+1)
+//             on the tensor cores, then runs page c's online softmax (base 2) while QK(c+1) runs:
+//             S *= sigma_q sigma_k (masks only on the pages that need them), P' = P * sigma_k,
+//             sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the buffer of page
+//             parity once PV(c-2) has released it ("pempty").
 //   warpgroups 1 and 2 (PV, output columns 0..255 / 256..511): V^T(c) = transpose of their half of the staged fp8
 //             page into a K-major [256 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page
 //             as stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8 shares;
@@ -34,10 +36,21 @@
 
 #include "wgmma_ops.cuh"
 
+#ifndef SNAPMLA_SOFTMAX_REGS
+#define SNAPMLA_SOFTMAX_REGS 184
+#endif
+
 namespace snapmla {
 
 constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 384, kStages = 3;
 constexpr float kFp8Max = 448.f;
+// setmaxnreg only moves registers within what the CTA was launched with: 384 threads x 168 (the most a 384-thread
+// CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
+// forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
+constexpr int kLaunchRegs = 168;
+constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (3 * kLaunchRegs - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
+static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
+static_assert(kSoftmaxRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg: more registers than the CTA holds");
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
 constexpr int kTile = kPage * 128;                    // one [64 rows x 128 B] swizzled tile, 8 KB
@@ -165,6 +178,10 @@ __device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensor
 
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
 }
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&v)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -299,26 +316,39 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 
   if (wg == 0) {
     // ---- softmax warpgroup: QK of page c+1 runs on the tensor cores while the softmax of page c runs here ----
+    // registers: 184 here (80 of them hold Q), 160 in each PV warpgroup (128 accumulators): 184 + 2 x 160 = 3 x 168,
+    // the launch's allocation
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kSoftmaxRegs));
     const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
     const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
     const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
     // pages below this one hold only keys that every row of the tile sees (no causal or sequence-end mask)
     const int unmasked_end = (seq_len - S_Q + 1) / kPage;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;
-    // descriptors: one per operand tile, K steps as constant start-address increments (address >> 4 stays inside
-    // the 14-bit field, so a plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
-    const uint64_t desc_q8 = smem_desc_sw128(smem + kQ8), desc_qr = smem_desc_sw128(smem + kQR);
+    // Q as the register operand of QK (v11): WGMMA's A fragment of a 16-row x 32-byte block per warp is what
+    // ldmatrix.x4 returns for it (the same byte layout for e4m3 k32 and bf16 k16), loaded once for the whole split:
+    // 16 content + 4 RoPE K steps x 4 registers. Every QK then reads only K from shared memory (40 KB per page
+    // instead of 80: docs/KERNEL.md, session 9).
+    uint32_t q_frag[kLatent / 32][4], qr_frag[kRope * 2 / 32][4];
+    {
+      const int frow = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), fbyte = 16 * (lane / 16);
+#pragma unroll
+      for (int k = 0; k < kLatent / 32; ++k) ldsm_x4(smem_u32(smem + kQ8) + sw128(frow, 32 * k + fbyte), q_frag[k]);
+#pragma unroll
+      for (int k = 0; k < kRope * 2 / 32; ++k)
+        ldsm_x4(smem_u32(smem + kQR) + sw128(frow, 32 * k + fbyte), qr_frag[k]);
+    }
+    // K descriptor: K steps as constant start-address increments (address >> 4 stays inside the 14-bit field, so a
+    // plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
     auto issue_qk = [&](float (&s)[32], int page) {
       const uint64_t desc_k = smem_desc_sw128(stage_of(page));
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k) {
-        const int off = ((k / 4) * kTile + (k % 4) * 32) >> 4;
-        wgmma_m64n64k32_e4m3(s, desc_q8 + off, desc_k + off, k > 0);
-      }
+      for (int k = 0; k < kLatent / 32; ++k)
+        wgmma_m64n64k32_e4m3_rs(s, q_frag[k], desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4), k > 0);
 #pragma unroll
       for (int k = 0; k < kRope * 2 / 32; ++k)
-        wgmma_m64n64k16_bf16(s, desc_qr + ((k * 32) >> 4), desc_k + ((4 * kTile + k * 32) >> 4), 1);
+        wgmma_m64n64k16_bf16_rs(s, qr_frag[k], desc_k + ((4 * kTile + k * 32) >> 4), 1);
       wgmma_commit();
     };
     // this thread's P8 words: rows row0 / row1, slots 16 i + 4 (lane % 4) of the K-major [64 x 64] tile
@@ -467,6 +497,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
   } else {
     // ---- PV warpgroups: wg 1 owns output columns 0..255, wg 2 columns 256..511 ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPvRegs));
     const int half = wg - 1;
     uint8_t* vt = smem + kVT + half * kVTHalfBytes;
     float o[128];
