@@ -318,8 +318,8 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
             block_table.stride(0), R, H, s_q, qk_scale_log2,
             splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
             num_warps=warps, num_stages=stages)
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits, PDL=pdl, launch_pdl=pdl,
-                                   num_warps=4)
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits,
+                                   SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
     return out, lse
 
 

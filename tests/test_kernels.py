@@ -129,7 +129,8 @@ def test_combine_skips_splits_without_keys(gen):
     out = torch.empty(B, R, 512, dtype=torch.bfloat16)
     lse = torch.empty(B, H, s_q)
     o_dev, l_dev, out_dev, lse_dev = (t.to(DEV) for t in (o_part, lse_part, out, lse))
-    tdecode.combine_kernel[(R, B)](o_dev, l_dev, out_dev, lse_dev, R, H, s_q, splits, PDL=False, num_warps=4)
+    tdecode.combine_kernel[(R, B)](o_dev, l_dev, out_dev, lse_dev, R, H, s_q, splits, SPLITS_P2=8, PDL=False,
+                                   num_warps=4)
     weights = torch.softmax(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # 2^lse / sum 2^lse
     ref = (weights[..., None] * torch.where(empty[..., None], 0.0, o_part)).sum(2)
     assert_close(out_dev.float().cpu(), ref, rel_l2=4e-3, what="combine")

@@ -121,7 +121,8 @@ def combine_kernel(
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
     out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
     R, H, S_Q,
-    NUM_SPLITS,  # runtime: the loops below keep one [512] row in registers whatever the split count
+    NUM_SPLITS,  # runtime: the loop below keeps one [512] row in registers whatever the split count
+    SPLITS_P2: tl.constexpr,  # next power of two >= NUM_SPLITS: all LSEs of a row are read as one vector
     PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel: wait for its partials
 ):
     if PDL:
@@ -130,19 +131,21 @@ def combine_kernel(
     b = tl.program_id(1)
     dc = tl.arange(0, LATENT)
     base = (b * R + r).to(tl.int64) * NUM_SPLITS
-    m = tl.load(lse_part_ptr + base)  # split 0 always holds key 0, so m is finite after the loop
-    for sp in range(1, NUM_SPLITS):
-        m = tl.maximum(m, tl.load(lse_part_ptr + base + sp))
-    denom = 0.0
+    # One vector load of the row's LSEs, not a loop of dependent scalar loads: serving sizes the split count for the
+    # longest sequence a CUDA graph holds (57 splits for a 640-token sequence at a 32k context), and a serial scan
+    # of 57 loads cost microseconds at batch 1. Splits without a key for this row carry -inf (weight 0).
+    sp = tl.arange(0, SPLITS_P2)
+    lse_all = tl.load(lse_part_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse_all, axis=0)  # split 0 always holds key 0, so m is finite
+    denom = tl.sum(tl.exp2(lse_all - m), axis=0)
+    # ... and only splits up to the last one with a key are visited (the others are past a short sequence's end and
+    # may be unwritten); a keyless split inside that range is masked and costs 4 bytes instead of 2 KB
+    n_visit = tl.max(tl.where(lse_all > float("-inf"), sp + 1, 0), axis=0)
     out = tl.zeros([LATENT], tl.float32)
-    for sp in range(0, NUM_SPLITS):
-        lse_sp = tl.load(lse_part_ptr + base + sp)
-        w = tl.exp2(lse_sp - m)  # splits without a key for this row carry -inf: weight 0
-        denom += w
-        # ... and their partial rows are not read: a split past the end of a short sequence (the split count is set
-        # for the longest sequence a graph can hold) costs 4 bytes here instead of 2 KB, and may leave its row unwritten
+    for i in range(0, n_visit):
+        lse_sp = tl.load(lse_part_ptr + base + i)
         width = tl.where(lse_sp > float("-inf"), LATENT, 0)
-        out += w * tl.load(o_part_ptr + (base + sp) * LATENT + dc, mask=dc < width, other=0.0)
+        out += tl.exp2(lse_sp - m) * tl.load(o_part_ptr + (base + i) * LATENT + dc, mask=dc < width, other=0.0)
     tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, (out / denom).to(tl.bfloat16))
     token = r // H
     head = r % H
