@@ -8,7 +8,8 @@ SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384; a suf
 NAME: `main` (kernels/cuda) or a copy of kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of
 the page loop compiled out for an ablation;
 `NAME+VAR=VALUE` runs it with an environment setting (e.g. `main+SNAPMLA_PDL=0`). A name may repeat (interleaved
-repetitions of an A/B): its later runs are labelled NAME#2, NAME#3.
+repetitions of an A/B): its later runs are labelled NAME#2, NAME#3. `main+TIME_COPIES=8` times with 8 input copies
+in rotation (data from DRAM at small shapes, as bench_kernels.py does).
 All variants are built in parallel first (each under its own extension name, sglang_snapmla/cuda_ext.py), then each
 is timed in its own process (one extension per process), like examples/bench_kernels.py times `ours` (CUDA graph of
 20 calls, median of 15 replays, incl. Q quantization and combine). Prints a table, writes $OUT/variants.json."""
@@ -27,21 +28,25 @@ def time_one(shapes: str) -> dict:
 
     from sglang_snapmla import ops
 
+    # TIME_COPIES=8: rotate over 8 input copies (the small shapes of bench_kernels.py, whose data then comes from
+    # DRAM, not L2); default 1 (one copy, L2-warm at small shapes)
+    copies = int(os.environ.get("TIME_COPIES", "1"))
     res = {}
     for shape in shapes.split(","):
         dims, _, forced = shape[1:].partition("s")  # h128x1x640s57: 57 splits, as serving's static page bound gives
         h, b, sk = (int(x) for x in dims.split("x"))
         splits = int(forced) if forced else None
-        x = make_inputs(b, sk, h, 1, 1, "cuda")[0]
+        inputs = make_inputs(b, sk, h, 1, copies, "cuda")
         seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
-        qn, qr = x["q"][..., :512], x["q"][..., 512:]
 
-        def call(_, x=x, seqlens=seqlens, qn=qn, qr=qr, splits=splits):
+        def call(i, seqlens=seqlens, splits=splits):
+            x = inputs[i]
+            qn, qr = x["q"][..., :512], x["q"][..., 512:]
             return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, 576 ** -0.5,
                                               num_splits=splits, impl="cuda")
 
-        res[shape] = round(time_graph(call, 1), 1)
-        del x
+        res[shape] = round(time_graph(call, copies), 1)
+        del inputs
         torch.cuda.empty_cache()
     return res
 
