@@ -138,16 +138,40 @@ def stop_server(proc: subprocess.Popen, log) -> None:
 
 
 def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
-                  seed: int = 1, max_concurrency: int | None = None) -> tuple[dict, str]:
-    """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output)."""
+                  seed: int = 1, max_concurrency: int | None = None, details: Path | None = None) -> tuple[dict, str]:
+    """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output).
+    With `details` (a JSONL path bench_serving appends to), the metrics also carry the per-request TTFTs (s) and
+    input lengths, in the order bench_serving lists them: what a median hides (a few slow first requests)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
            "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
            str(output_len), "--random-range-ratio", "1.0", "--tokenizer", model, "--num-prompts", str(num_prompts),
            "--seed", str(seed)]
     if max_concurrency:
         cmd += ["--max-concurrency", str(max_concurrency)]
+    if details:
+        details.unlink(missing_ok=True)
+        cmd += ["--output-file", str(details), "--output-details"]
     b = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    return parse_metrics(b.stdout), b.stdout + b.stderr
+    metrics = parse_metrics(b.stdout)
+    if details and details.exists():
+        metrics.update(request_details(details.read_text()))
+    return metrics, b.stdout + b.stderr
+
+
+def request_details(jsonl: str) -> dict:
+    """Per-request TTFTs (s) and input lengths from bench_serving's --output-details line (the last one)."""
+    last = json.loads(jsonl.strip().splitlines()[-1])
+    return {"ttfts_s": [round(t, 4) for t in last.get("ttfts", [])], "input_lens": last.get("input_lens", [])}
+
+
+def ttft_outliers(metrics: dict, factor: float = 5.0) -> list[tuple[int, int, float]]:
+    """(request index, input length, TTFT s) of the requests whose TTFT exceeds `factor` x the median TTFT."""
+    ttfts = metrics.get("ttfts_s") or []
+    if not ttfts:
+        return []
+    median = sorted(ttfts)[len(ttfts) // 2]
+    lens = metrics.get("input_lens") or [None] * len(ttfts)
+    return [(i, n, t) for i, (t, n) in enumerate(zip(ttfts, lens)) if t > factor * median]
 
 
 def parse_metrics(text: str) -> dict:

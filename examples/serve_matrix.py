@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from serve_and_bench import (RUNS, bench_serving, kill_servers_on_exit, pool_tokens, start_server, stop_server,
-                             wait_healthy)
+                             ttft_outliers, wait_healthy)
 
 WORKLOADS = {  # name -> bench_serving arguments
     "in4096-out512": dict(input_len=4096, output_len=512, num_prompts=320),
@@ -49,10 +49,12 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
         # unmeasured warm-up: first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the numbers
         bench_serving(port, model, 1024, 16, 4, bench_timeout, seed=2)
         for name in workloads:
-            metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name])
+            metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name],
+                                          details=out / f"details_{Path(model).name}_{backend}_{name}.jsonl")
             (out / f"bench_{Path(model).name}_{backend}_{name}.txt").write_text(text)
             res["workloads"][name] = metrics
-            print(json.dumps({"model": model, "backend": backend, "workload": name, **metrics}), flush=True)
+            print(json.dumps({"model": model, "backend": backend, "workload": name,
+                              **{k: v for k, v in metrics.items() if not isinstance(v, list)}}), flush=True)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -81,6 +83,12 @@ def table(results: dict) -> str:
                 lines.append(f"| {Path(model).name} | {wl} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
                              f"| {m.get('median_tpot_ms')} | {m.get('median_itl_ms')} | {m.get('median_ttft_ms')} | "
                              f"{r.get('pool_tokens')} | {'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
+        for wl in WORKLOADS:  # a median hides a few slow requests: list them (latency workloads above all)
+            for name, r in backends.items():
+                slow = ttft_outliers(r.get("workloads", {}).get(wl, {}))
+                if slow:
+                    lines.append(f"| {Path(model).name} | {wl} | {name} | TTFT > 5x median: " + ", ".join(
+                        f"request {i} ({n} tokens) {t:.2f} s" for i, n, t in slow) + " | | | | | | | |")
         for name, r in backends.items():
             if "error" in r:
                 lines.append(f"| {Path(model).name} | - | {name} | error: {r['error']} | | | | | | | |")

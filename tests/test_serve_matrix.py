@@ -64,3 +64,20 @@ def test_server_log_parsers_read_pool_and_peak_batch():
     assert sb.peak_running_requests(log) == 190
     assert sb.peak_running_requests("no batches yet") is None
     assert sb.pool_tokens("") is None
+
+
+def test_request_details_and_ttft_outliers_are_listed():
+    """Per-request TTFTs from bench_serving's --output-details line; requests over 5x the median TTFT are listed under
+    the table (session 10: two of eight concurrency-1 requests at 1.3-1.75 s against a 0.1 s median)."""
+    import serve_and_bench as sb
+
+    line = json.dumps({"completed": 8, "ttfts": [1.5, 0.09, 0.1, 0.095, 1.2, 0.1, 0.11, 0.1],
+                       "input_lens": [4672, 4672, 4352, 4544, 4480, 4608, 4480, 4544], "itls": [[0.003]] * 8})
+    details = sb.request_details("{}\n" + line + "\n")
+    assert details["input_lens"][0] == 4672 and details["ttfts_s"][4] == 1.2
+    assert sb.ttft_outliers(details) == [(0, 4672, 1.5), (4, 4480, 1.2)]
+    assert sb.ttft_outliers({}) == [] and sb.ttft_outliers({"ttfts_s": [0.1] * 8}) == []
+    results = _results()
+    results["configs/models/deepseek-v2-lite-shape"]["snapmla"]["workloads"]["latency-c1"].update(details)
+    rows = [r for r in sm.table(results).splitlines() if "TTFT > 5x median" in r]
+    assert len(rows) == 1 and "latency-c1 | snapmla" in rows[0] and "request 0 (4672 tokens) 1.50 s" in rows[0]
