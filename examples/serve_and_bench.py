@@ -21,6 +21,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -169,7 +170,7 @@ def ttft_outliers(metrics: dict, factor: float = 5.0) -> list[tuple[int, int, fl
     ttfts = metrics.get("ttfts_s") or []
     if not ttfts:
         return []
-    median = sorted(ttfts)[len(ttfts) // 2]
+    median = statistics.median(ttfts)
     lens = metrics.get("input_lens") or [None] * len(ttfts)
     return [(i, n, t) for i, (t, n) in enumerate(zip(ttfts, lens)) if t > factor * median]
 

@@ -21,7 +21,7 @@ if [ -n "${SHAPES:-}" ]; then
   (source examples/gpu/env.sh; timeout 300 python3 examples/gpu/time_variants.py "$SHAPES" main "${PASSED[@]}")
   for V in "${PASSED[@]}"; do
     echo "=================== $V (checks)"
-    SNAPMLA_CUDA_SOURCE_DIR=ab/${V%%+*}/kernels/cuda OUT=$OUT/$V NO_BENCH=1 CUDA_ONLY=1 \
+    SNAPMLA_CUDA_SOURCE_DIR=ab/${V%%+*}/kernels/cuda OUT=$OUT/$V NO_BENCH=1 CUDA_ONLY=1 GATE_DONE=1 \
       PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} bash examples/gpu/kernels.sh --cuda
   done
   exit

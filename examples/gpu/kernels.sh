@@ -7,7 +7,8 @@ set -uo pipefail
 source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
 python3 -c "import sglang_snapmla.ops" || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-if [[ " $* " == *" --cuda "* ]]; then
+# GATE_DONE=1: examples/gpu/ab.sh already built and debug-ran this source (GATE_ONLY=1) in this call
+if [[ " $* " == *" --cuda "* ]] && [ -z "${GATE_DONE:-}" ]; then
   echo "== build the sm_90a extension"
   /usr/bin/time -f "build %e s" python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build(verbose=True)" \
     > "$OUT/cuda_build.log" 2>&1; tail -3 "$OUT/cuda_build.log"; grep -E "registers|spill" "$OUT/cuda_build.log" | head -4

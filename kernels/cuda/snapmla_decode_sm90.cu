@@ -47,10 +47,10 @@ constexpr float kFp8Max = 448.f;
 // setmaxnreg only moves registers within what the CTA was launched with: 384 threads x 168 (the most a 384-thread
 // CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
 // forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
-constexpr int kLaunchRegs = 168;
-constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (3 * kLaunchRegs - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kLanePool = kThreads / 128 * kLaunchRegs;  // 168, 504
+constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (kLanePool - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
 static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
-static_assert(kSoftmaxRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg: more registers than the CTA holds");
+static_assert(kSoftmaxRegs + 2 * kPvRegs <= kLanePool, "setmaxnreg: more registers than the CTA holds");
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
 constexpr int kTile = kPage * 128;                    // one [64 rows x 128 B] swizzled tile, 8 KB
