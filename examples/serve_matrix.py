@@ -12,12 +12,17 @@ prompts, in 32768 / out 1024 / 64 prompts, in 1024 / out 1024 / 512 prompts, and
 --resume (results already in --out are kept), or merge the JSON of several calls. Prints a table (ratios vs
 flashmla BF16 of the same model, targets marked), writes serve_matrix.json and two PNGs (throughput and median
 TPOT vs context length, per backend).
+
+A workload named twice runs twice on the same server (the repeat is recorded as NAME#2): a first-use cost shows
+as a difference between the two. Each workload also records the Triton kernels JIT-compiled while it ran (new
+entries in TRITON_CACHE_DIR), listed under the table: a compile inside a measurement is a warm-up gap, not speed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from serve_and_bench import (RUNS, bench_serving, kill_servers_on_exit, pool_tokens, start_server, stop_server,
@@ -37,8 +42,30 @@ CONTEXT_LENGTH = 32768 + 1024 + 64  # the longest workload fits
 CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or decode runs eagerly
 
 
+def triton_cache_entries(cache_dir: Path | None = None) -> set[str]:
+    """Names ("HASH/kernel") of the compiled kernels in Triton's cache: one metadata JSON per compiled variant."""
+    cache_dir = cache_dir or Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    if not cache_dir.is_dir():
+        return set()
+    return {f"{p.parent.name}/{p.stem}" for p in cache_dir.glob("*/*.json") if not p.name.startswith("__grp__")}
+
+
+def compiled_kernels(before: set[str], after: set[str]) -> list[str]:
+    """Kernel names compiled between two `triton_cache_entries` snapshots (sorted, one per variant)."""
+    return sorted(entry.split("/", 1)[1] for entry in after - before)
+
+
+def run_key(name: str, done: dict) -> str:
+    """The results key of a run of workload `name`: NAME, then NAME#2, NAME#3 ... for repeats on one server."""
+    key, k = name, 1
+    while key in done:
+        k += 1
+        key = f"{name}#{k}"
+    return key
+
+
 def run_backend(model: str, backend: str, workloads: list[str], out: Path, port: int, startup_timeout: float,
-                bench_timeout: float) -> dict:
+                bench_timeout: float, warmup_input_len: int = 1024) -> dict:
     """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
     proc, log = start_server(model, port, ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), *RUNS[backend]], log_path,
@@ -47,14 +74,19 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
     try:
         wait_healthy(port, proc, startup_timeout)
         # unmeasured warm-up: first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the numbers
-        bench_serving(port, model, 1024, 16, 4, bench_timeout, seed=2)
+        bench_serving(port, model, warmup_input_len, 16, 4, bench_timeout, seed=2)
         for name in workloads:
+            key = run_key(name, res["workloads"])
+            tag = key.replace("#", "_run")
+            before = triton_cache_entries()
             metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name],
-                                          details=out / f"details_{Path(model).name}_{backend}_{name}.jsonl")
-            (out / f"bench_{Path(model).name}_{backend}_{name}.txt").write_text(text)
-            res["workloads"][name] = metrics
-            print(json.dumps({"model": model, "backend": backend, "workload": name,
-                              **{k: v for k, v in metrics.items() if not isinstance(v, list)}}), flush=True)
+                                          details=out / f"details_{Path(model).name}_{backend}_{tag}.jsonl")
+            metrics["jit_compiled"] = compiled_kernels(before, triton_cache_entries())
+            (out / f"bench_{Path(model).name}_{backend}_{tag}.txt").write_text(text)
+            res["workloads"][key] = metrics
+            print(json.dumps({"model": model, "backend": backend, "workload": key,
+                              **{k: v for k, v in metrics.items() if not isinstance(v, list)},
+                              "jit_compiled": metrics["jit_compiled"]}), flush=True)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -70,9 +102,9 @@ def table(results: dict) -> str:
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for model, backends in results.items():
         ref = backends.get(REFERENCE, {})
-        for wl in WORKLOADS:
+        for wl, key in _table_keys(backends):
             for name, r in backends.items():
-                m = r.get("workloads", {}).get(wl)
+                m = r.get("workloads", {}).get(key)
                 if m is None:
                     continue
                 base = ref.get("workloads", {}).get(wl, {}).get("total_tok_s")
@@ -80,19 +112,30 @@ def table(results: dict) -> str:
                 target = TARGETS.get(wl) if name.startswith("snapmla") else None
                 verdict = "" if target is None or ratio is None else \
                     f"{'met' if ratio >= target else 'not met'} (>= {target}x)"
-                lines.append(f"| {Path(model).name} | {wl} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
+                lines.append(f"| {Path(model).name} | {key} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
                              f"| {m.get('median_tpot_ms')} | {m.get('median_itl_ms')} | {m.get('median_ttft_ms')} | "
                              f"{r.get('pool_tokens')} | {'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
-        for wl in WORKLOADS:  # a median hides a few slow requests: list them (latency workloads above all)
+        for _, key in _table_keys(backends):  # a median hides a few slow requests: list them (latency above all)
             for name, r in backends.items():
-                slow = ttft_outliers(r.get("workloads", {}).get(wl, {}))
+                slow = ttft_outliers(r.get("workloads", {}).get(key, {}))
                 if slow:
-                    lines.append(f"| {Path(model).name} | {wl} | {name} | TTFT > 5x median: " + ", ".join(
+                    lines.append(f"| {Path(model).name} | {key} | {name} | TTFT > 5x median: " + ", ".join(
                         f"request {i} ({n} tokens) {t:.2f} s" for i, n, t in slow) + " | | | | | | | |")
+                compiled = r.get("workloads", {}).get(key, {}).get("jit_compiled")
+                if compiled:
+                    lines.append(f"| {Path(model).name} | {key} | {name} | JIT-compiled during the run: "
+                                 + ", ".join(compiled) + " | | | | | | | |")
         for name, r in backends.items():
             if "error" in r:
                 lines.append(f"| {Path(model).name} | - | {name} | error: {r['error']} | | | | | | | |")
     return "\n".join(lines)
+
+
+def _table_keys(backends: dict) -> list[tuple[str, str]]:
+    """(workload, results key) in WORKLOADS order, repeats (NAME#k) after their first run."""
+    keys = {k for r in backends.values() for k in r.get("workloads", {})}
+    return [(wl, k) for wl in WORKLOADS for k in sorted(keys, key=lambda k: (len(k), k))
+            if k == wl or k.startswith(wl + "#")]
 
 
 def plot(results: dict, out: Path) -> list[Path]:
@@ -130,7 +173,10 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
     ap.add_argument("--backends", nargs="+", default=["snapmla", "flashmla", "flashmla-fp8", "triton"],
                     choices=list(RUNS))
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS),
+                    help="a name given twice runs twice on the same server (NAME#2)")
+    ap.add_argument("--warmup-input-len", type=int, default=1024,
+                    help="input length of the unmeasured 16-prompt warm-up after server start")
     ap.add_argument("--resume", action="store_true", help="keep (model, backend) results already in --out")
     ap.add_argument("--merge", nargs="+", type=Path, help="only merge these serve_matrix.json files, table + plots")
     ap.add_argument("--startup-timeout", type=float, default=600)
@@ -150,10 +196,11 @@ def main(argv: list[str] | None = None):
         kill_servers_on_exit()
         for i, backend in enumerate(args.backends):
             done = results.get(args.model, {}).get(backend, {})
-            todo = [w for w in args.workloads if w not in done.get("workloads", {})]
+            todo = [w for w in args.workloads if w not in done.get("workloads", {})] if args.resume else args.workloads
             if not todo and "error" not in done:
                 continue
-            r = run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout, args.bench_timeout)
+            r = run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout, args.bench_timeout,
+                            args.warmup_input_len)
             r["workloads"] = {**done.get("workloads", {}), **r["workloads"]}
             results.setdefault(args.model, {})[backend] = r
             saved.write_text(json.dumps(results, indent=1))

@@ -81,3 +81,34 @@ def test_request_details_and_ttft_outliers_are_listed():
     results["configs/models/deepseek-v2-lite-shape"]["snapmla"]["workloads"]["latency-c1"].update(details)
     rows = [r for r in sm.table(results).splitlines() if "TTFT > 5x median" in r]
     assert len(rows) == 1 and "latency-c1 | snapmla" in rows[0] and "request 0 (4672 tokens) 1.50 s" in rows[0]
+
+
+def test_compiles_during_a_run_and_repeats_are_tabulated(tmp_path):
+    """Kernels whose Triton cache entries appear while a workload runs are listed under the table, and a workload
+    run twice on one server is a second row (NAME#2) with its own ratio: a first-use cost shows as their difference."""
+    cache = tmp_path / "triton"
+    (cache / "aaa").mkdir(parents=True)
+    (cache / "aaa" / "fetch_dequant_kernel.json").write_text("{}")
+    (cache / "aaa" / "__grp__fetch_dequant_kernel.json").write_text("{}")
+    before = sm.triton_cache_entries(cache)
+    assert before == {"aaa/fetch_dequant_kernel"}
+    (cache / "bbb").mkdir()
+    (cache / "bbb" / "merge_state_kernel.json").write_text("{}")
+    (cache / "ccc").mkdir()
+    (cache / "ccc" / "fetch_dequant_kernel.json").write_text("{}")  # a second specialization of the same kernel
+    assert sm.compiled_kernels(before, sm.triton_cache_entries(cache)) == ["fetch_dequant_kernel",
+                                                                            "merge_state_kernel"]
+    assert sm.triton_cache_entries(tmp_path / "missing") == set()
+    assert sm.run_key("latency-c1", {}) == "latency-c1"
+    assert sm.run_key("latency-c1", {"latency-c1": {}, "latency-c1#2": {}}) == "latency-c1#3"
+
+    results = _results()
+    snap = results["configs/models/deepseek-v2-lite-shape"]["snapmla"]["workloads"]
+    snap["latency-c1"]["jit_compiled"] = ["merge_state_kernel"]
+    snap["latency-c1#2"] = {**_metrics(10.5, 5.0), "jit_compiled": []}
+    rows = sm.table(results).splitlines()
+    repeat = [r for r in rows if "| latency-c1#2 | snapmla |" in r]
+    assert len(repeat) == 1 and "1.05x" in repeat[0] and "met (>= 1.0x)" in repeat[0]
+    compiled = [r for r in rows if "JIT-compiled during the run" in r]
+    assert len(compiled) == 1 and "latency-c1 | snapmla" in compiled[0] and "merge_state_kernel" in compiled[0]
+    assert rows.index(repeat[0]) > min(i for i, r in enumerate(rows) if "| latency-c1 | snapmla |" in r)
