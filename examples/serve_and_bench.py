@@ -47,6 +47,7 @@ METRICS = {
     "median_ttft_ms": r"Median TTFT \(ms\):\s+([\d.]+)",
     "duration_s": r"Benchmark duration \(s\):\s+([\d.]+)",
     "completed": r"Successful requests:\s+(\d+)",
+    "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
 }
 
 
@@ -55,6 +56,15 @@ def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def flush_cache(port: int, timeout: float = 60) -> None:
+    """Empty the server's radix cache (SGLang's /flush_cache; refused while requests run): a measured workload then
+    starts without prefix hits left by a warm-up or an earlier workload that used the same seeded prompts."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        if r.status != 200:
+            raise RuntimeError(f"/flush_cache answered {r.status}: {r.read()[:200]!r}")
 
 
 def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float = 900, **extra) -> dict:
@@ -154,6 +164,9 @@ def bench_serving(port: int, model: str, input_len: int, output_len: int, num_pr
         cmd += ["--output-file", str(details), "--output-details"]
     b = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     metrics = parse_metrics(b.stdout)
+    if metrics.get("retokenized_output_tokens") == 0:  # bench_serving counts rejected requests as successes
+        raise RuntimeError(f"bench_serving in {input_len} / out {output_len}: no output text streamed back (the "
+                           "server rejected the requests; its log says why, e.g. input longer than the context)")
     if details and details.exists():
         metrics.update(request_details(details.read_text()))
     return metrics, b.stdout + b.stderr

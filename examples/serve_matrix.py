@@ -13,9 +13,12 @@ prompts, in 32768 / out 1024 / 64 prompts, in 1024 / out 1024 / 512 prompts, and
 flashmla BF16 of the same model, targets marked), writes serve_matrix.json and two PNGs (throughput and median
 TPOT vs context length, per backend).
 
-A workload named twice runs twice on the same server (the repeat is recorded as NAME#2): a first-use cost shows
-as a difference between the two. Each workload also records the Triton kernels JIT-compiled while it ran (new
-entries in TRITON_CACHE_DIR), listed under the table: a compile inside a measurement is a warm-up gap, not speed.
+Before each measured workload the server sees the same prompts (same seed, length and concurrency; at most 16 of
+them, 8 output tokens), then its radix cache is flushed: the Triton kernels SGLang compiles per token count at first
+use (its fused MoE: ~1-2 s each, session 11) are compiled outside the measurement, whichever backend runs first on a
+machine, and no workload starts with prefix hits from an earlier one. Each workload records the Triton kernels
+still JIT-compiled while it ran (new entries in TRITON_CACHE_DIR), listed under the table. A workload named twice
+runs twice on the same server (the repeat is recorded as NAME#2).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ import json
 import os
 from pathlib import Path
 
-from serve_and_bench import (RUNS, bench_serving, kill_servers_on_exit, pool_tokens, start_server, stop_server,
-                             ttft_outliers, wait_healthy)
+from serve_and_bench import (RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens, start_server,
+                             stop_server, ttft_outliers, wait_healthy)
 
 WORKLOADS = {  # name -> bench_serving arguments
     "in4096-out512": dict(input_len=4096, output_len=512, num_prompts=320),
@@ -38,8 +41,19 @@ WORKLOADS = {  # name -> bench_serving arguments
 # issue 5's targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
 TARGETS = {"in4096-out512": 1.6, "in32768-out1024": 1.8, "latency-c1": 1.0}
 REFERENCE = "flashmla"
-CONTEXT_LENGTH = 32768 + 1024 + 64  # the longest workload fits
+# the longest workload fits: bench_serving's random-ids prompts are sent as text and the server's re-tokenization makes
+# them ~11 % longer (32 768 ids -> 36 300-36 500 tokens, 4 096 -> 4 288-4 672; session 11, where 33 856 rejected
+# every 32k request while bench_serving counted them as successes)
+CONTEXT_LENGTH = 40960
 CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or decode runs eagerly
+SHAPE_WARMUP_PROMPTS, SHAPE_WARMUP_OUTPUT = 16, 8
+
+
+def shape_warmup(workload: dict) -> dict:
+    """bench_serving arguments of the unmeasured run before `workload`: its first prompts (same seed, length and
+    concurrency), few output tokens. Prefill token counts of the measured run are then compiled for."""
+    return {**workload, "num_prompts": min(workload["num_prompts"], SHAPE_WARMUP_PROMPTS),
+            "output_len": SHAPE_WARMUP_OUTPUT}
 
 
 def triton_cache_entries(cache_dir: Path | None = None) -> set[str]:
@@ -64,6 +78,21 @@ def run_key(name: str, done: dict) -> str:
     return key
 
 
+def run_workload(port: int, model: str, backend: str, name: str, key: str, out: Path, bench_timeout: float) -> dict:
+    """One measured workload (after its shape warm-up and a cache flush) -> its metrics; raw output under `out`."""
+    tag = key.replace("#", "_run")
+    bench_serving(port, model, timeout=bench_timeout, **shape_warmup(WORKLOADS[name]))
+    flush_cache(port)
+    before = triton_cache_entries()
+    metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name],
+                                  details=out / f"details_{Path(model).name}_{backend}_{tag}.jsonl")
+    metrics["jit_compiled"] = compiled_kernels(before, triton_cache_entries())
+    (out / f"bench_{Path(model).name}_{backend}_{tag}.txt").write_text(text)
+    print(json.dumps({"model": model, "backend": backend, "workload": key,
+                      **{k: v for k, v in metrics.items() if not isinstance(v, list)}}), flush=True)
+    return metrics
+
+
 def run_backend(model: str, backend: str, workloads: list[str], out: Path, port: int, startup_timeout: float,
                 bench_timeout: float, warmup_input_len: int = 1024) -> dict:
     """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}."""
@@ -77,16 +106,10 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
         bench_serving(port, model, warmup_input_len, 16, 4, bench_timeout, seed=2)
         for name in workloads:
             key = run_key(name, res["workloads"])
-            tag = key.replace("#", "_run")
-            before = triton_cache_entries()
-            metrics, text = bench_serving(port, model, timeout=bench_timeout, **WORKLOADS[name],
-                                          details=out / f"details_{Path(model).name}_{backend}_{tag}.jsonl")
-            metrics["jit_compiled"] = compiled_kernels(before, triton_cache_entries())
-            (out / f"bench_{Path(model).name}_{backend}_{tag}.txt").write_text(text)
-            res["workloads"][key] = metrics
-            print(json.dumps({"model": model, "backend": backend, "workload": key,
-                              **{k: v for k, v in metrics.items() if not isinstance(v, list)},
-                              "jit_compiled": metrics["jit_compiled"]}), flush=True)
+            try:
+                res["workloads"][key] = run_workload(port, model, backend, name, key, out, bench_timeout)
+            except RuntimeError as e:  # a workload the server rejected: recorded, the others still run
+                res["error"] = f"{res.get('error', '')}{key}: {e}; "
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:

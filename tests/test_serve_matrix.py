@@ -112,3 +112,25 @@ def test_compiles_during_a_run_and_repeats_are_tabulated(tmp_path):
     compiled = [r for r in rows if "JIT-compiled during the run" in r]
     assert len(compiled) == 1 and "latency-c1 | snapmla" in compiled[0] and "merge_state_kernel" in compiled[0]
     assert rows.index(repeat[0]) > min(i for i, r in enumerate(rows) if "| latency-c1 | snapmla |" in r)
+
+
+def test_shape_warmup_sends_the_workloads_first_prompts_with_few_outputs():
+    """The unmeasured run before a workload uses its seed, input length and concurrency (same prefill shapes), at most
+    16 prompts and 8 output tokens."""
+    for name, w in sm.WORKLOADS.items():
+        warm = sm.shape_warmup(w)
+        assert warm["input_len"] == w["input_len"] and warm.get("max_concurrency") == w.get("max_concurrency")
+        assert warm["num_prompts"] == min(16, w["num_prompts"]) and warm["output_len"] == 8
+    assert sm.shape_warmup(sm.WORKLOADS["latency-c1"])["num_prompts"] == 8
+
+
+def test_rejected_requests_are_not_counted_as_a_result():
+    """bench_serving reports requests the server rejected (input over the context length) as successes with 0
+    TTFT; the number of output tokens it re-tokenized is 0 then, which the harness reads and refuses (session 11)."""
+    import serve_and_bench as sb
+
+    text = ("Successful requests:                     64\nTotal token throughput (tok/s):          295130.24\n"
+            "Total generated tokens (retokenized):    0\nMedian TTFT (ms):                        0.00\n")
+    assert sb.parse_metrics(text)["retokenized_output_tokens"] == 0
+    assert sb.parse_metrics(text.replace("    0\nMedian", "    65536\nMedian"))["retokenized_output_tokens"] == 65536
+    assert sm.CONTEXT_LENGTH >= int(32768 * 1.12) + 1024  # re-tokenized 32k prompts fit
