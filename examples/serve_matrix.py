@@ -169,7 +169,12 @@ def plot(results: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a]
+    # models with at least one throughput point (a latency-only run has nothing to draw against context length)
+    results = {m: b for m, b in results.items()
+               if any(w in r.get("workloads", {}) for r in b.values() for w in throughput)}
     paths = []
+    if not results:
+        return paths
     for key, label, fname in (("total_tok_s", "total tok/s", "serve_matrix_throughput.png"),
                               ("median_tpot_ms", "median TPOT (ms)", "serve_matrix_tpot.png")):
         fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
