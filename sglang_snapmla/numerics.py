@@ -39,6 +39,7 @@ FP8_MAX = 448.0
 SCALE_FLOOR = 2.0**-20
 # P' = P * sigma_k can be legitimately tiny; its floor only has to keep 0 / 0 out of an all-zero block.
 P_SCALE_FLOOR = torch.finfo(torch.float32).tiny
+P_QUANT_MODES = ("fp8", "fp8_pow2", "fp8_bound", "bf16")  # how the decode rounds P' (snapmla_decode_reference)
 BYTES_PER_TOKEN = KV_LORA_RANK * 1 + 4 + ROPE_DIM * 2  # 644
 BF16_BYTES_PER_TOKEN = (KV_LORA_RANK + ROPE_DIM) * 2  # 1152
 
@@ -185,14 +186,17 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
     seq_lens:    [B] int32 tokens per sequence, including the s_q query tokens (which are already in the cache)
     p_quant:     "fp8"  -- P' = P * sigma_k quantized to FP8 per (row, 64-token block) (SnapMLA)
                  "fp8_pow2" -- the same with the block scale rounded up to a power of two (`pow2_scale`)
+                 "fp8_bound" -- the block scale from a bound instead of the amax of P': max_j P_j x max_j sigma_kj
+                             over the row's visible keys (a kernel knows max_j P_j from the row maximum, so it
+                             skips the max over P'; a candidate, docs/KERNEL.md session 11)
                  "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
     Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens).
     Returns out [B, s_q, H, 512] fp32 and lse [B, H, s_q] fp32 (natural log of the softmax denominator).
     """
     B, s_q, H, _ = q.content.shape
     check_paged_inputs(B, s_q, block_table, seq_lens)
-    if p_quant not in ("fp8", "fp8_pow2", "bf16"):
-        raise ValueError(f"p_quant must be 'fp8', 'fp8_pow2' or 'bf16', got {p_quant!r}")
+    if p_quant not in P_QUANT_MODES:
+        raise ValueError(f"p_quant must be one of {P_QUANT_MODES}, got {p_quant!r}")
     dev = q.content.device
     out = torch.empty(B, s_q, H, KV_LORA_RANK, dtype=torch.float32, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
@@ -221,8 +225,12 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
             p = torch.exp(scores - m_new[:, None])
             l = l * alpha + p.sum(1)
             p_v = p * ks[None, :]  # V's per-token scale fused into P
-            if p_quant in ("fp8", "fp8_pow2"):
-                p_scale = (amax_scale if p_quant == "fp8" else pow2_scale)(p_v.amax(1), P_SCALE_FLOOR)
+            if p_quant in ("fp8", "fp8_pow2", "fp8_bound"):
+                if p_quant == "fp8_bound":  # >= amax(P'): the saturating fp8 cast absorbs its rounding
+                    ks_visible = ks[None, :].masked_fill(key_pos[None, :] > last_key[:, None], 0.0)
+                    p_scale = amax_scale(p.amax(1) * ks_visible.amax(1), P_SCALE_FLOOR)
+                else:
+                    p_scale = (amax_scale if p_quant == "fp8" else pow2_scale)(p_v.amax(1), P_SCALE_FLOOR)
                 pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
             else:
                 pv = p_v.to(torch.bfloat16).float() @ kc
@@ -334,6 +342,8 @@ CONFIGS: dict[str, QuantConfig] = {
                      _q(_per_block_q)),
     "SnapMLA-pow2P": QuantConfig("SnapMLA-pow2P", "SnapMLA with power-of-two P block scales (exact division, "
                                  "exponent-add rescaling)", quantize_kv, quantize_q, "fp8_pow2"),
+    "SnapMLA-boundP": QuantConfig("SnapMLA-boundP", "SnapMLA with P block scales from max P x max sigma_k "
+                                  "(no max over P'; a kernel candidate)", quantize_kv, quantize_q, "fp8_bound"),
     "BF16": QuantConfig("BF16", "BF16 cache and queries, bf16 P (FlashMLA-like)", _kv(_bf16), _q(_bf16), "bf16"),
 }
 
