@@ -2,13 +2,13 @@
 
     python examples/p_scale_study.py [--out p_scale_study.json]
 
-SnapMLA quantizes P' = P * sigma_k to FP8 per (row, 64-token block) with scale amax(P') / 448. A kernel spends ~90 of
-the softmax warpgroup's ~430 instructions per page on that amax and its use (docs/KERNEL.md, session 11);
-"SnapMLA-boundP" takes the scale from a bound it already has (max_j P_j x max_j sigma_kj), "SnapMLA-pow2P" rounds the
-scale up to a power of two. FP8's relative precision does not depend on the scale for normal values, so a looser
-scale only costs the weights it pushes into the subnormal range. The problems stress that: per-token content
-magnitudes spread over four decades (sigma_k far from its block maximum), peaked attention, RoPE outliers.
-Prints a table (rel-L2 and 1 - cos of each config vs the golden, per problem) and writes JSON.
+SnapMLA quantizes P' = P * sigma_k to FP8 per (row, 64-token block) with scale amax(P') / 448. A bound the kernel
+already has (max_j P_j x max_j sigma_kj, "SnapMLA-boundP") would save ~60 of the softmax warpgroup's ~430
+instructions per page (docs/KERNEL.md, session 11); "SnapMLA-pow2P" rounds the scale up to a power of two. FP8's
+relative precision does not depend on the scale for normal values, but only the amax maps the block's largest
+weight exactly onto 448: the problems test whether that matters (per-token content magnitudes spread over four
+decades, i.e. sigma_k far from its block maximum; peaked attention, where one weight dominates; RoPE outliers).
+Prints a table (rel-L2 of each config vs the golden, per problem) and writes JSON (rel-L2 and 1 - cos).
 """
 
 from __future__ import annotations

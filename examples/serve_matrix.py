@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None):
         kill_servers_on_exit()
         for i, backend in enumerate(args.backends):
             done = results.get(args.model, {}).get(backend, {})
-            todo = [w for w in args.workloads if w not in done.get("workloads", {})] if args.resume else args.workloads
+            todo = [w for w in args.workloads if w not in done.get("workloads", {})]
             if not todo and "error" not in done:
                 continue
             r = run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout, args.bench_timeout,
