@@ -118,6 +118,18 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
     return res
 
 
+def merge_into(results: dict, other: dict) -> dict:
+    """Adds `other`'s runs to `results` in place: a (model, backend) measured in several calls keeps the workloads
+    of all of them (a later call's run of the same workload replaces the earlier one)."""
+    for model, backends in other.items():
+        for backend, run in backends.items():
+            mine = results.setdefault(model, {}).setdefault(backend, {})
+            workloads = {**mine.get("workloads", {}), **run.get("workloads", {})}
+            mine.update(run)
+            mine["workloads"] = workloads
+    return results
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (model, workload, backend); ratios vs the same model's flashmla BF16 run."""
     lines = ["| model | workload | backend | total tok/s | output tok/s | median TPOT ms | median ITL ms | "
@@ -216,8 +228,7 @@ def main(argv: list[str] | None = None):
     results: dict = {}
     if args.merge:
         for f in args.merge:
-            for model, backends in json.loads(f.read_text()).items():
-                results.setdefault(model, {}).update(backends)
+            merge_into(results, json.loads(f.read_text()))
     else:
         if args.resume and saved.exists():
             results = json.loads(saved.read_text())

@@ -298,19 +298,29 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     impl = decode_impl(impl)  # resolved once: the split heuristic below must see the same implementation
     splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device, impl)
     dev = q8.device
-    o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
-    lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
     out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
+    # The CUDA decode writes the final outputs itself when there is one split (large batches): no fp32 partials, no
+    # combine (docs/KERNEL.md, session 12). Otherwise the partials go through the combine.
+    final_in_kernel = impl == "cuda" and splits == 1
+    empty = torch.empty(0, dtype=torch.float32, device=dev)
+    if final_in_kernel:
+        o_part = lse_part = empty
+    else:
+        o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
     qk_scale_log2 = softmax_scale * math.log2(math.e)
     pdl = pdl_enabled(dev)
     if impl == "cuda":
         from . import cuda_ext
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, R, H, s_q, qk_scale_log2, splits, pdl)
+                                     lse_part, out if final_in_kernel else empty.bfloat16(),
+                                     lse if final_in_kernel else empty, R, H, s_q, qk_scale_log2, splits, pdl)
+        if final_in_kernel:
+            return out, lse
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](

@@ -16,7 +16,11 @@ bt = (torch.randperm(B * pages, generator=g) + 1).view(B, pages).to(torch.int32)
 q = torch.randn(B, s_q, H, 576, generator=g).to(torch.bfloat16).cuda()
 out, lse = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32,
                               device="cuda"), 576**-0.5)
+# one split: the CUDA decode writes the final outputs itself (no partials, no combine)
+out1, lse1 = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32,
+                                device="cuda"), 576**-0.5, num_splits=1)
 ops.fetch_dequant(torch.arange(100, device="cuda"), kv8, ks, kr)
 torch.cuda.synchronize()
 assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
+assert torch.isfinite(out1.float()).all() and torch.isfinite(lse1).all()
 print("sanitize run ok", out.shape, lse.shape)

@@ -1,6 +1,8 @@
 """GPU-size checks of the kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA). Decode runs twice:
 Triton, and the default (`auto`: the sm_90a CUDA kernel on sm_90)."""
 
+import math
+
 import pytest
 import torch
 
@@ -161,3 +163,36 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
                                       p["block_table"], p["seq_lens"], p["softmax_scale"], num_splits=splits)
         assert_close(out.float(), ref, rel_l2=1e-2, what=f"{splits} splits vs reference")
         assert (lse - ref_lse).abs().max() <= 1e-2
+
+
+@pytest.mark.parametrize("seq_lens,heads,s_q", [([1, 64, 100, 4097], 128, 1), ([130, 3, 65], 16, 3),
+                                                ([200, 37, 640], 64, 2)])
+def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_lens, heads, s_q):
+    """With one split the sm_90a decode writes the bf16 output and the natural-log LSE itself (no partials, no
+    combine). Bit for bit what the combine makes of the same kernel's single partial, which this test launches too."""
+    from sglang_snapmla import cuda_ext
+    from sglang_snapmla.kernels.triton import decode as tdecode
+
+    if ops.decode_impl("auto") != "cuda":
+        pytest.skip("the sm_90a CUDA decode is not available on this GPU")
+    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    B, R = len(seq_lens), s_q * heads
+    q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
+                                         p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
+    args = (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1), *kv,
+            p["block_table"], p["seq_lens"], p["softmax_scale"])
+    out, lse = ops.decode(*args, num_splits=1, impl="cuda")
+
+    o_part = torch.empty(B, R, 1, nx.KV_LORA_RANK, dtype=torch.float32, device="cuda")
+    lse_part = torch.empty(B, R, 1, dtype=torch.float32, device="cuda")
+    none = torch.empty(0, device="cuda")
+    cuda_ext.load().decode_split(*args[:8], o_part, lse_part, none.bfloat16(), none, R, heads, s_q,
+                                 p["softmax_scale"] * math.log2(math.e), 1, False)
+    ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, ref_out, ref_lse, R, heads, s_q, 1, SPLITS_P2=1, PDL=False,
+                                   num_warps=4)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    with pytest.raises(RuntimeError, match="only with num_splits == 1"):
+        cuda_ext.load().decode_split(*args[:8], o_part, lse_part, out, lse, R, heads, s_q, 1.0, 2, False)

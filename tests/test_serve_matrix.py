@@ -48,6 +48,19 @@ def test_merge_tabulates_and_plots(tmp_path):
         assert (tmp_path / "out" / png).stat().st_size > 10_000
 
 
+def test_merge_keeps_the_workloads_of_every_call_for_one_backend():
+    model = "configs/models/deepseek-v2-lite-shape"
+    first = {model: {"snapmla": {"pool_tokens": 1790, "workloads": {"in4096-out512": _metrics(170.0, 50.0),
+                                                                    "latency-c1": _metrics(9.0, 6.0)}}}}
+    second = {model: {"snapmla": {"pool_tokens": 1790, "workloads": {"in32768-out1024": _metrics(60.0, 70.0),
+                                                                     "latency-c1": _metrics(11.0, 5.0)}}}}
+    merged = sm.merge_into(sm.merge_into({}, first), second)
+    workloads = merged[model]["snapmla"]["workloads"]
+    assert set(workloads) == {"in4096-out512", "latency-c1", "in32768-out1024"}
+    assert workloads["latency-c1"]["total_tok_s"] == 11.0  # the later call's run of a workload wins
+    assert first[model]["snapmla"]["workloads"].keys() == {"in4096-out512", "latency-c1"}  # inputs untouched
+
+
 def test_server_log_parsers_read_pool_and_peak_batch():
     """serve_and_bench reads the pool size (last rank's line) and the largest decode batch from a server log; a log
     without decode batches gives None rather than 0 (a server that never decoded must not look capacity-bound)."""

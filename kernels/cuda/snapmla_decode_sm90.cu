@@ -26,10 +26,14 @@
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
 // no-swizzle K-major layout (8-row x 16-byte core matrices).
-// Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine.
+// Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine;
+// with one split (large batches) the kernel writes the final bf16 output and natural-log LSE itself instead, exactly
+// what the combine would make of a single partial, which saves the partials' round trip through DRAM (fp32 write +
+// read, 6 of every 8 output bytes; at h128 b512 s_k 1024 that was ~270 MB per call) and the combine's launch.
 
 #include <cuda.h>  // CUtensorMap
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
 #include <type_traits>
@@ -254,12 +258,15 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
   return pair;
 }
 
+// kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
+// flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
+template <bool kFinal>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
     const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-    float* __restrict__ o_part, float* __restrict__ lse_part, int stride_bt, int R, int H, int S_Q,
-    float qk_scale_log2, int num_splits) {
+    float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out,
+    float* __restrict__ lse_out, int stride_bt, int R, int H, int S_Q, float qk_scale_log2, int num_splits) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
@@ -492,8 +499,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
     __syncthreads();  // (1) row scales published
     if (lane % 4 == 0) {
-      if (grow0 < R) lse_part[((int64_t)b * R + grow0) * num_splits + split] = rows_l[row0];
-      if (grow1 < R) lse_part[((int64_t)b * R + grow1) * num_splits + split] = rows_l[row1];
+      // lse_out [B, H, s_q], natural log (the combine's output layout); row r of the tile is (token r / H, head r % H)
+      auto store_lse = [&](int grow, float lse2) {
+        if (grow >= R) return;
+        if (kFinal) lse_out[((int64_t)b * H + grow % H) * S_Q + grow / H] = lse2 * 0.6931471805599453f;
+        else lse_part[((int64_t)b * R + grow) * num_splits + split] = lse2;
+      };
+      store_lse(grow0, rows_l[row0]);
+      store_lse(grow1, rows_l[row1]);
     }
   } else {
     // ---- PV warpgroups: wg 1 owns output columns 0..255, wg 2 columns 256..511 ----
@@ -541,6 +554,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
     __syncthreads();  // (1) row scales published
     const float w0 = rows_s[row0], w1 = rows_s[row1];
+    if constexpr (kFinal) {  // bf16, rounded to nearest like the combine's cast; out [B, s_q, H, 512] = [B, R, 512]
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const int col = half * 256 + j * 8 + (lane % 4) * 2;
+        if (grow0 < R)
+          *reinterpret_cast<__nv_bfloat162*>(out + ((int64_t)b * R + grow0) * kLatent + col) =
+              __floats2bfloat162_rn(o[4 * j] * w0, o[4 * j + 1] * w0);
+        if (grow1 < R)
+          *reinterpret_cast<__nv_bfloat162*>(out + ((int64_t)b * R + grow1) * kLatent + col) =
+              __floats2bfloat162_rn(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+      }
+      return;
+    }
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
       int col = half * 256 + j * 8 + (lane % 4) * 2;
@@ -589,12 +615,19 @@ static bool encode_pool_map(CUtensorMap* map, const void* base, int64_t rows, in
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     int batch, int stride_bt, int R, int H, int S_Q, float qk_scale_log2,
-                                     int num_splits, bool pdl, cudaStream_t stream) {
+                                     void* out, float* lse_out, int batch, int stride_bt, int R, int H, int S_Q,
+                                     float qk_scale_log2, int num_splits, bool pdl, cudaStream_t stream) {
+  // out / lse_out (final outputs instead of partials) only with one split: there is nothing to merge then
+  if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1))
+    return cudaErrorInvalidConfiguration;
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
-  static cudaError_t attr = cudaFuncSetAttribute(decode_split_sm90_kernel,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  static cudaError_t attr = [] {
+    cudaError_t e = cudaFuncSetAttribute(decode_split_sm90_kernel<false>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    return e != cudaSuccess ? e : cudaFuncSetAttribute(decode_split_sm90_kernel<true>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  }();
   if (attr != cudaSuccess) return attr;
   // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
   // the pool's addresses, which stay fixed for the life of a server.
@@ -613,9 +646,11 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   attrs[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   config.attrs = attrs;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_split_sm90_kernel, map_kv, map_rope, static_cast<const uint8_t*>(q8),
+  return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
+                            map_kv, map_rope, static_cast<const uint8_t*>(q8),
                             q_scale, static_cast<const uint16_t*>(q_rope), kv_scale, block_table, seq_lens, o_part,
-                            lse_part, stride_bt, R, H, S_Q, qk_scale_log2, num_splits);
+                            lse_part, static_cast<__nv_bfloat16*>(out), lse_out, stride_bt, R, H, S_Q, qk_scale_log2,
+                            num_splits);
 }
 
 }  // namespace snapmla
