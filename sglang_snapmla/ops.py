@@ -302,9 +302,9 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
-    # The CUDA decode writes the final outputs itself when there is one split (large batches): no fp32 partials, no
-    # combine (docs/KERNEL.md, session 12). Otherwise the partials go through the combine.
-    final_in_kernel = impl == "cuda" and splits == 1
+    # With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
+    # (docs/KERNEL.md, session 12). Otherwise the partials go through the combine.
+    final_in_kernel = splits == 1
     empty = torch.empty(0, dtype=torch.float32, device=dev)
     if final_in_kernel:
         o_part = lse_part = empty
@@ -319,15 +319,15 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                      lse_part, out if final_in_kernel else empty.bfloat16(),
                                      lse if final_in_kernel else empty, R, H, s_q, qk_scale_log2, splits, pdl)
-        if final_in_kernel:
-            return out, lse
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
-            q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+            q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
             block_table.stride(0), R, H, s_q, qk_scale_log2,
-            splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR,
+            splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final_in_kernel,
             num_warps=warps, num_stages=stages)
+    if final_in_kernel:
+        return out, lse
     tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits,
                                    SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
     return out, lse

@@ -112,6 +112,32 @@ def test_decode_split_count_does_not_change_result(gen):
         assert_close(o, outs[0], rel_l2=4e-3, what="splits")  # bf16 output rounding + summation order
 
 
+def test_one_split_writes_what_the_combine_would(gen):
+    """With one split the Triton decode writes the bf16 output and natural-log LSE itself (FINAL), skipping the fp32
+    partials and the combine: bit for bit the combine's result on the same kernel's single partial."""
+    import math
+
+    from sglang_snapmla.kernels.triton import decode as tdecode
+
+    p = paged_problem(gen, [130, 3, 65], 5, s_q=3, zero_rows=1)  # R = 15 rows: a partial 16-row tile
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    args = [t.to(DEV) for t in (q.content, q.scale, q.rope, *pool_from(cache), p["block_table"], p["seq_lens"])]
+    out, lse = ops.decode(*args, p["softmax_scale"], num_splits=1, impl="triton")
+    B, R, H, s_q = 3, 15, 5, 3
+    o_part = torch.empty(B, R, 1, 512, device=DEV)
+    lse_part = torch.empty(B, R, 1, device=DEV)
+    ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
+    block_m, warps, stages = ops.decode_tiling(R)
+    tdecode.decode_split_kernel[(B, 1, 1)](*args, o_part, lse_part, ref_out, ref_lse, args[6].stride(0), R, H, s_q,
+                                           p["softmax_scale"] * math.log2(math.e), 1, BLOCK_M=block_m,
+                                           FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
+                                           num_warps=warps, num_stages=stages)
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, ref_out, ref_lse, R, H, s_q, 1, SPLITS_P2=1, PDL=False,
+                                   num_warps=4)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
 def test_combine_skips_splits_without_keys(gen):
     """The combine merges split partials by their base-2 LSEs; a split with LSE -inf (past the end of a short sequence,
     or every key masked for that row) has weight 0 and its partial row is never read: NaN there must not leak."""

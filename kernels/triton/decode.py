@@ -5,7 +5,9 @@ the split owns a contiguous range of 64-token pages, visited in strictly increas
   scores = (q8 . k8^T  [fp8 x fp8 dot]  +  q_rope' . k_rope'^T  [bf16 dot]) * sigma_q * sigma_k * scale*log2(e)
   online softmax in base 2; P' = P * sigma_k; sigma_P = max(rowmax(P')/448, tiny); p8 = fp8(P'/sigma_P)
   acc = acc * alpha + (p8 . k8 [fp8 x fp8 dot]) * sigma_P
-The split writes acc / l and its base-2 LSE; the combine kernel merges splits with their LSEs.
+The split writes acc / l and its base-2 LSE; the combine kernel merges splits with their LSEs. With one split
+(FINAL) the kernel writes the final bf16 output and natural-log LSE itself, exactly what the combine would make of
+its single partial, and no combine runs.
 No host synchronisation: page counts and split ranges are computed from device tensors inside the kernel.
 """
 
@@ -25,11 +27,13 @@ def decode_split_kernel(
     kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
     block_table_ptr, seq_lens_ptr,  # [B, max_pages] int32, [B] int32
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
+    out_ptr, lse_ptr,  # FINAL only: [B, R, 512] bf16, [B, H, s_q] fp32 (natural log), the combine's outputs
     stride_bt, R, H, S_Q,
     qk_scale_log2,  # softmax_scale * log2(e)
     NUM_SPLITS,  # runtime, not constexpr: one compiled kernel serves every batch size (CUDA-graph capture)
     BLOCK_M: tl.constexpr,
     FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
+    FINAL: tl.constexpr = False,  # NUM_SPLITS == 1: write out / lse instead of the partials
 ):
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -104,6 +108,15 @@ def decode_split_kernel(
     has = l > 0.0
     inv_l = 1.0 / tl.where(has, l, 1.0)
     lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    if FINAL:
+        out_base = out_ptr + (b * R + rows).to(tl.int64)[:, None] * LATENT + dq[None, :]
+        ok = row_ok[:, None]
+        tl.store(out_base + 0 * CHUNK, (acc0 * inv_l[:, None]).to(tl.bfloat16), mask=ok)
+        tl.store(out_base + 1 * CHUNK, (acc1 * inv_l[:, None]).to(tl.bfloat16), mask=ok)
+        tl.store(out_base + 2 * CHUNK, (acc2 * inv_l[:, None]).to(tl.bfloat16), mask=ok)
+        tl.store(out_base + 3 * CHUNK, (acc3 * inv_l[:, None]).to(tl.bfloat16), mask=ok)
+        tl.store(lse_ptr + (b * H + rows % H) * S_Q + rows // H, lse2 * 0.6931471805599453, mask=row_ok)
+        return
     part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
     o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
     # rows without a key in this split (all of them past a short sequence's end) leave their partial row unwritten:
