@@ -147,8 +147,10 @@ def stop_server(proc: subprocess.Popen, log) -> None:
 
 
 def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
-                  seed: int = 1, max_concurrency: int | None = None, details: Path | None = None) -> tuple[dict, str]:
+                  seed: int = 1, max_concurrency: int | None = None, details: Path | None = None,
+                  stream: bool = True) -> tuple[dict, str]:
     """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output).
+    stream=False: `--disable-stream` (whole responses; no per-token client work, no TTFT / TPOT).
     With `details` (a JSONL path bench_serving appends to), the metrics also carry the per-request TTFTs (s) and
     input lengths, in the order bench_serving lists them: what a median hides (a few slow first requests)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
@@ -157,6 +159,8 @@ def bench_serving(port: int, model: str, input_len: int, output_len: int, num_pr
            "--seed", str(seed)]
     if max_concurrency:
         cmd += ["--max-concurrency", str(max_concurrency)]
+    if not stream:
+        cmd += ["--disable-stream"]
     if details:
         details.unlink(missing_ok=True)
         cmd += ["--output-file", str(details), "--output-details"]

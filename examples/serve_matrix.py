@@ -37,6 +37,10 @@ WORKLOADS = {  # name -> bench_serving arguments
     "in1024-out1024": dict(input_len=1024, output_len=1024, num_prompts=512),
     "latency-c1": dict(input_len=4096, output_len=512, num_prompts=8, max_concurrency=1),
     "latency-c8": dict(input_len=4096, output_len=512, num_prompts=32, max_concurrency=8),
+    # the same without streaming: at ~18-20 k output tok/s (V2-Lite, 512 streams) the frontend and the client, not
+    # the engine, set the streamed run's duration (docs/BENCHMARKS.md, session 12); TTFT and TPOT are then not
+    # measured (bench_serving reports the whole request as the first token)
+    "in1024-out1024-nostream": dict(input_len=1024, output_len=1024, num_prompts=512, stream=False),
 }
 # issue 5's targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
 TARGETS = {"in4096-out512": 1.6, "in32768-out1024": 1.8, "latency-c1": 1.0}
@@ -147,8 +151,11 @@ def table(results: dict) -> str:
                 target = TARGETS.get(wl) if name.startswith("snapmla") else None
                 verdict = "" if target is None or ratio is None else \
                     f"{'met' if ratio >= target else 'not met'} (>= {target}x)"
+                # without streaming bench_serving's TTFT is the whole request and TPOT / ITL are meaningless
+                lat = [m.get(k) if WORKLOADS.get(wl, {}).get("stream", True) else "-"
+                       for k in ("median_tpot_ms", "median_itl_ms", "median_ttft_ms")]
                 lines.append(f"| {Path(model).name} | {key} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
-                             f"| {m.get('median_tpot_ms')} | {m.get('median_itl_ms')} | {m.get('median_ttft_ms')} | "
+                             f"| {lat[0]} | {lat[1]} | {lat[2]} | "
                              f"{r.get('pool_tokens')} | {'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
         for _, key in _table_keys(backends):  # a median hides a few slow requests: list them (latency above all)
             for name, r in backends.items():
@@ -180,7 +187,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a]
+    throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a and a.get("stream", True)]
     # models with at least one throughput point (a latency-only run has nothing to draw against context length)
     results = {m: b for m, b in results.items()
                if any(w in r.get("workloads", {}) for r in b.values() for w in throughput)}

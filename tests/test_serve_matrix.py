@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import serve_matrix as sm  # noqa: E402
@@ -147,3 +149,33 @@ def test_rejected_requests_are_not_counted_as_a_result():
     assert sb.parse_metrics(text)["retokenized_output_tokens"] == 0
     assert sb.parse_metrics(text.replace("    0\nMedian", "    65536\nMedian"))["retokenized_output_tokens"] == 65536
     assert sm.CONTEXT_LENGTH >= int(32768 * 1.12) + 1024  # re-tokenized 32k prompts fit
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels")
+def test_nostream_workload_disables_streaming_and_stays_off_the_plots(monkeypatch, tmp_path):
+    """The -nostream workload passes --disable-stream to bench_serving (streamed workloads do not) and is left out
+    of the context-length plots, where it would sit on top of its streamed twin."""
+    import subprocess
+
+    import serve_and_bench as sb
+
+    sent = []
+
+    def fake_run(cmd, **kwargs):
+        sent.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "Total generated tokens (retokenized):    5\n", "")
+
+    monkeypatch.setattr(sb.subprocess, "run", fake_run)
+    for name in ("in1024-out1024", "in1024-out1024-nostream"):
+        sb.bench_serving(31000, "m", timeout=1.0, **sm.WORKLOADS[name])
+    assert "--disable-stream" not in sent[0] and "--disable-stream" in sent[1]
+    assert "--random-input-len" in sent[1] and sent[1][sent[1].index("--num-prompts") + 1] == "512"
+    results = _results()
+    results["configs/models/deepseek-v2-lite-shape"]["snapmla"]["workloads"]["in1024-out1024-nostream"] = \
+        _metrics(1e9, 1.0)  # would dominate the throughput axis if it were drawn
+    drawn = []
+    monkeypatch.setattr("matplotlib.axes.Axes.plot", lambda self, *a, **k: drawn.append(a) or [])
+    sm.plot(results, tmp_path)
+    assert drawn and all(1e9 not in ys for _, ys in drawn)
+    row = next(r for r in sm.table(results).splitlines() if "in1024-out1024-nostream | snapmla" in r)
+    assert row.split("|")[6:9] == [" - ", " - ", " - "]  # TPOT, ITL, TTFT: not measured without streaming
