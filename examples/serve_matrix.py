@@ -53,6 +53,11 @@ CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or de
 SHAPE_WARMUP_PROMPTS, SHAPE_WARMUP_OUTPUT = 16, 8
 
 
+def streamed(workload: str) -> bool:
+    """Whether bench_serving streams the workload's responses (TTFT / TPOT / ITL measured)."""
+    return WORKLOADS.get(workload, {}).get("stream", True)
+
+
 def shape_warmup(workload: dict) -> dict:
     """bench_serving arguments of the unmeasured run before `workload`: its first prompts (same seed, length and
     concurrency), few output tokens. Prefill token counts of the measured run are then compiled for."""
@@ -152,7 +157,7 @@ def table(results: dict) -> str:
                 verdict = "" if target is None or ratio is None else \
                     f"{'met' if ratio >= target else 'not met'} (>= {target}x)"
                 # without streaming bench_serving's TTFT is the whole request and TPOT / ITL are meaningless
-                lat = [m.get(k) if WORKLOADS.get(wl, {}).get("stream", True) else "-"
+                lat = [m.get(k) if streamed(wl) else "-"
                        for k in ("median_tpot_ms", "median_itl_ms", "median_ttft_ms")]
                 lines.append(f"| {Path(model).name} | {key} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
                              f"| {lat[0]} | {lat[1]} | {lat[2]} | "
@@ -187,7 +192,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a and a.get("stream", True)]
+    throughput = [w for w, a in WORKLOADS.items() if "max_concurrency" not in a and streamed(w)]
     # models with at least one throughput point (a latency-only run has nothing to draw against context length)
     results = {m: b for m, b in results.items()
                if any(w in r.get("workloads", {}) for r in b.values() for w in throughput)}

@@ -304,10 +304,10 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         return out, lse
     # With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
     # (docs/KERNEL.md, session 12). Otherwise the partials go through the combine.
+    # unused outputs are passed as empty views (no allocation): the partials at one split, out / lse otherwise
     final_in_kernel = splits == 1
-    empty = torch.empty(0, dtype=torch.float32, device=dev)
     if final_in_kernel:
-        o_part = lse_part = empty
+        o_part = lse_part = lse[:0]
     else:
         o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
         lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
@@ -317,8 +317,8 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         from . import cuda_ext
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, out if final_in_kernel else empty.bfloat16(),
-                                     lse if final_in_kernel else empty, R, H, s_q, qk_scale_log2, splits, pdl)
+                                     lse_part, out if final_in_kernel else out[:0],
+                                     lse if final_in_kernel else lse[:0], R, H, s_q, qk_scale_log2, splits, pdl)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](

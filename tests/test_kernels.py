@@ -1,5 +1,7 @@
 """Triton kernels vs the reference numerics (CPU: interpreter with the fix-up; same tests run on a GPU)."""
 
+import math
+
 import pytest
 import torch
 
@@ -115,8 +117,6 @@ def test_decode_split_count_does_not_change_result(gen):
 def test_one_split_writes_what_the_combine_would(gen):
     """With one split the Triton decode writes the bf16 output and natural-log LSE itself (FINAL), skipping the fp32
     partials and the combine: bit for bit the combine's result on the same kernel's single partial."""
-    import math
-
     from sglang_snapmla.kernels.triton import decode as tdecode
 
     p = paged_problem(gen, [130, 3, 65], 5, s_q=3, zero_rows=1)  # R = 15 rows: a partial 16-row tile

@@ -1,8 +1,7 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
 // Version 13 = v11 (v8 with Q as the register operand of QK, tag cuda-decode-v11-validated) + final outputs at one
-// split (docs/KERNEL.md, sessions 10 and 12)
-// (history in docs/KERNEL.md). One CTA = 64 query rows (flattened
+// split (history in docs/KERNEL.md, sessions 10 and 12). One CTA = 64 query rows (flattened
 // (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
 // (no block-wide barrier in the page loop):
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
