@@ -39,6 +39,12 @@ RUNS = {
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
        "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3
 RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
+# FlashMLA with every prefix prefill through MHA, as the snapmla plugin routes them: SGLang's DeepSeek handler sends
+# an extend batch whose cached prefix sums to < 8192 tokens (every chunked-prefill tail at in 4096) to absorbed MLA
+# for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md, session 13). The same decode and
+# pool as `flashmla`; isolates the decode's share of a throughput ratio.
+RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
+RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}}  # run -> server environment
 METRICS = {
     "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
     "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
@@ -121,15 +127,17 @@ def kill_servers_on_exit() -> None:
 
 
 def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
-                 context_length: int = 32768):
+                 context_length: int = 32768, env: dict | None = None):
     """`python -m sglang.launch_server` in its own process group; returns (process, log). Bundled configs have no
-    weights (load_format "dummy"); a trained checkpoint passes "auto"."""
+    weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
+    (RUN_ENV[run])."""
     log = open(log_path, "w")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", load_format,
            "--context-length", str(context_length), "--mem-fraction-static", "0.80", "--grammar-backend", "none",
            "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    proc.cmd = " ".join(cmd)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
+    proc.cmd = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])
     _live_servers.add(proc.pid)
     return proc, log
 
@@ -224,7 +232,7 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     t0 = time.time()
     proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
-                                                *args.extra], out_dir / f"server_{name}.log")
+                                                *args.extra], out_dir / f"server_{name}.log", env=RUN_ENV.get(name))
     res = {"run": name, "cmd": proc.cmd}
     try:
         wait_healthy(port, proc, args.startup_timeout)

@@ -28,7 +28,7 @@ import json
 import os
 from pathlib import Path
 
-from serve_and_bench import (RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens, start_server,
+from serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens, start_server,
                              stop_server, ttft_outliers, wait_healthy)
 
 WORKLOADS = {  # name -> bench_serving arguments
@@ -107,7 +107,7 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
     """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
     proc, log = start_server(model, port, ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), *RUNS[backend]], log_path,
-                             context_length=CONTEXT_LENGTH)
+                             context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
     res: dict = {"cmd": proc.cmd, "workloads": {}}
     try:
         wait_healthy(port, proc, startup_timeout)
