@@ -45,6 +45,9 @@ WORKLOADS = {  # name -> bench_serving arguments
 # issue 5's targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
 TARGETS = {"in4096-out512": 1.6, "in32768-out1024": 1.8, "latency-c1": 1.0}
 REFERENCE = "flashmla"
+# the same FlashMLA decode with snapmla's prefill routing (serve_and_bench.RUNS): the ratio to it is the decode's and
+# the pool's share alone (docs/BENCHMARKS.md, session 13)
+SAME_PREFILL_REFERENCE = "flashmla-mhaprefill"
 # the longest workload fits: bench_serving's random-ids prompts are sent as text and the server's re-tokenization makes
 # them ~11 % longer (32 768 ids -> 36 300-36 500 tokens, 4 096 -> 4 288-4 672; session 11, where 33 856 rejected
 # every 32k request while bench_serving counted them as successes)
@@ -140,19 +143,19 @@ def merge_into(results: dict, other: dict) -> dict:
 
 
 def table(results: dict) -> str:
-    """Markdown: one row per (model, workload, backend); ratios vs the same model's flashmla BF16 run."""
+    """Markdown: one row per (model, workload, backend); ratios vs the same model's flashmla BF16 run and vs its
+    flashmla run with MHA prefill (where measured)."""
     lines = ["| model | workload | backend | total tok/s | output tok/s | median TPOT ms | median ITL ms | "
-             "median TTFT ms | pool tokens | total vs flashmla BF16 | target |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "median TTFT ms | pool tokens | total vs flashmla BF16 | vs flashmla, MHA prefill | target |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for model, backends in results.items():
-        ref = backends.get(REFERENCE, {})
         for wl, key in _table_keys(backends):
             for name, r in backends.items():
                 m = r.get("workloads", {}).get(key)
                 if m is None:
                     continue
-                base = ref.get("workloads", {}).get(wl, {}).get("total_tok_s")
-                ratio = m["total_tok_s"] / base if base and m.get("total_tok_s") else None
+                ratio, same_prefill = (_ratio(m, backends.get(ref, {}), wl)
+                                       for ref in (REFERENCE, SAME_PREFILL_REFERENCE))
                 target = TARGETS.get(wl) if name.startswith("snapmla") else None
                 verdict = "" if target is None or ratio is None else \
                     f"{'met' if ratio >= target else 'not met'} (>= {target}x)"
@@ -161,21 +164,31 @@ def table(results: dict) -> str:
                        for k in ("median_tpot_ms", "median_itl_ms", "median_ttft_ms")]
                 lines.append(f"| {Path(model).name} | {key} | {name} | {m.get('total_tok_s')} | {m.get('output_tok_s')} "
                              f"| {lat[0]} | {lat[1]} | {lat[2]} | "
-                             f"{r.get('pool_tokens')} | {'-' if ratio is None else f'{ratio:.2f}x'} | {verdict} |")
+                             f"{r.get('pool_tokens')} | {_fmt(ratio)} | {_fmt(same_prefill)} | {verdict} |")
         for _, key in _table_keys(backends):  # a median hides a few slow requests: list them (latency above all)
             for name, r in backends.items():
                 slow = ttft_outliers(r.get("workloads", {}).get(key, {}))
                 if slow:
                     lines.append(f"| {Path(model).name} | {key} | {name} | TTFT > 5x median: " + ", ".join(
-                        f"request {i} ({n} tokens) {t:.2f} s" for i, n, t in slow) + " | | | | | | | |")
+                        f"request {i} ({n} tokens) {t:.2f} s" for i, n, t in slow) + " | | | | | | | | |")
                 compiled = r.get("workloads", {}).get(key, {}).get("jit_compiled")
                 if compiled:
                     lines.append(f"| {Path(model).name} | {key} | {name} | JIT-compiled during the run: "
-                                 + ", ".join(compiled) + " | | | | | | | |")
+                                 + ", ".join(compiled) + " | | | | | | | | |")
         for name, r in backends.items():
             if "error" in r:
-                lines.append(f"| {Path(model).name} | - | {name} | error: {r['error']} | | | | | | | |")
+                lines.append(f"| {Path(model).name} | - | {name} | error: {r['error']} | | | | | | | | |")
     return "\n".join(lines)
+
+
+def _ratio(m: dict, ref: dict, workload: str) -> float | None:
+    """Total tok/s of `m` over the reference run's at the workload's first run; None where either is missing."""
+    base = ref.get("workloads", {}).get(workload, {}).get("total_tok_s")
+    return m["total_tok_s"] / base if base and m.get("total_tok_s") else None
+
+
+def _fmt(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def _table_keys(backends: dict) -> list[tuple[str, str]]:
@@ -206,8 +219,8 @@ def plot(results: dict, out: Path) -> list[Path]:
             for name, r in backends.items():
                 pts = sorted((WORKLOADS[w]["input_len"], r["workloads"][w][key]) for w in throughput
                              if r.get("workloads", {}).get(w, {}).get(key) is not None)
-                if pts:
-                    ax.plot(*zip(*pts), marker="o", label=name)
+                if pts:  # one color per backend in every panel (the order of RUNS)
+                    ax.plot(*zip(*pts), marker="o", label=name, color=f"C{list(RUNS).index(name) % 10}")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("input length (tokens)")
             ax.set_ylabel(label)
