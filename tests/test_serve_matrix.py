@@ -179,3 +179,50 @@ def test_nostream_workload_disables_streaming_and_stays_off_the_plots(monkeypatc
     assert drawn and all(1e9 not in ys for _, ys in drawn)
     row = next(r for r in sm.table(results).splitlines() if "in1024-out1024-nostream | snapmla" in r)
     assert row.split("|")[6:9] == [" - ", " - ", " - "]  # TPOT, ITL, TTFT: not measured without streaming
+
+
+def test_same_prefill_reference_column():
+    """With a flashmla-mhaprefill run (FlashMLA with snapmla's prefill routing), each row also gets its ratio to it;
+    rows of a workload without that run show '-' there."""
+    results = _results()
+    model = next(iter(results))
+    results[model]["flashmla-mhaprefill"] = {"pool_tokens": 1000,
+                                             "workloads": {"in4096-out512": _metrics(125.0, 42.0)}}
+    text = sm.table(results)
+    header = [c.strip() for c in text.splitlines()[0].split("|")]
+    col = header.index("vs flashmla, MHA prefill")
+    rows = {(r.split("|")[2].strip(), r.split("|")[3].strip()): [c.strip() for c in r.split("|")]
+            for r in text.splitlines()[2:]}
+    assert rows[("in4096-out512", "snapmla")][col] == "1.36x"  # 170 / 125
+    assert rows[("in4096-out512", "flashmla")][col] == "0.80x"
+    assert rows[("in4096-out512", "flashmla-mhaprefill")][col] == "1.00x"
+    assert rows[("in32768-out1024", "snapmla")][col] == "-"
+    assert all(len(r) == len(header) for r in rows.values())  # every row has every column
+
+
+def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
+    """The flashmla-mhaprefill run is the flashmla command line with SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD=1 in the
+    server's environment (and in the recorded command)."""
+    import serve_and_bench as sb
+
+    seen = {}
+
+    class FakePopen:
+        pid = 12345
+
+        def __init__(self, cmd, env=None, **kw):
+            seen["cmd"], seen["env"] = cmd, env
+
+    monkeypatch.setattr(sb.subprocess, "Popen", FakePopen)
+    assert sb.RUNS["flashmla-mhaprefill"] == sb.RUNS["flashmla"]
+    proc, log = sb.start_server("m", 1, sb.RUNS["flashmla-mhaprefill"], tmp_path / "log",
+                                env=sb.RUN_ENV["flashmla-mhaprefill"])
+    log.close()
+    sb._live_servers.discard(proc.pid)
+    assert seen["env"]["SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD"] == "1"
+    assert "PATH" in seen["env"]  # added to the inherited environment, not replacing it
+    assert proc.cmd.startswith("SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD=1 ")
+    proc, log = sb.start_server("m", 1, sb.RUNS["flashmla"], tmp_path / "log2")
+    log.close()
+    sb._live_servers.discard(proc.pid)
+    assert seen["env"] is None
