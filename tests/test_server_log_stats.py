@@ -1,0 +1,44 @@
+"""examples/server_log_stats.py on a synthetic SGLang server log (no server)."""
+
+import lzma
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import server_log_stats as sls  # noqa: E402
+
+
+def _prefill(t, queued, usage=0.01):
+    return (f"[2026-11-22 10:00:{t:02d}] Prefill batch, #new-seq: 2, #new-token: 8192, #cached-token: 0, token usage: "
+            f"{usage:.2f}, #running-req: 0, #queue-req: {queued}, #pending-token: 0, cuda graph: False")
+
+
+def _decode(t, running, rate, usage=0.5):
+    return (f"[2026-11-22 10:00:{t:02d} TP0] Decode batch, #running-req: {running}, #token: 1, token usage: "
+            f"{usage:.2f}, cuda graph: True, gen throughput (token/s): {rate:.2f}, #queue-req: 0")
+
+
+def _log():
+    lines = ["server_args=ServerArgs(...)", _prefill(1, 0), _prefill(2, 13), _decode(3, 16, 50.0)]  # warm-ups
+    lines += [_prefill(10, 3), _prefill(11, 300), _prefill(15, 120), _prefill(20, 0, usage=0.9)]  # the run
+    lines += [_decode(21 + i, 320 - i, 1000.0 + 10 * i) for i in range(8)]
+    return "\n".join(lines)
+
+
+def test_stats_of_the_measured_run():
+    s = sls.log_stats(_log())
+    assert s["peak_running"] == 320
+    assert s["decode_tok_s_near_peak"] == 1030.0  # fifth-highest of 1000..1070 and the warm-up's 50
+    assert s["max_token_usage"] == 0.9
+    # from the first batch with >= 32 waiting (10:00:11; the warm-up's 13 and the run's first 3 do not count)
+    assert s["prefill_span_s"] == 9.0 and s["prefill_batches"] == 3
+    assert sls.log_stats(_log(), min_queue=2)["prefill_span_s"] == 18.0  # the warm-up's 13 counts then
+
+
+def test_cli_reads_xz(tmp_path, capsys):
+    path = tmp_path / "server_x.log.xz"
+    path.write_bytes(lzma.compress(_log().encode()))
+    sls.main([str(path)])
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("| server_x.log.xz | 320 | 1030.0 | 0.9 | 9.0 | 3 |")
