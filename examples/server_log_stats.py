@@ -17,6 +17,8 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+from serve_and_bench import peak_running_requests
+
 _LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (Prefill|Decode) batch")
 
 
@@ -34,13 +36,12 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
             batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2), line))
     decode_rates = sorted(r for _, kind, line in batches if kind == "Decode"
                           for r in [_field(line, "gen throughput (token/s)")] if r is not None)
-    running = [_field(line, "#running-req") or 0 for _, kind, line in batches if kind == "Decode"]
     usage = [u for _, _, line in batches for u in [_field(line, "token usage")] if u is not None]
     prefill = [(t, _field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
     first = next((i for i, (_, queued) in enumerate(prefill) if queued >= min_queue), None)
     prefills = [t for t, _ in prefill[first:]] if first is not None else []
     return {
-        "peak_running": int(max(running, default=0)),
+        "peak_running": peak_running_requests(text),  # None for a server that never decoded
         "decode_tok_s_near_peak": decode_rates[-5] if len(decode_rates) >= 5 else (decode_rates or [None])[0],
         "max_token_usage": max(usage, default=None),
         "prefill_span_s": (prefills[-1] - prefills[0]).total_seconds() if prefills else None,
