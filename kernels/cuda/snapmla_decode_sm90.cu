@@ -1,7 +1,8 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 13 = v11 (v8 with Q as the register operand of QK, tag cuda-decode-v11-validated) + final outputs at one
-// split (history in docs/KERNEL.md, sessions 10 and 12). One CTA = 64 query rows (flattened
+// Version 15 (branch cuda-v15-bulk-store, compiled only, never run on a GPU) = v13 + the one-split final output
+// written by TMA from a swizzled shared tile (session 13). Version 13 = v11 (v8 with Q as the register operand of
+// QK, tag cuda-decode-v11-validated) + final outputs at one split (history in docs/KERNEL.md, sessions 10 and 12). One CTA = 64 query rows (flattened
 // (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
 // (no block-wide barrier in the page loop):
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
@@ -133,6 +134,17 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
 }
+// bf16 output box [64 rows x 64 columns] from a 128 B-swizzled shared tile to out[b, row, col] (3-D map {512, R, B}:
+// rows past R, i.e. past the sequence's query rows, are clipped by the hardware)
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int col, int row, int b) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+               ::"l"(map), "r"(col), "r"(row), "r"(b), "r"(smem_u32(src)) : "memory");
+}
+// commit this thread's bulk stores and wait until they have read shared memory (not until global memory is written:
+// the CTA may exit then, and the next CTA on the SM may reuse the buffer)
+__device__ __forceinline__ void bulk_store_commit_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
@@ -263,7 +275,7 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
 template <bool kFinal>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
-    const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
+    const __grid_constant__ CUtensorMap map_out, const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
     float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out,
     float* __restrict__ lse_out, int stride_bt, int R, int H, int S_Q, float qk_scale_log2, int num_splits) {
@@ -554,29 +566,43 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
     __syncthreads();  // (1) row scales published
     const float w0 = rows_s[row0], w1 = rows_s[row1];
-    if constexpr (kFinal) {  // bf16, rounded to nearest like the combine's cast; out [B, s_q, H, 512] = [B, R, 512]
+    if constexpr (kFinal) {
+      // bf16, rounded to nearest like the combine's cast; out [B, s_q, H, 512] = [B, R, 512]. The tile goes through
+      // shared memory (the stages are free: every page has been consumed) in the 128 B-swizzled layout of the Q
+      // and K tiles (conflict-free: a warp's store covers 8 rows x 16 B, one chunk per bank group), then each
+      // warpgroup's first thread writes its 4 [64 x 64] boxes by TMA. v13 stored from registers: 64 four-byte
+      // STG per thread that the LSU queue throttled, then waited at exit for them to drain, while no other CTA
+      // could use the SM (docs/BENCHMARKS.md, session 13 profile: ~10 % of the samples at h128 b512 s_k 1 024).
+      uint8_t* otile = smem + kStage0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
-        const int col = half * 256 + j * 8 + (lane % 4) * 2;
-        if (grow0 < R)
-          *reinterpret_cast<__nv_bfloat162*>(out + ((int64_t)b * R + grow0) * kLatent + col) =
-              __floats2bfloat162_rn(o[4 * j] * w0, o[4 * j + 1] * w0);
-        if (grow1 < R)
-          *reinterpret_cast<__nv_bfloat162*>(out + ((int64_t)b * R + grow1) * kLatent + col) =
-              __floats2bfloat162_rn(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+        const int byte = (half * 256 + j * 8 + (lane % 4) * 2) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(otile + sw128(row0, byte)) =
+            __floats2bfloat162_rn(o[4 * j] * w0, o[4 * j + 1] * w0);
+        *reinterpret_cast<__nv_bfloat162*>(otile + sw128(row1, byte)) =
+            __floats2bfloat162_rn(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
       }
-      return;
-    }
+      fence_async_smem();  // generic stores, read by the TMA store (async proxy)
+      if (half == 0) bar_sync<1, 128>();
+      else bar_sync<2, 128>();
+      if (tw == 0) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      int col = half * 256 + j * 8 + (lane % 4) * 2;
-      if (grow0 < R) {
-        float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
-        *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
+        for (int box = 4 * half; box < 4 * half + 4; ++box)
+          tma_store_3d(&map_out, otile + box * kTile, box * 64, tile * kRows, b);
+        bulk_store_commit_wait_read();
       }
-      if (grow1 < R) {
-        float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
-        *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+    } else {  // the split partials, fp32 [B, R, splits, 512], merged by the combine
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        int col = half * 256 + j * 8 + (lane % 4) * 2;
+        if (grow0 < R) {
+          float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
+          *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
+        }
+        if (grow1 < R) {
+          float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
+          *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
+        }
       }
     }
   }
@@ -612,6 +638,20 @@ static bool encode_pool_map(CUtensorMap* map, const void* base, int64_t rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// out [B, R, 512] bf16 seen as 3-D {512, R, B} in boxes of 64 columns x 64 rows, 128 B swizzle: the final-output
+// store of the one-split kernel (rows past R clipped)
+static bool encode_out_map(CUtensorMap* map, void* out, int batch, int R) {
+  auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  cuuint64_t dims[3] = {static_cast<cuuint64_t>(kLatent), static_cast<cuuint64_t>(R), static_cast<cuuint64_t>(batch)};
+  cuuint64_t strides[2] = {static_cast<cuuint64_t>(kLatent * 2), static_cast<cuuint64_t>(R) * kLatent * 2};
+  cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kRows), 1};
+  cuuint32_t elem_strides[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, out, dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
@@ -631,9 +671,12 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   if (attr != cudaSuccess) return attr;
   // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
   // the pool's addresses, which stay fixed for the life of a server.
-  CUtensorMap map_kv, map_rope;
+  // The output map likewise holds `out`'s address: inside a captured graph, out comes from the graph's memory pool
+  // (fixed for every replay), as a pointer argument would. Without final outputs it is unused (zeroed).
+  CUtensorMap map_kv, map_rope, map_out = {};
   if (!encode_pool_map(&map_kv, kv_fp8, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
-      !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2))
+      !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
+      (out != nullptr && !encode_out_map(&map_out, out, batch, R)))
     return cudaErrorInvalidValue;
   dim3 grid((R + kRows - 1) / kRows, batch, num_splits);
   cudaLaunchConfig_t config = {};
@@ -647,7 +690,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   config.attrs = attrs;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
-                            map_kv, map_rope, static_cast<const uint8_t*>(q8),
+                            map_kv, map_rope, map_out, static_cast<const uint8_t*>(q8),
                             q_scale, static_cast<const uint16_t*>(q_rope), kv_scale, block_table, seq_lens, o_part,
                             lse_part, static_cast<__nv_bfloat16*>(out), lse_out, stride_bt, R, H, S_Q, qk_scale_log2,
                             num_splits);
