@@ -3,6 +3,7 @@
 # --attention-backend snapmla vs flashmla BF16 under DP attention (--tp 2 --enable-dp-attention --dp 2) and tensor
 # parallelism (--tp 2): startup, endpoints, a fixed greedy batch generated twice, pool tokens, bench_serving.
 #   usage: [STARTUP_TIMEOUT=600] [WARMUP_ONLY=1] [GRAPH_BS=64] [SERVER_FLAGS="--mem-fraction-static 0.12"] \
+#          [RUNS="snapmla flashmla-mhaprefill flashmla"] \
 #          bash examples/gpu/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts...]
 # SERVER_FLAGS go after the layout flags (the last value of a flag wins): a small --mem-fraction-static makes the
 # KV pools, not the prompt count, bound the batch (what DP attention's capacity comparison needs).
@@ -25,7 +26,7 @@ for layout in ${@:-dp tp}; do
   echo "== layout $layout: $flags"
   # WARMUP_ONLY: one unmeasured snapmla server compiles what the first server start and first requests need
   if [ -n "${WARMUP_ONLY:-}" ]; then runs=(snapmla); n=16 warm=0 timeout=580 dir=warmup_$layout repeat=
-  else runs=(snapmla flashmla); n=$N warm=4 timeout=${STARTUP_TIMEOUT:-600} dir=$layout repeat=--greedy-repeat; fi
+  else runs=(${RUNS:-snapmla flashmla}); n=$N warm=4 timeout=${STARTUP_TIMEOUT:-600} dir=$layout repeat=--greedy-repeat; fi
   python3 examples/serve_and_bench.py --model configs/models/deepseek-v3-shape --runs "${runs[@]}" --num-prompts $n \
     --warmup-prompts $warm --cuda-graph-max-bs ${GRAPH_BS:-64} $repeat --startup-timeout $timeout --out "$OUT/$dir" \
     --extra $flags ${SERVER_FLAGS:-} 2>&1 | grep -v "^{" | tail -6
