@@ -1,7 +1,7 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 15 (branch cuda-v15-bulk-store, compiled only, never run on a GPU) = v13 + the one-split final output
-// written by TMA from a swizzled shared tile (session 13). Version 13 = v11 (v8 with Q as the register operand of
+// Version 15 (written in session 13, measured and made the default in session 14, tag cuda-decode-v15-validated) =
+// v13 + the one-split final output written by TMA from a swizzled shared tile. Version 13 = v11 (v8 with Q as the register operand of
 // QK, tag cuda-decode-v11-validated) + final outputs at one split (history in docs/KERNEL.md, sessions 10 and 12). One CTA = 64 query rows (flattened
 // (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
 // (no block-wide barrier in the page loop):
