@@ -42,7 +42,7 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
     prefills = [t for t, _ in prefill[first:]] if first is not None else []
     return {
         "peak_running": peak_running_requests(text),  # None for a server that never decoded
-        "decode_tok_s_near_peak": decode_rates[-5] if len(decode_rates) >= 5 else (decode_rates or [None])[0],
+        "decode_tok_s_near_peak": decode_rates[-min(5, len(decode_rates))] if decode_rates else None,
         "max_token_usage": max(usage, default=None),
         "prefill_span_s": (prefills[-1] - prefills[0]).total_seconds() if prefills else None,
         "prefill_batches": len(prefills),
