@@ -60,7 +60,7 @@ class SnapMLAForward:
         out, _ = ops.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
                             q_rope_al.view(batch, s_q, heads, -1),
                             *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                            block_table, seq_lens, layer.scaling, num_splits=splits)
+                            block_table, seq_lens, layer.scaling, num_splits=splits, follows_q_quant=True)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens, s_q: int):

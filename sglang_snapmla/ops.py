@@ -246,6 +246,10 @@ def pdl_enabled(device: torch.device) -> bool:
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# launch flags of the CUDA decode (kernels/cuda/binding.cpp)
+_CUDA_LAUNCH_PDL, _CUDA_LAUNCH_KV_BEFORE_WAIT = 1, 2
+
+
 def decode_impl(requested: str | None = None) -> str:
     """"triton" or "cuda": the decode implementation to run, from `requested` or SNAPMLA_DECODE_IMPL."""
     want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "auto")
@@ -269,7 +273,7 @@ def decode_impl(requested: str | None = None) -> str:
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
-           impl: str | None = None):
+           impl: str | None = None, follows_q_quant: bool = False):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
@@ -278,6 +282,10 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
     `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests);
     `impl` overrides SNAPMLA_DECODE_IMPL ("triton", "cuda", "auto").
+    `follows_q_quant`: the kernel launched just before this call on the stream is `quantize_q` (nothing else is
+    launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table
+    and its first pages while the Q-quant still runs (safe because the Q-quant lets it start only after waiting for
+    its own predecessors, and writes none of those).
     """
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
@@ -318,7 +326,8 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
 
         cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                      lse_part, out if final_in_kernel else out[:0],
-                                     lse if final_in_kernel else lse[:0], R, H, s_q, qk_scale_log2, splits, pdl)
+                                     lse if final_in_kernel else lse[:0], R, H, s_q, qk_scale_log2, splits,
+                                     _CUDA_LAUNCH_PDL * pdl | _CUDA_LAUNCH_KV_BEFORE_WAIT * follows_q_quant)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
@@ -342,4 +351,4 @@ def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Ten
     B, s_q, H, _ = q_nope.shape
     q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
     return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_fp8, kv_scale,
-                  kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl)
+                  kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl, follows_q_quant=True)

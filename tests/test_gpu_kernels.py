@@ -115,36 +115,51 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
 @pytest.mark.parametrize("impl", ["triton", "auto"])
 def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
     """Q-quant -> decode -> combine with programmatic dependent launch (ops.pdl_enabled) give the same bits as
-    plainly serialized launches, in a CUDA graph of back-to-back layers whose queries a preceding kernel rewrites
-    (a dependent kernel reading before its griddepcontrol.wait would see the previous layer's queries)."""
+    plainly serialized launches, in a CUDA graph of back-to-back layers where kernels before each layer's Q-quant
+    rewrite its queries, the pool's scales, the block table and the lengths: a dependent kernel reading any of them
+    before it may (the queries before griddepcontrol.wait; the CUDA decode reads the metadata and its first pages
+    before the wait, `follows_q_quant`) would see the previous layer's values."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90+")
-    p = _to(paged_problem(gen, [640, 64, 3000], 128, s_q=1), "cuda")
+    lens = [[640, 64, 3000], [600, 1, 2999], [64, 700, 128]]
+    p = _to(paged_problem(gen, lens[0], 128, s_q=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    pages = cache.content.shape[0] // nx.PAGE_SIZE
+    # two copies of the pool; odd layers read the second one (block table + pages)
+    kv8 = torch.cat([cache.content.view(torch.uint8)] * 2).view(cache.content.dtype)
+    scale0 = torch.cat([cache.scale, cache.scale * 2]).contiguous()
+    rope = torch.cat([cache.rope, cache.rope]).contiguous()
+    bts = [p["block_table"], p["block_table"] + pages]
+    lens = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in lens]
     qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     layers = 8
 
     def run_layers(pdl: str):
         monkeypatch.setenv("SNAPMLA_PDL", pdl)
         assert ops.pdl_enabled(qn.device) == (pdl == "1")
-        q_layer = torch.empty_like(qn)
+        q_layer, scale, bt, seq_lens = torch.empty_like(qn), torch.empty_like(scale0), torch.empty_like(bts[0]), \
+            torch.empty_like(lens[0])
         outs = []
         g = torch.cuda.CUDAGraph()
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s), torch.cuda.graph(g):
             for layer in range(layers):
-                torch.mul(qn, 1.0 + 0.25 * layer, out=q_layer)  # the producer of this layer's queries
-                outs.append(ops.snapmla_decode(q_layer, qr, *kv, p["block_table"], p["seq_lens"],
-                                               p["softmax_scale"], impl=impl)[0])
+                # the producers of this layer's queries, pool and metadata
+                torch.mul(qn, 1.0 + 0.25 * layer, out=q_layer)
+                torch.mul(scale0, 1.0 + 0.125 * layer, out=scale)
+                bt.copy_(bts[layer % 2])
+                seq_lens.copy_(lens[layer % 3])
+                outs.append(ops.snapmla_decode(q_layer, qr, kv8, scale, rope, bt, seq_lens, p["softmax_scale"],
+                                               impl=impl)[0])
         torch.cuda.current_stream().wait_stream(s)
         g.replay()
         torch.cuda.synchronize()
         return torch.stack(outs)
 
     serial, chained = run_layers("0"), run_layers("1")
-    assert not torch.equal(serial[0], serial[-1])  # the layers differ, so a stale read would show
+    for layer in range(1, layers):  # consecutive layers differ, so a stale read would show
+        assert not torch.equal(serial[layer - 1], serial[layer])
     assert torch.equal(chained, serial)
 
 
@@ -189,10 +204,10 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     lse_part = torch.empty(B, R, 1, dtype=torch.float32, device="cuda")
     none = torch.empty(0, device="cuda")
     cuda_ext.load().decode_split(*args[:8], o_part, lse_part, none.bfloat16(), none, R, heads, s_q,
-                                 p["softmax_scale"] * math.log2(math.e), 1, False)
+                                 p["softmax_scale"] * math.log2(math.e), 1, 0)
     ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
     tdecode.combine_kernel[(R, B)](o_part, lse_part, ref_out, ref_lse, R, heads, s_q, 1, SPLITS_P2=1, PDL=False,
                                    num_warps=4)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     with pytest.raises(RuntimeError, match="only with num_splits == 1"):
-        cuda_ext.load().decode_split(*args[:8], o_part, lse_part, out, lse, R, heads, s_q, 1.0, 2, False)
+        cuda_ext.load().decode_split(*args[:8], o_part, lse_part, out, lse, R, heads, s_q, 1.0, 2, 0)

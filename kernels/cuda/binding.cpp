@@ -7,18 +7,21 @@ namespace snapmla {
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int R, int H, int S_Q,
-                                     float qk_scale_log2, int num_splits, bool pdl, cudaStream_t stream);
+                                     void* out, float* lse_out, int batch, int stride_bt, int max_pages, int R, int H,
+                                     int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
+                                     cudaStream_t stream);
 }
 
 // Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
 // kernel's address arithmetic relies on is re-checked.
 // Either o_part / lse_part (split partials for the combine; out and lse_out empty) or, with num_splits == 1, out
 // [B, s_q, H, 512] bf16 / lse_out [B, H, s_q] fp32 (final outputs; o_part and lse_part empty).
+// launch_flags: 1 = programmatic dependent launch, 2 = the previous kernel on the stream is the Q quantization, so
+// the lengths, block table and first pages may be read before waiting for it (2 implies nothing without 1).
 void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, torch::Tensor out, torch::Tensor lse_out, int64_t R,
-                  int64_t H, int64_t S_Q, double qk_scale_log2, int64_t num_splits, bool pdl) {
+                  int64_t H, int64_t S_Q, double qk_scale_log2, int64_t num_splits, int64_t launch_flags) {
   for (const auto& t : {q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, o_part, lse_part, out, lse_out})
     TORCH_CHECK(t.is_cuda() && t.is_contiguous(), "snapmla sm90 decode: CUDA, contiguous tensors expected");
   const bool final_out = out.numel() > 0;
@@ -34,11 +37,12 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
       kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
       final_out ? nullptr : o_part.data_ptr<float>(), final_out ? nullptr : lse_part.data_ptr<float>(),
       final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr, static_cast<int>(q8.size(0)),
-      static_cast<int>(block_table.stride(0)), static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q),
-      static_cast<float>(qk_scale_log2), static_cast<int>(num_splits), pdl, c10::cuda::getCurrentCUDAStream());
+      static_cast<int>(block_table.stride(0)), static_cast<int>(block_table.size(1)), static_cast<int>(R),
+      static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2), static_cast<int>(num_splits), static_cast<int>(launch_flags),
+      c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
-              err == cudaErrorInvalidValue ? " (TMA descriptor encoding of the pool failed: the pool arrays must be "
-                                             "16-byte aligned with 512 B / 128 B rows)" : "");
+              err == cudaErrorInvalidValue ? " (TMA descriptor encoding failed: the pool arrays, q8, q_rope and "
+                                             "out must be 16-byte aligned)" : "");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -74,8 +74,8 @@ constexpr int kP8 = kVT + 2 * kVTHalfBytes;           // 2 P8 buffers (page pari
 constexpr int kRowF = kP8 + 2 * kP8Bytes;             // 2 x [64] fp32 per-row O rescale factor
 constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale s / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
-constexpr int kBar = kRowL + kRows * 4;               // mbarriers: full / empty per stage, pfull / pempty per P8
-constexpr int kSmemBytes = kBar + (2 * kStages + 4) * 8 + 1024;  // + 1024: slack to align the base
+constexpr int kBar = kRowL + kRows * 4;               // mbarriers: full / empty per stage, pfull / pempty per P8, qfull
+constexpr int kSmemBytes = kBar + (2 * kStages + 5) * 8 + 1024;  // + 1024: slack to align the base
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
 // byte offset of (row, byte) in a run of 128 B-swizzled [64 rows x 128 B] tiles that hold rows wider than 128 B
@@ -134,6 +134,13 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
       ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_u32(bar)) : "memory");
 }
+// [64 rows x 128 B] box of a 3-D map {row elements, R, B} (the Q tiles; rows past R, the next sequence's, are
+// zero-filled by the hardware and still count in the transaction bytes)
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar)) : "memory");
+}
 // bf16 output box [64 rows x 64 columns] from a 128 B-swizzled shared tile to out[b, row, col] (3-D map {512, R, B}:
 // rows past R, i.e. past the sequence's query rows, are clipped by the hardware)
 __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, const void* src, int col, int row, int b) {
@@ -150,12 +157,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, int bytes,
                ::"r"(smem_u32(dst)), "l"(src), "r"(bytes), "r"(smem_u32(bar)) : "memory");
 }
 
-__device__ __forceinline__ void cp_async16(uint8_t* dst, const void* src, bool valid) {
-  int n = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -163,19 +164,6 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Stage 64 consecutive rows of `kRowBytes` bytes from global `src` into 128 B-swizzled tiles at `dst` (16-byte
-// cp.async chunks); rows at or past `valid_rows` are zero-filled (their source address is clamped, never read).
-// Used once per CTA, for the Q tile.
-template <int kRowBytes>
-__device__ __forceinline__ void stage_rows(uint8_t* dst, const uint8_t* src, int valid_rows) {
-  constexpr int kChunks = kRowBytes / 16;
-  const int last = max(valid_rows - 1, 0);
-  for (int c = threadIdx.x; c < 64 * kChunks; c += kThreads) {
-    int row = c / kChunks, b = (c % kChunks) * 16;
-    cp_async16(dst + sw128(row, b), src + (int64_t)min(row, last) * kRowBytes + b, row < valid_rows);
-  }
 }
 
 // One thread: page `page` of the pool into stage `buf` (4 content boxes, the RoPE box, the scales), all completing
@@ -272,13 +260,41 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
 
 // kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
 // flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
+// The pages [first, last) of split `split` of a sequence of `len` tokens
+__device__ __forceinline__ void split_pages(int len, int split, int num_splits, int& first, int& last) {
+  const int pages = (len + kPage - 1) / kPage, per_split = (pages + num_splits - 1) / num_splits;
+  first = split * per_split;
+  last = min(first + per_split, pages);
+}
+
+// Thread 0 of a CTA: the split's first kStages pages into the stages. With one split they are block-table entries
+// 0..2 whatever the length, so those loads go out together with the length's (one round trip fewer before the TMA).
+// Not inlined: inlined, its registers raised the kernel's spills (200 / 512 B instead of 124 / 304 at one split)
+// and put spill loads into the PV page loop.
+__device__ __noinline__ void load_first_pages(uint8_t* smem, const CUtensorMap* map_kv, const CUtensorMap* map_rope,
+                                              const float* kv_scale, const int* bt, const int& seq_len, int split,
+                                              int num_splits, int max_pages) {
+  int head[kStages];
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) head[i] = num_splits == 1 && i < max_pages ? bt[i] : 0;
+  int first, last;
+  split_pages(seq_len, split, num_splits, first, last);
+  for (int i = 0; i < kStages && first + i < last; ++i)
+    load_page(smem, i, map_kv, map_rope, kv_scale, num_splits == 1 ? head[i] : bt[first + i]);
+}
+
+// Launch flags (the launcher's and the binding's `launch_flags`)
+constexpr int kLaunchPdl = 1;           // programmatic dependent launch after the previous kernel
+constexpr int kLaunchKvBeforeWait = 2;  // the previous kernel is the Q quantization (see the prologue)
+
 template <bool kFinal>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
-    const __grid_constant__ CUtensorMap map_out, const uint8_t* __restrict__ q8, const float* __restrict__ q_scale, const uint16_t* __restrict__ q_rope,
+    const __grid_constant__ CUtensorMap map_q8, const __grid_constant__ CUtensorMap map_qr,
+    const __grid_constant__ CUtensorMap map_out, const float* __restrict__ q_scale,
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-    float* __restrict__ o_part, float* __restrict__ lse_part, __nv_bfloat16* __restrict__ out,
-    float* __restrict__ lse_out, int stride_bt, int R, int H, int S_Q, float qk_scale_log2, int num_splits) {
+    float* __restrict__ o_part, float* __restrict__ lse_part, float* __restrict__ lse_out, int stride_bt,
+    int max_pages, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int kv_before_wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
@@ -289,37 +305,37 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   uint64_t* empty = full + kStages;                            // [kStages] QK (wg 0) and both V^T halves done
   uint64_t* pfull = empty + kStages;                           // [2] P8 / row factors published (wg 0)
   uint64_t* pempty = pfull + 2;                                // [2] PV done with P8 (wg 1 and 2)
+  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)
 
   if (t == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 130);
     for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
+    mbar_init(qfull, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // Programmatic dependent launch (a no-op without it): the launch and the prologue above overlapped the previous
-  // kernel (the Q quantization); every global access, the metadata included, comes after the wait, so no producer
-  // of any input can race with this kernel. No early trigger for the combine: its CTAs would sit on the SMs this
-  // grid leaves free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md, session 9).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  __syncthreads();
-  const int seq_len = seq_lens[b];
-  const int n_pages = (seq_len + kPage - 1) / kPage;
-  const int per_split = (n_pages + num_splits - 1) / num_splits;
-  const int first = split * per_split;
-  const int last = min(first + per_split, n_pages);
+  __syncthreads();  // the barriers are initialised before any thread uses them
   const int* bt = block_table + (int64_t)b * stride_bt;
-
-  if (t == 0)
-    for (int i = 0; i < kStages && first + i < last; ++i)
-      load_page(smem, i, &map_kv, &map_rope, kv_scale, bt[first + i]);
-
-  const int64_t q_row0 = (int64_t)b * R + tile * kRows;
-  const int q_rows = R - tile * kRows;
-  stage_rows<kLatent>(smem + kQ8, q8 + q_row0 * kLatent, q_rows);
-  stage_rows<kRope * 2>(smem + kQR, reinterpret_cast<const uint8_t*>(q_rope) + q_row0 * kRope * 2, q_rows);
-  cp_async_commit();
-  cp_async_wait_all();
-  fence_async_smem();
-  __syncthreads();
+  // Programmatic dependent launch (a no-op without it): the launch and the prologue overlap the previous kernel.
+  // Q, q_scale and the outputs are touched only after griddepcontrol.wait. The lengths, the block table and the
+  // pool may be read before it when the caller says the previous kernel is the Q quantization (kv_before_wait):
+  // that kernel lets this one start only after its own wait, i.e. once every earlier kernel (the K append, the
+  // metadata copies) has completed, and it writes none of them; so the first pages' round trips overlap it
+  // (docs/KERNEL.md, session 15). No early trigger for the combine: its CTAs would sit on the SMs this grid leaves
+  // free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md, session 9).
+  if (kv_before_wait && t == 0)
+    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, max_pages);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (t == 32) {  // Q of the tile by TMA (a warp other than the page loader's, which may still be in its round trips)
+    mbar_expect_tx(qfull, 5 * kTile);
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) tma_load_3d(smem + kQ8 + blk * kTile, &map_q8, blk * 128, tile * kRows, b, qfull);
+    tma_load_3d(smem + kQR, &map_qr, 0, tile * kRows, b, qfull);
+  }
+  if (!kv_before_wait && t == 0)
+    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, max_pages);
+  const int seq_len = seq_lens[b];
+  int first, last;
+  split_pages(seq_len, split, num_splits, first, last);
 
   // accumulator rows of this thread (the same mapping in every warpgroup)
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
@@ -349,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // 16 content + 4 RoPE K steps x 4 registers. Every QK then reads only K from shared memory (40 KB per page
     // instead of 80: docs/KERNEL.md, session 9).
     uint32_t q_frag[kLatent / 32][4], qr_frag[kRope * 2 / 32][4];
+    mbar_wait(qfull, 0);
     {
       const int frow = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), fbyte = 16 * (lane / 16);
 #pragma unroll
@@ -638,25 +655,29 @@ static bool encode_pool_map(CUtensorMap* map, const void* base, int64_t rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// out [B, R, 512] bf16 seen as 3-D {512, R, B} in boxes of 64 columns x 64 rows, 128 B swizzle: the final-output
-// store of the one-split kernel (rows past R clipped)
-static bool encode_out_map(CUtensorMap* map, void* out, int batch, int R) {
+// A [B, R, row] row-major array (Q8, Q RoPE, out) seen as 3-D {row elements, R, B} in boxes of 128 B x 64 rows x 1,
+// 128 B swizzle: one box is one [64 rows x 128 B] tile of the kernel's shared layout. Rows past R (the next
+// sequence's) are zero-filled on load and clipped on store.
+static bool encode_rows_map(CUtensorMap* map, const void* base, int batch, int R, int row_elems, int elem_bytes,
+                            CUtensorMapDataType dtype, CUtensorMapL2promotion promotion) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
-  cuuint64_t dims[3] = {static_cast<cuuint64_t>(kLatent), static_cast<cuuint64_t>(R), static_cast<cuuint64_t>(batch)};
-  cuuint64_t strides[2] = {static_cast<cuuint64_t>(kLatent * 2), static_cast<cuuint64_t>(R) * kLatent * 2};
-  cuuint32_t box[3] = {64, static_cast<cuuint32_t>(kRows), 1};
+  const cuuint64_t row_bytes = static_cast<cuuint64_t>(row_elems) * elem_bytes;
+  cuuint64_t dims[3] = {static_cast<cuuint64_t>(row_elems), static_cast<cuuint64_t>(R), static_cast<cuuint64_t>(batch)};
+  cuuint64_t strides[2] = {row_bytes, static_cast<cuuint64_t>(R) * row_bytes};
+  cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / elem_bytes), static_cast<cuuint32_t>(kRows), 1};
   cuuint32_t elem_strides[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, out, dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+  return encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int R, int H, int S_Q,
-                                     float qk_scale_log2, int num_splits, bool pdl, cudaStream_t stream) {
+                                     void* out, float* lse_out, int batch, int stride_bt, int max_pages, int R, int H,
+                                     int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
+                                     cudaStream_t stream) {
   // out / lse_out (final outputs instead of partials) only with one split: there is nothing to merge then
   if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1))
     return cudaErrorInvalidConfiguration;
@@ -670,13 +691,18 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   }();
   if (attr != cudaSuccess) return attr;
   // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
-  // the pool's addresses, which stay fixed for the life of a server.
-  // The output map likewise holds `out`'s address: inside a captured graph, out comes from the graph's memory pool
-  // (fixed for every replay), as a pointer argument would. Without final outputs it is unused (zeroed).
-  CUtensorMap map_kv, map_rope, map_out = {};
+  // the addresses they were encoded with. The pool's stay fixed for the life of a server; Q and `out` inside a
+  // captured graph come from the graph's memory pool (fixed for every replay), as pointer arguments would. Without
+  // final outputs the output map is unused (zeroed).
+  CUtensorMap map_kv, map_rope, map_q8, map_qr, map_out = {};
   if (!encode_pool_map(&map_kv, kv_fp8, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
       !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
-      (out != nullptr && !encode_out_map(&map_out, out, batch, R)))
+      !encode_rows_map(&map_q8, q8, batch, R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
+      !encode_rows_map(&map_qr, q_rope, batch, R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
+      (out != nullptr && !encode_rows_map(&map_out, out, batch, R, kLatent, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                          CU_TENSOR_MAP_L2_PROMOTION_NONE)))
     return cudaErrorInvalidValue;
   dim3 grid((R + kRows - 1) / kRows, batch, num_splits);
   cudaLaunchConfig_t config = {};
@@ -686,14 +712,13 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   config.stream = stream;
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  attrs[0].val.programmaticStreamSerializationAllowed = (launch_flags & kLaunchPdl) ? 1 : 0;
   config.attrs = attrs;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
-                            map_kv, map_rope, map_out, static_cast<const uint8_t*>(q8),
-                            q_scale, static_cast<const uint16_t*>(q_rope), kv_scale, block_table, seq_lens, o_part,
-                            lse_part, static_cast<__nv_bfloat16*>(out), lse_out, stride_bt, R, H, S_Q, qk_scale_log2,
-                            num_splits);
+                            map_kv, map_rope, map_q8, map_qr, map_out, q_scale, kv_scale, block_table, seq_lens,
+                            o_part, lse_part, lse_out, stride_bt, max_pages, R, H, S_Q, qk_scale_log2, num_splits,
+                            (launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
 }
 
 }  // namespace snapmla
