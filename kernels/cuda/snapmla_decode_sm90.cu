@@ -336,6 +336,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   const int seq_len = seq_lens[b];
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
+  if (!kFinal && first >= last) {
+    // A split without pages (serving sizes the split count for the longest sequence a CUDA graph holds: a 640-token
+    // sequence at a 32k bound runs 57 splits, 47 of them empty). Its LSE -inf makes the combine skip its partial
+    // rows, so they are not written (64 rows x 2 KB per CTA). The Q load is already in flight into this CTA's
+    // shared memory: its issuer waits for it before the CTA may exit.
+    if (t < kRows && tile * kRows + t < R) lse_part[((int64_t)b * R + tile * kRows + t) * num_splits + split] = -INFINITY;
+    if (t == 32) mbar_wait(qfull, 0);
+    return;
+  }
 
   // accumulator rows of this thread (the same mapping in every warpgroup)
   const int row0 = warp * 16 + lane / 4, row1 = row0 + 8;
