@@ -1,10 +1,12 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 15 (written in session 13, measured and made the default in session 14, tag cuda-decode-v15-validated) =
-// v13 + the one-split final output written by TMA from a swizzled shared tile. Version 13 = v11 (v8 with Q as the register operand of
-// QK, tag cuda-decode-v11-validated) + final outputs at one split (history in docs/KERNEL.md, sessions 10 and 12). One CTA = 64 query rows (flattened
-// (token, head) pairs of one sequence) x one split of its 64-token pages, three warpgroups, mbarrier hand-offs only
-// (no block-wide barrier in the page loop):
+// Version 17 (session 15, tag cuda-decode-v17-validated) = v16 + splits without pages exit after writing their LSE.
+// Version 16 (session 15) = v15 + Q by TMA on its own mbarrier, the first pages' block-table entries loaded with the
+// length at one split, and the metadata and first pages read before griddepcontrol.wait behind the Q quantization.
+// Version 15 (sessions 13-14) = v13 + the one-split final output written by TMA from a swizzled shared tile. Version
+// 13 = v11 (v8 with Q as the register operand of QK) + final outputs at one split (history in docs/KERNEL.md).
+// One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token pages, three
+// warpgroups, mbarrier hand-offs only (no block-wide barrier in the page loop):
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
 //             per page) into three stages of 128 B-swizzled K-major tiles, "full" mbarrier per stage; a stage is
 //             refilled (by warpgroup 1's first thread) once its "empty" mbarrier says QK, the softmax's scale reads
