@@ -239,8 +239,10 @@ def pdl_enabled(device: torch.device) -> bool:
     Each kernel's launch and prologue then overlap the previous kernel's tail (Q-quant also triggers the decode
     early): -1.1 to -1.6 us per call at batch 1 on the H100, which is what separates a 3-kernel decode from
     FlashMLA's 2 kernels there (docs/KERNEL.md, session 9). Safe for any neighbour: each of the three waits
-    (griddepcontrol.wait) for the previous kernel's completion before its first global access, and the kernel after
-    the combine is launched normally (the combine does not trigger early), so it sees all of our writes."""
+    (griddepcontrol.wait) for the previous kernel's completion before it reads anything that kernel may write (the
+    CUDA decode reads the metadata and pool before it only behind our Q-quant: `decode(follows_q_quant=True)`), and
+    the kernel after the combine is launched normally (the combine does not trigger early), so it sees all of our
+    writes."""
     if device.type != "cuda" or interpreter_mode() or os.environ.get("SNAPMLA_PDL", "1") == "0":
         return False
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
