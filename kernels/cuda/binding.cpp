@@ -17,7 +17,8 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
 // Either o_part / lse_part (split partials for the combine; out and lse_out empty) or, with num_splits == 1, out
 // [B, s_q, H, 512] bf16 / lse_out [B, H, s_q] fp32 (final outputs; o_part and lse_part empty).
 // launch_flags: 1 = programmatic dependent launch, 2 = the previous kernel on the stream is the Q quantization, so
-// the lengths, block table and first pages may be read before waiting for it (2 implies nothing without 1).
+// the lengths, block table and first pages may be read before waiting for it (without 1 the wait is a no-op and
+// the previous kernel has completed anyway).
 void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, torch::Tensor out, torch::Tensor lse_out, int64_t R,
