@@ -260,8 +260,6 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
   return pair;
 }
 
-// kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
-// flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
 // The pages [first, last) of split `split` of a sequence of `len` tokens
 __device__ __forceinline__ void split_pages(int len, int split, int num_splits, int& first, int& last) {
   const int pages = (len + kPage - 1) / kPage, per_split = (pages + num_splits - 1) / num_splits;
@@ -289,6 +287,8 @@ __device__ __noinline__ void load_first_pages(uint8_t* smem, const CUtensorMap* 
 constexpr int kLaunchPdl = 1;           // programmatic dependent launch after the previous kernel
 constexpr int kLaunchKvBeforeWait = 2;  // the previous kernel is the Q quantization (see the prologue)
 
+// kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
+// flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
 template <bool kFinal>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
@@ -343,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // sequence at a 32k bound runs 57 splits, 47 of them empty). Its LSE -inf makes the combine skip its partial
     // rows, so they are not written (64 rows x 2 KB per CTA). The Q load is already in flight into this CTA's
     // shared memory: its issuer waits for it before the CTA may exit.
-    if (t < kRows && tile * kRows + t < R) lse_part[((int64_t)b * R + tile * kRows + t) * num_splits + split] = -INFINITY;
+    if (t < kRows && tile * kRows + t < R)
+      lse_part[((int64_t)b * R + tile * kRows + t) * num_splits + split] = -INFINITY;
     if (t == 32) mbar_wait(qfull, 0);
     return;
   }
