@@ -19,8 +19,16 @@ out, lse = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch
 # one split: the CUDA decode writes the final outputs itself (no partials, no combine)
 out1, lse1 = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32,
                                 device="cuda"), 576**-0.5, num_splits=1)
+# more CTAs than SMs (160 sequences of one 64-row tile each; with two splits some splits have no page)
+B2 = 160
+lens2 = torch.randint(1, 130, (B2,), generator=g).to(torch.int32).cuda()
+bt2 = torch.randint(1, B * pages + 1, (B2, 3), generator=g).to(torch.int32).cuda()
+q2 = torch.randn(B2, 1, H, 576, generator=g).to(torch.bfloat16).cuda()
+out2, lse2 = ops.snapmla_decode(q2[..., :512], q2[..., 512:], kv8, ks, kr, bt2, lens2, 576**-0.5, num_splits=1)
+out3, lse3 = ops.snapmla_decode(q2[..., :512], q2[..., 512:], kv8, ks, kr, bt2, lens2, 576**-0.5, num_splits=2)
 ops.fetch_dequant(torch.arange(100, device="cuda"), kv8, ks, kr)
 torch.cuda.synchronize()
 assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
 assert torch.isfinite(out1.float()).all() and torch.isfinite(lse1).all()
+assert torch.isfinite(out2.float()).all() and torch.isfinite(out3.float()).all()
 print("sanitize run ok", out.shape, lse.shape)

@@ -180,6 +180,34 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
         assert (lse - ref_lse).abs().max() <= 1e-2
 
 
+@pytest.mark.parametrize("heads,s_q,splits", [(128, 1, 1), (128, 1, 3), (16, 2, 1), (16, 1, 5)])
+def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, splits):
+    """More (tile, sequence, split) CTAs than SMs, uneven lengths (with splits, some without pages): the batch must
+    match the reference, and each sequence decoded alone must give the same bits (no state leaks between CTAs or
+    work items; a persistent grid, branch cuda-v18-persistent, would run several per CTA)."""
+    if ops.decode_impl("auto") != "cuda":
+        pytest.skip("the sm_90a CUDA decode is not available on this GPU")
+    lens = torch.randint(s_q, 400, (300,), generator=gen).tolist()  # a sequence holds its s_q query tokens
+    lens[:4] = [s_q, 64, 65, 129]
+    p = _to(paged_problem(gen, lens, heads, s_q=s_q, zero_rows=1), "cuda")
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
+    ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
+                                  p["block_table"], p["seq_lens"], p["softmax_scale"], num_splits=splits,
+                                  impl="cuda")
+    assert_close(out.float(), ref, rel_l2=1e-2, what=f"{splits} splits vs reference")
+    assert (lse - ref_lse).abs().max() <= 1e-2
+    # each sequence alone (one CTA per item) gives the same bits: items do not leak state into each other
+    for b in (0, 3, 150, 299):
+        one, one_lse = ops.snapmla_decode(p["q_nope"][b:b + 1].to(torch.bfloat16),
+                                          p["q_rope"][b:b + 1].to(torch.bfloat16), *kv, p["block_table"][b:b + 1],
+                                          p["seq_lens"][b:b + 1], p["softmax_scale"], num_splits=splits,
+                                          impl="cuda")
+        assert torch.equal(one, out[b:b + 1]) and torch.equal(one_lse, lse[b:b + 1])
+
+
 @pytest.mark.parametrize("seq_lens,heads,s_q", [([1, 64, 100, 4097], 128, 1), ([130, 3, 65], 16, 3),
                                                 ([200, 37, 640], 64, 2)])
 def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_lens, heads, s_q):
