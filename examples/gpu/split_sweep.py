@@ -7,8 +7,8 @@
 Per shape (BxS_K, s_q 1): FlashMLA BF16 (decode + its combine), our Q quantization alone, our decode + combine on
 pre-quantized Q for each split count, and the full `snapmla_decode` (Q-quant + decode + combine) with the default
 split count (with --full-by-splits, the full call at every split count too; with --parts, the CUDA decode kernel and
-the combine each alone, at every split count). Same timing as examples/bench_kernels.py (CUDA graph of 20 calls, median of 15 replays). Prints a table,
-writes $OUT/split_sweep.json."""
+the combine each alone, at every split count). Same timing as examples/bench_kernels.py (CUDA graph of 20 calls,
+median of 15 replays). Prints a table, writes $OUT/split_sweep.json."""
 
 import argparse
 import json
@@ -29,10 +29,9 @@ DEFAULT_SPLITS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 32, 64)
 
 def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
     """(CUDA decode kernel alone, combine alone) in µs at `splits` splits (> 1), s_q 1, without PDL."""
-
     from sglang_snapmla import cuda_ext
-    from sglang_snapmla.kernels.triton import decode as tdecode
     from sglang_snapmla import numerics as nx
+    from sglang_snapmla.kernels.triton import decode as tdecode
 
     B, _, H, _ = q8.shape
     o_part = torch.empty(B, H, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=q8.device)
