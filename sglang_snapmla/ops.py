@@ -339,9 +339,18 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
             num_warps=warps, num_stages=stages)
     if final_in_kernel:
         return out, lse
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, H, s_q, splits,
-                                   SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
+    combine(o_part, lse_part, out, lse, H, s_q, pdl)
     return out, lse
+
+
+def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads: int,
+            s_q: int, pdl: bool = False) -> None:
+    """Merge split partials into the outputs, in place: o_part [B, R, splits, 512] fp32 and lse_part [B, R, splits]
+    fp32 (base 2, -inf for a split without keys) -> out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 (natural log),
+    R = s_q * H. `pdl`: launched as a programmatic dependent of the split kernel (it waits for the partials)."""
+    B, R, splits, _ = o_part.shape
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, heads, s_q, splits,
+                                   SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
 def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor,

@@ -214,7 +214,6 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     """With one split the sm_90a decode writes the bf16 output and the natural-log LSE itself (no partials, no
     combine). Bit for bit what the combine makes of the same kernel's single partial, which this test launches too."""
     from sglang_snapmla import cuda_ext
-    from sglang_snapmla.kernels.triton import decode as tdecode
 
     if ops.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
@@ -234,8 +233,7 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     cuda_ext.load().decode_split(*args[:8], o_part, lse_part, none.bfloat16(), none, R, heads, s_q,
                                  p["softmax_scale"] * math.log2(math.e), 1, 0)
     ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, ref_out, ref_lse, R, heads, s_q, 1, SPLITS_P2=1, PDL=False,
-                                   num_warps=4)
+    ops.combine(o_part, lse_part, ref_out, ref_lse, heads, s_q)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     with pytest.raises(RuntimeError, match="only with num_splits == 1"):
         cuda_ext.load().decode_split(*args[:8], o_part, lse_part, out, lse, R, heads, s_q, 1.0, 2, 0)

@@ -133,16 +133,13 @@ def test_one_split_writes_what_the_combine_would(gen):
                                            p["softmax_scale"] * math.log2(math.e), 1, BLOCK_M=block_m,
                                            FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
                                            num_warps=warps, num_stages=stages)
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, ref_out, ref_lse, R, H, s_q, 1, SPLITS_P2=1, PDL=False,
-                                   num_warps=4)
+    ops.combine(o_part, lse_part, ref_out, ref_lse, H, s_q)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
 def test_combine_skips_splits_without_keys(gen):
     """The combine merges split partials by their base-2 LSEs; a split with LSE -inf (past the end of a short sequence,
     or every key masked for that row) has weight 0 and its partial row is never read: NaN there must not leak."""
-    from sglang_snapmla.kernels.triton import decode as tdecode
-
     B, s_q, H, splits = 2, 2, 3, 5
     R = s_q * H
     o_part = torch.randn(B, R, splits, 512, generator=gen)
@@ -155,8 +152,7 @@ def test_combine_skips_splits_without_keys(gen):
     out = torch.empty(B, R, 512, dtype=torch.bfloat16)
     lse = torch.empty(B, H, s_q)
     o_dev, l_dev, out_dev, lse_dev = (t.to(DEV) for t in (o_part, lse_part, out, lse))
-    tdecode.combine_kernel[(R, B)](o_dev, l_dev, out_dev, lse_dev, R, H, s_q, splits, SPLITS_P2=8, PDL=False,
-                                   num_warps=4)
+    ops.combine(o_dev, l_dev, out_dev, lse_dev, H, s_q)
     weights = torch.softmax(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # 2^lse / sum 2^lse
     ref = (weights[..., None] * torch.where(empty[..., None], 0.0, o_part)).sum(2)
     assert_close(out_dev.float().cpu(), ref, rel_l2=4e-3, what="combine")

@@ -31,7 +31,6 @@ def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
     """(CUDA decode kernel alone, combine alone) in µs at `splits` splits (> 1), s_q 1, without PDL."""
     from sglang_snapmla import cuda_ext
     from sglang_snapmla import numerics as nx
-    from sglang_snapmla.kernels.triton import decode as tdecode
 
     B, _, H, _ = q8.shape
     o_part = torch.empty(B, H, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=q8.device)
@@ -46,8 +45,7 @@ def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
                          lse[:0], H, H, 1, log2e, splits, 0)
 
     def comb():
-        tdecode.combine_kernel[(H, B)](o_part, lse_part, out, lse, H, H, 1, splits,
-                                       SPLITS_P2=1 << (splits - 1).bit_length(), PDL=False, num_warps=4)
+        ops.combine(o_part, lse_part, out, lse, H, 1)
 
     dec()
     return time_graph(lambda _: dec, 1), time_graph(lambda _: comb, 1)
