@@ -50,7 +50,10 @@
 namespace snapmla {
 
 constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 384, kStages = 3;
-constexpr float kFp8Max = 448.f;
+constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448): P8 = 2^(t - max t + log2 448) <= 448
+// softmax page references (v19): a page's reference stays within kRefGap of the row's running max; kNoRef stands
+// for "no key seen yet" (finite, so references subtract without NaN)
+constexpr float kRefGap = 64.f, kNoRef = -1e30f;
 // setmaxnreg only moves registers within what the CTA was launched with: 384 threads x 168 (the most a 384-thread
 // CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
 // forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
@@ -245,7 +248,14 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// 1/x by the SFU (rcp.approx.ftz: ~1 ulp; x is a P scale, >= FLT_MIN)
+// log2(x) by the SFU (lg2.approx.ftz: ~2^-22 absolute; 0 -> -inf; x is a K scale, >= 2^-20 or 0 past the end)
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// 1/x by the SFU (rcp.approx.ftz: ~1 ulp; x is a K scale, >= 2^-20)
 __device__ __forceinline__ float fast_rcp(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
@@ -371,7 +381,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
     // pages below this one hold only keys that every row of the tile sees (no causal or sequence-end mask)
     const int unmasked_end = (seq_len - S_Q + 1) / kPage;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f, s0 = 1.f, s1 = 1.f;
+    // per row: the current page reference, the running max of the page maxima, the denominator (this thread's
+    // columns, in units of 2^ref / 448)
+    float ref0 = kNoRef, ref1 = kNoRef, run0 = -INFINITY, run1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     // Q as the register operand of QK (v11): WGMMA's A fragment of a 16-row x 32-byte block per warp is what
     // ldmatrix.x4 returns for it (the same byte layout for e4m3 k32 and bf16 k16), loaded once for the whole split:
     // 16 content + 4 RoPE K steps x 4 registers. Every QK then reads only K from shared memory (40 KB per page
@@ -402,8 +414,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // this thread's P8 words: rows row0 / row1, slots 16 i + 4 (lane % 4) of the K-major [64 x 64] tile
     const uint32_t p8_row0 = smem_u32(smem + kP8) + (row0 >> 3) * 512 + (row0 & 7) * 16 + (lane % 4) * 4;
     const uint32_t p8_row1 = p8_row0 + 512;  // row1 = row0 + 8: the next 8-row group
-    // Online softmax of one page in base 2. Unmasked pages use max_j(u_j qs) = qs max_j(u_j) (qs >= 0) with
-    // u = S sigma_k, and fold qs into the exponent's FMA: 3 ALU ops + ex2 per score instead of 6.
+    // Online softmax of one page in the log domain of P' (v19). With u_j = S_j sigma_kj and qs = sigma_q x softmax
+    // scale x log2 e, key j weighs P'_j = 2^(t_j - m) in O, t_j = u_j qs + log2 sigma_kj (V's scale inside the
+    // exponent). SnapMLA's block scale sigma_P = max_j P'_j / 448 is then 2^(max_j t_j - m) / 448 and
+    // P8_j = P'_j / sigma_P = 2^(t_j - max_j t_j + log2 448): the same amax quantization without forming P', its
+    // row max or the division (one row reduction per page instead of two, ~3 ALU ops per score fewer on the
+    // softmax warpgroup's chain, which is the page time: docs/KERNEL.md, sessions 11 and 17). O and l are kept in
+    // units of 2^ref / 448, ref = the row's page reference, so the rescale between pages is 2^(ref_old - ref_new)
+    // and the denominator adds P_j = P8_j (unrounded) / sigma_kj = 448 x 2^(x_j - ref). Exact while a page's
+    // sigma_k spread stays below ~2^100 (P_j of a key 2^100 weaker in sigma_k than the page's strongest underflows;
+    // sigma_k lies in [2^-20, amax / 448]).
     auto softmax_to_p8 = [&](float (&s)[32], int page, int pb, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
@@ -423,82 +443,68 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const float ksc = kscale[2 * j + c];
-          float& mp0 = mx0[(2 * j + c) % 4];
-          float& mp1 = mx1[(2 * j + c) % 4];
-          float u0 = s[4 * j + c] * ksc, u1 = s[4 * j + 2 + c] * ksc;
-          if (kMasked) {  // masked pages keep the fully scaled score (-inf where masked)
+          const float ksc = kscale[2 * j + c], lg = fast_log2(ksc);  // -inf past the sequence end (ksc = 0)
+          float t0 = fmaf(s[4 * j + c] * ksc, qs0, lg), t1 = fmaf(s[4 * j + 2 + c] * ksc, qs1, lg);
+          if (kMasked) {  // also replaces whatever the page's unwritten tail made of S (NaN x 0) by -inf
             const int key = page * kPage + j * 8 + (lane % 4) * 2 + c;
-            u0 = (key <= last_key0 && grow0 < R) ? u0 * qs0 : -INFINITY;
-            u1 = (key <= last_key1 && grow1 < R) ? u1 * qs1 : -INFINITY;
+            t0 = (key <= last_key0 && grow0 < R) ? t0 : -INFINITY;
+            t1 = (key <= last_key1 && grow1 < R) ? t1 : -INFINITY;
           }
-          s[4 * j + c] = u0;
-          s[4 * j + 2 + c] = u1;
-          mp0 = fmaxf(mp0, u0);
-          mp1 = fmaxf(mp1, u1);
+          s[4 * j + c] = t0;
+          s[4 * j + 2 + c] = t1;
+          mx0[(2 * j + c) % 4] = fmaxf(mx0[(2 * j + c) % 4], t0);
+          mx1[(2 * j + c) % 4] = fmaxf(mx1[(2 * j + c) % 4], t1);
         }
       }
-      float rmx0 = fmaxf(fmaxf(mx0[0], mx0[1]), fmaxf(mx0[2], mx0[3]));
-      float rmx1 = fmaxf(fmaxf(mx1[0], mx1[1]), fmaxf(mx1[2], mx1[3]));
+      float pm0 = fmaxf(fmaxf(mx0[0], mx0[1]), fmaxf(mx0[2], mx0[3]));
+      float pm1 = fmaxf(fmaxf(mx1[0], mx1[1]), fmaxf(mx1[2], mx1[3]));
 #pragma unroll
       for (int x = 1; x < 4; x <<= 1) {
-        rmx0 = fmaxf(rmx0, __shfl_xor_sync(0xffffffff, rmx0, x));
-        rmx1 = fmaxf(rmx1, __shfl_xor_sync(0xffffffff, rmx1, x));
+        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
+        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
       }
-      const float mn0 = fmaxf(m0, kMasked ? rmx0 : rmx0 * qs0), mn1 = fmaxf(m1, kMasked ? rmx1 : rmx1 * qs1);
-      const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-      const float e0 = kMasked ? 1.f : qs0, e1 = kMasked ? 1.f : qs1;  // what multiplies s in the exponent
-      const float a0 = fast_exp2(m0 - ms0), a1 = fast_exp2(m1 - ms1);
-      float sp0[4] = {}, sp1[4] = {}, pp0[4] = {}, pp1[4] = {};
+      // The page's reference is its max, but at most kRefGap below the row's running max: a page far weaker than
+      // an earlier one would otherwise scale O and l up by 2^(ref_old - ref_new) towards fp32 overflow; its P8 then
+      // uses less than the FP8 range and carries < 2^-64 of the weight. kNoRef while the row has seen no key.
+      run0 = fmaxf(run0, pm0);
+      run1 = fmaxf(run1, pm1);
+      const float nr0 = fmaxf(fmaxf(pm0, run0 - kRefGap), kNoRef), nr1 = fmaxf(fmaxf(pm1, run1 - kRefGap), kNoRef);
+      const float f0 = fast_exp2(ref0 - nr0), f1 = fast_exp2(ref1 - nr1);  // O and l: old units -> new units
+      const float b0 = nr0 - kLog2Fp8Max, b1 = nr1 - kLog2Fp8Max;
+      float sp0[4] = {}, sp1[4] = {};
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int r = (2 * j + c) % 4;
           const float ksc = kscale[2 * j + c];
-          const float p0 = fast_exp2(fmaf(s[4 * j + c], e0, -ms0)), p1 = fast_exp2(fmaf(s[4 * j + 2 + c], e1, -ms1));
-          sp0[r] += p0;
-          sp1[r] += p1;
-          s[4 * j + c] = p0 * ksc;  // P' = P * sigma_k
-          s[4 * j + 2 + c] = p1 * ksc;
-          pp0[r] = fmaxf(pp0[r], s[4 * j + c]);
-          pp1[r] = fmaxf(pp1[r], s[4 * j + 2 + c]);
+          const float inv_k = kMasked && !(ksc > 0.f) ? 0.f : fast_rcp(ksc);
+          const float p0 = fast_exp2(s[4 * j + c] - b0), p1 = fast_exp2(s[4 * j + 2 + c] - b1);
+          sp0[r] = fmaf(p0, inv_k, sp0[r]);  // P = P8 / sigma_k, for the denominator
+          sp1[r] = fmaf(p1, inv_k, sp1[r]);
+          s[4 * j + c] = p0;
+          s[4 * j + 2 + c] = p1;
         }
       }
-      float sum0 = (sp0[0] + sp0[1]) + (sp0[2] + sp0[3]), sum1 = (sp1[0] + sp1[1]) + (sp1[2] + sp1[3]);
-      float pm0 = fmaxf(fmaxf(pp0[0], pp0[1]), fmaxf(pp0[2], pp0[3]));
-      float pm1 = fmaxf(fmaxf(pp1[0], pp1[1]), fmaxf(pp1[2], pp1[3]));
-#pragma unroll
-      for (int x = 1; x < 4; x <<= 1) {
-        sum0 += __shfl_xor_sync(0xffffffff, sum0, x);
-        sum1 += __shfl_xor_sync(0xffffffff, sum1, x);
-        pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
-        pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
-      }
-      l0 = l0 * a0 + sum0;
-      l1 = l1 * a1 + sum1;
-      m0 = mn0;
-      m1 = mn1;
-      const float ps0 = pm0 > 0.f ? fmaxf(pm0 / kFp8Max, 1.17549435e-38f) : s0;
-      const float ps1 = pm1 > 0.f ? fmaxf(pm1 / kFp8Max, 1.17549435e-38f) : s1;
-      const float inv0 = fast_rcp(ps0), inv1 = fast_rcp(ps1);
+      // l stays this thread's partial over its 16 columns: the four threads of a row share f, so their sum is taken
+      // once, after the last page
+      l0 = fmaf(l0, f0, (sp0[0] + sp0[1]) + (sp0[2] + sp0[3]));
+      l1 = fmaf(l1, f1, (sp1[0] + sp1[1]) + (sp1[2] + sp1[3]));
+      ref0 = nr0;
+      ref1 = nr1;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int j = 2 * i;
-        const uint32_t lo0 = to_fp8x2(s[4 * j] * inv0, s[4 * j + 1] * inv0);
-        const uint32_t hi0 = to_fp8x2(s[4 * j + 4] * inv0, s[4 * j + 5] * inv0);
-        const uint32_t lo1 = to_fp8x2(s[4 * j + 2] * inv1, s[4 * j + 3] * inv1);
-        const uint32_t hi1 = to_fp8x2(s[4 * j + 6] * inv1, s[4 * j + 7] * inv1);
+        const uint32_t lo0 = to_fp8x2(s[4 * j], s[4 * j + 1]), hi0 = to_fp8x2(s[4 * j + 4], s[4 * j + 5]);
+        const uint32_t lo1 = to_fp8x2(s[4 * j + 2], s[4 * j + 3]), hi1 = to_fp8x2(s[4 * j + 6], s[4 * j + 7]);
         st_shared_u32(p8_row0 + pb * kP8Bytes + i * 128, lo0 | hi0 << 16);
         st_shared_u32(p8_row1 + pb * kP8Bytes + i * 128, lo1 | hi1 << 16);
       }
       if (lane % 4 == 0) {
         float* rowf = reinterpret_cast<float*>(smem + kRowF) + pb * kRows;
-        rowf[row0] = a0 * s0 * inv0;
-        rowf[row1] = a1 * s1 * inv1;
+        rowf[row0] = f0;
+        rowf[row1] = f1;
       }
-      s0 = ps0;
-      s1 = ps1;
     };
     // page c's softmax into P8 buffer (c - first) & 1, once PV(c - 2) is done with it; published (pfull) later
     auto softmax_page = [&](float (&s)[32], int c) {
@@ -532,11 +538,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       softmax_page(cur, last - 1);
       mbar_arrive(pfull + ((last - 1 - first) & 1));
     }
-    if (lane % 4 == 0) {
-      rows_s[row0] = l0 > 0.f ? s0 / l0 : 0.f;
-      rows_s[row1] = l1 > 0.f ? s1 / l1 : 0.f;
-      rows_l[row0] = l0 > 0.f ? m0 + log2f(l0) : -INFINITY;
-      rows_l[row1] = l1 > 0.f ? m1 + log2f(l1) : -INFINITY;
+#pragma unroll
+    for (int x = 1; x < 4; x <<= 1) {  // the row's denominator: the sum of its four threads' partials
+      l0 += __shfl_xor_sync(0xffffffff, l0, x);
+      l1 += __shfl_xor_sync(0xffffffff, l1, x);
+    }
+    if (lane % 4 == 0) {  // O and l share their units, so the output is O / l; the LSE is log2 of l x 2^ref / 448
+      rows_s[row0] = l0 > 0.f ? 1.f / l0 : 0.f;
+      rows_s[row1] = l1 > 0.f ? 1.f / l1 : 0.f;
+      rows_l[row0] = l0 > 0.f ? ref0 + log2f(l0) - kLog2Fp8Max : -INFINITY;
+      rows_l[row1] = l1 > 0.f ? ref1 + log2f(l1) - kLog2Fp8Max : -INFINITY;
     }
     __syncthreads();  // (1) row scales published
     if (lane % 4 == 0) {
