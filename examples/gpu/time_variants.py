@@ -4,7 +4,8 @@
     python3 examples/gpu/time_variants.py SHAPES NAME...
 
 SHAPES: comma-separated HxBxS_K (s_q 1), e.g. h128x64x16384,h16x128x16384; a suffix sN forces N splits
-(h128x1x640s57: the count serving's static page bound gives a 640-token sequence at a 32k context).
+(h128x1x640s57: the count serving's static page bound gives a 640-token sequence at a 32k context), a suffix qN
+sets s_q (h128x64x65536q2: two query tokens per sequence, MTP); both: h128x1x640q2s57.
 NAME: `main` (kernels/cuda) or a copy of kernels/cuda under ab/NAME/kernels/cuda (gitignored), e.g. with a part of
 the page loop compiled out for an ablation;
 `NAME+VAR=VALUE` runs it with an environment setting (e.g. `main+SNAPMLA_PDL=0`). A name may repeat (interleaved
@@ -34,9 +35,10 @@ def time_one(shapes: str) -> dict:
     res = {}
     for shape in shapes.split(","):
         dims, _, forced = shape[1:].partition("s")  # h128x1x640s57: 57 splits, as serving's static page bound gives
+        dims, _, s_q = dims.partition("q")  # h128x64x65536q2: s_q 2
         h, b, sk = (int(x) for x in dims.split("x"))
         splits = int(forced) if forced else None
-        inputs = make_inputs(b, sk, h, 1, copies, "cuda")
+        inputs = make_inputs(b, sk, h, int(s_q or 1), copies, "cuda")
         seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
 
         def call(i, seqlens=seqlens, splits=splits):
