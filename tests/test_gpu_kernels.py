@@ -180,6 +180,35 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
         assert (lse - ref_lse).abs().max() <= 1e-2
 
 
+@pytest.mark.parametrize("case", ["dominant_first_page", "token_scales_over_six_decades"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
+    """The CUDA decode's softmax works in the log domain of P' = P sigma_k with a per-page reference kept within 2^64
+    of the row's running max (docs/KERNEL.md, session 17). Two cases that exercise it, against the spec:
+    dominant_first_page -- page 0's keys are aligned with head 0's query (logits ~+170 over the rest, far past the
+    2^64 clamp: every later page of that row is clamped); token_scales_over_six_decades -- each key's content
+    is scaled by 10^U(-3, 3), so sigma_k (and log2 sigma_k inside the exponent) spreads over ~2^40 within a page."""
+    if ops.decode_impl("auto") != "cuda":
+        pytest.skip("the sm_90a CUDA decode is not available on this GPU")
+    p = paged_problem(gen, [700, 1500, 64], 128, s_q=1, zero_rows=1)
+    if case == "dominant_first_page":
+        for b in range(3):
+            slots = p["block_table"][b, 0].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
+            p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
+    else:
+        p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
+    p = _to(p, "cuda")
+    cache = nx.quantize_kv(p["c_kv"].to(torch.bfloat16), p["k_rope"].to(torch.bfloat16))
+    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    q_nope, q_rope = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
+    q = nx.quantize_q(q_nope, q_rope)
+    ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    out, lse = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
+                                  num_splits=splits, impl="cuda")
+    assert_close(out.float(), ref, rel_l2=1e-2, what=f"{case}, {splits} splits vs reference")
+    assert ((lse - ref_lse).abs() <= 1e-2 * ref_lse.abs().clamp_min(1)).all()
+
+
 @pytest.mark.parametrize("heads,s_q,splits", [(128, 1, 1), (128, 1, 3), (16, 2, 1), (16, 1, 5)])
 def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, splits):
     """More (tile, sequence, split) CTAs than SMs, uneven lengths (with splits, some without pages): the batch must

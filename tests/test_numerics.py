@@ -207,50 +207,67 @@ def test_ablation_ordering_with_rope_outliers(gen):
     assert err["BF16"] < err["SnapMLA"], err
 
 
-def _scaled_accumulator_decode(q, cache, block_table, seq_lens, softmax_scale):
-    """The sm_90a kernel's accumulation scheme, in torch: O is held in the current block's P scale
-    (O_true = O * s), so each block does O = O * (alpha * s / sigma_P) + P8 V with no second accumulator; a row
-    with no visible key in a block keeps its scale. Everything else as the reference."""
+def _log_domain_decode(q, cache, block_table, seq_lens, softmax_scale, ref_gap: float = 64.0):
+    """The sm_90a kernel's softmax and accumulation (v19, docs/KERNEL.md session 17), in torch. Scores go to the log
+    domain of P' = P sigma_k: t = S sigma_q sigma_k log2(e) scale + log2 sigma_k, so the block's amax-scaled FP8
+    weights are P8 = 2^(t - ref + log2 448) with ref = the block's row max of t, kept within `ref_gap` of the row's
+    running max; O and l are held in units of 2^ref / 448 (rescaled by 2^(ref_old - ref_new) per block), and l adds
+    P8 (unrounded) / sigma_k. Everything else as the reference."""
     B, s_q, H, _ = q.content.shape
     rows = s_q * H
     out = torch.empty(B, s_q, H, nx.KV_LORA_RANK)
+    lse = torch.empty(B, H, s_q)
+    no_ref, log2_fp8_max = torch.tensor(-1e30), math.log2(nx.FP8_MAX)
     for b in range(B):
         seq_len = int(seq_lens[b])
         qc, qr = q.content[b].float().reshape(rows, -1), q.rope[b].float().reshape(rows, -1)
-        qs = q.scale[b].float().reshape(rows)
+        qs = q.scale[b].float().reshape(rows) * softmax_scale * math.log2(math.e)
         last_key = (seq_len - s_q + torch.arange(s_q)).repeat_interleave(H)
-        m, l = torch.full((rows,), -math.inf), torch.zeros(rows)
-        o, s = torch.zeros(rows, nx.KV_LORA_RANK), torch.ones(rows)
+        ref, run = torch.full((rows,), -1e30), torch.full((rows,), -math.inf)
+        o, l = torch.zeros(rows, nx.KV_LORA_RANK), torch.zeros(rows)
         for blk in range(math.ceil(seq_len / nx.PAGE_SIZE)):
             slots = block_table[b, blk].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
             kc, ks, kr = cache.content[slots].float(), cache.scale[slots].float(), cache.rope[slots].float()
-            scores = (qc @ kc.T + qr @ kr.T) * (qs[:, None] * ks[None, :]) * softmax_scale
+            t = (qc @ kc.T + qr @ kr.T) * ks[None, :] * qs[:, None] + torch.log2(ks)[None, :]
             key_pos = blk * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
-            scores = scores.masked_fill(key_pos[None, :] > last_key[:, None], -math.inf)
-            m_new = torch.maximum(m, scores.amax(1))
-            m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-            alpha, p = torch.exp(m - m_safe), torch.exp(scores - m_safe[:, None])
-            l = l * alpha + p.sum(1)
-            p_v = p * ks[None, :]
-            pm = p_v.amax(1)
-            ps = torch.where(pm > 0, nx.amax_scale(pm, nx.P_SCALE_FLOOR), s)
-            o = o * (alpha * s / ps)[:, None] + nx.to_fp8(p_v / ps[:, None]).float() @ kc
-            s, m = ps, m_new
-        out[b] = (o * (s / l)[:, None]).reshape(s_q, H, -1)
-    return out
+            t = t.masked_fill(key_pos[None, :] > last_key[:, None], -math.inf)
+            page_max = t.amax(1)
+            run = torch.maximum(run, page_max)
+            new_ref = torch.maximum(torch.maximum(page_max, run - ref_gap), no_ref)
+            f = torch.exp2(ref - new_ref)
+            p8 = torch.exp2(t - (new_ref - log2_fp8_max)[:, None])
+            l = l * f + (p8 / ks[None, :]).sum(1)
+            o = o * f[:, None] + nx.to_fp8(p8).float() @ kc
+            ref = new_ref
+        out[b] = (o / l[:, None]).reshape(s_q, H, -1)
+        lse[b] = ((ref + torch.log2(l) - log2_fp8_max) * math.log(2)).reshape(s_q, H).T
+    return out, lse
 
 
-@pytest.mark.parametrize("seq_lens,s_q", [([65, 129, 2, 300], 2), ([1, 64, 200], 1)])
-def test_scaled_accumulator_schedule_equals_reference(gen, seq_lens, s_q):
-    """The CUDA kernel's reformulated accumulation is the reference's math up to fp32 rounding, including rows
-    whose last block is fully masked (s_q = 2 with a lone key in the last page)."""
+@pytest.mark.parametrize("seq_lens,s_q,case", [([65, 129, 2, 300], 2, "unit"), ([1, 64, 200], 1, "unit"),
+                                              ([700, 130], 1, "dominant_first_page"),
+                                              ([300, 64], 2, "token_scales_over_six_decades")])
+def test_log_domain_schedule_equals_reference(gen, seq_lens, s_q, case):
+    """The CUDA kernel's reformulated softmax and accumulation is the reference's math up to fp32 rounding, including
+    rows whose last block is fully masked (s_q = 2 with a lone key in the last page), a first page that dominates
+    every later one by far more than the 2^64 reference gap (head 0's logits ~+170: later pages are clamped), and
+    per-token scales spread over ~2^40 inside a page (sigma_k inside the exponent)."""
     p = paged_problem(gen, seq_lens, 8, s_q=s_q, zero_rows=1)
+    if case == "dominant_first_page":
+        for b in range(len(seq_lens)):
+            slots = p["block_table"][b, 0].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
+            p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
+    elif case == "token_scales_over_six_decades":
+        p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
-    ref, _ = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    got = _scaled_accumulator_decode(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    assert torch.isfinite(got).all()
-    assert_close(got, ref, rel_l2=1e-5, what="scaled-accumulator schedule vs reference")
+    ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    got, got_lse = _log_domain_decode(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    assert torch.isfinite(got).all() and torch.isfinite(got_lse).all()
+    assert_close(got, ref, rel_l2=1e-4, what=f"log-domain schedule vs reference ({case})")
+    assert ((got_lse - ref_lse).abs() <= 1e-4 * ref_lse.abs().clamp_min(1)).all()
+    if case == "dominant_first_page":  # the case reaches the clamp: head 0's first page leads by > 64 (log2 units)
+        assert (ref_lse[:, 0] > 64 * math.log(2)).all()
 
 
 def test_pow2_scale_is_the_smallest_power_of_two_not_below_the_amax_scale():
