@@ -187,7 +187,9 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     of the row's running max (docs/KERNEL.md, session 17). Two cases that exercise it, against the spec:
     dominant_first_page -- page 0's keys are aligned with head 0's query (logits ~+170 over the rest, far past the
     2^64 clamp: every later page of that row is clamped); token_scales_over_six_decades -- each key's content
-    is scaled by 10^U(-3, 3), so sigma_k (and log2 sigma_k inside the exponent) spreads over ~2^40 within a page."""
+    is scaled by 10^U(-3, 3), so sigma_k (and log2 sigma_k inside the exponent) spreads over ~2^20 within a page,
+    with the query's content scaled down by 1e3 to keep the logits O(1) (logits of ~1e3 would make the output
+    hinge on Hopper's FP8 accumulation error, which this test is not about)."""
     if ops.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = paged_problem(gen, [700, 1500, 64], 128, s_q=1, zero_rows=1)
@@ -197,6 +199,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
             p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
     else:
         p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
+        p["q_nope"] /= 1000  # logits stay O(1): the case is about sigma_k, not about a near-one-hot softmax
     p = _to(p, "cuda")
     cache = nx.quantize_kv(p["c_kv"].to(torch.bfloat16), p["k_rope"].to(torch.bfloat16))
     kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
