@@ -1,5 +1,8 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
+// Version 19 (session 17, tag cuda-decode-v19-validated) = v17 + the softmax in the log domain of P' (P8 =
+// 2^(t - max t + log2 448) with t = S sigma_q sigma_k + log2 sigma_k: one row reduction per page instead of two, no
+// P' product, max or division; O and l in units of the page reference, kept within 2^64 of the running max).
 // Version 17 (session 15, tag cuda-decode-v17-validated) = v16 + splits without pages exit after writing their LSE.
 // Version 16 (session 15) = v15 + Q by TMA on its own mbarrier, the first pages' block-table entries loaded with the
 // length at one split, and the metadata and first pages read before griddepcontrol.wait behind the Q quantization.
@@ -15,16 +18,16 @@
 //             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
 //             scale-domain alignment --, then publishes P8(c-1) ("pfull"), so that PV(c-1) queues behind QK(c+1)
 //             on the tensor cores, then runs page c's online softmax (base 2) while QK(c+1) runs:
-//             S *= sigma_q sigma_k (masks only on the pages that need them), P' = P * sigma_k,
-//             sigma_P = rowmax(P') / 448, P8(c) = fp8(P' / sigma_P) and the row factors, into the buffer of page
-//             parity once PV(c-2) has released it ("pempty").
+//             t = S sigma_q sigma_k + log2 sigma_k (masks only on the pages that need them), ref = rowmax(t),
+//             P8(c) = fp8(2^(t - ref + log2 448)) -- SnapMLA's amax-scaled P' = P sigma_k, evaluated in the log
+//             domain -- and the row factors, into the buffer of page parity once PV(c-2) has released it ("pempty").
 //   warpgroups 1 and 2 (PV, output columns 0..255 / 256..511): V^T(c) = transpose of their half of the staged fp8
 //             page into a K-major [256 x 64] tile (FP8 WGMMA reads both operands K-major, so PV cannot read the page
 //             as stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8 shares;
 //             tokens past the sequence end become zeros), then wait "pfull", O_g = O_g * f(c) + P8(c) V^T_g(c)
 //             (2 x m64n256k32 e4m3), release P8 ("pempty").
-// O is kept in the scale of the current page's P: with O_true = O * s, a page with (alpha, sigma_P) gives
-// O' = O * (alpha * s / sigma_P) + P8 V and s' = sigma_P, so no second accumulator is needed. PV runs over the pages
+// O (and l) are kept in the units of the current page's reference, 2^ref / 448: a page gives O' = O * 2^(ref_old -
+// ref) + P8 V, so no second accumulator is needed. PV runs over the pages
 // in strictly increasing order (no inverted order: it breaks with per-block P scales).
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
