@@ -48,6 +48,7 @@ def test_entry_point_registers_everything(plugin):
     assert AttentionBackendRegistry.get_handler("snapmla") is not triton_handler
 
 
+@pytest.mark.cpu_interpreter
 def test_server_args_parse_and_pin_page_size(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
                  "--load-format", "dummy")
@@ -57,6 +58,7 @@ def test_server_args_parse_and_pin_page_size(plugin):
     assert args.page_size == 64 and args.kv_cache_dtype == "fp8_e4m3"
 
 
+@pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("name", ["deepseek-v2-lite-shape", "deepseek-v3-shape", "longcat-flash-shape"])
 def test_bundled_configs_are_accepted(plugin, name):
     """Every bundled model config parses with snapmla (LongCat's rope is set to 64, SGLang defaults it to 128)."""
@@ -71,6 +73,7 @@ def test_bundled_configs_are_accepted(plugin, name):
     assert cfg.rope_parameters and cfg.rope_parameters["rope_theta"] > 0
 
 
+@pytest.mark.cpu_interpreter
 def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     """MTP (DeepSeek NEXTN) with snapmla: the bundled V3 config carries one NEXTN layer, and the flags that
     examples/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
@@ -86,6 +89,7 @@ def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     assert args.attention_backend == "snapmla" and args.page_size == 64
 
 
+@pytest.mark.cpu_interpreter
 def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     """SGLang picks MTP draft backends from hard-coded maps (a server with snapmla + NEXTN failed at startup with
     "EAGLE is not supported in decode attention backend snapmla"): the plugin's hooks build SnapMLA's multi-step
@@ -116,6 +120,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     assert "flashmla" in factory.create_decode_backend() and len(built) == 2  # SGLang's own map, untouched
 
 
+@pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("layout", [["--tp", "2"], ["--tp", "2", "--enable-dp-attention", "--dp", "2"]],
                          ids=["tp2", "dp2-attention"])
 def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
@@ -226,6 +231,7 @@ def pool(plugin):
 LAYER = SimpleNamespace(layer_id=1)
 
 
+@pytest.mark.cpu_interpreter
 def test_pool_layout_and_size(pool):
     n = 256 + 64
     kv, scale, rope = pool.snapmla_buffers(1)
@@ -240,6 +246,7 @@ def test_pool_layout_and_size(pool):
         pool.get_key_buffer(0)
 
 
+@pytest.mark.cpu_interpreter
 def test_pool_set_get_roundtrip_equals_quantize_dequantize(pool, gen):
     T = 70
     nope = (torch.randn(T, 1, 512, generator=gen) * 3).to(torch.bfloat16)
@@ -258,6 +265,7 @@ def test_pool_set_get_roundtrip_equals_quantize_dequantize(pool, gen):
     assert torch.equal(again[:, 0], ref_nope)
 
 
+@pytest.mark.cpu_interpreter
 def test_pool_move_and_cpu_copy(pool, gen):
     nope = torch.randn(8, 1, 512, generator=gen).to(torch.bfloat16)
     rope = torch.randn(8, 1, 64, generator=gen).to(torch.bfloat16)
@@ -276,6 +284,7 @@ def test_pool_move_and_cpu_copy(pool, gen):
     assert all(torch.equal(a, b) for a, b in zip(before, restored))
 
 
+@pytest.mark.cpu_interpreter
 def test_disaggregation_transfer_reproduces_the_cache(plugin, gen):
     """Copy pages between two pools using only get_contiguous_buf_infos (pointer, length, per-page item size),
     the way a PD-disaggregation transfer engine does; the receiving pool must read back the same cache."""

@@ -62,6 +62,7 @@ def test_checkpoint_layout_and_reload(checkpoint):
     assert abs(loss - log["heldout_loss"]) < 0.1  # same weights (bf16-rounded) give the same held-out loss
 
 
+@pytest.mark.cpu_interpreter
 def test_sglang_accepts_checkpoint_with_snapmla(checkpoint):
     from sglang.srt.server_args import prepare_server_args
 
