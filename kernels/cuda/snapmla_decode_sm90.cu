@@ -26,9 +26,9 @@
 //             as stored; ldmatrix.trans + byte permutes + stmatrix, tokens in a permuted order that P8 shares;
 //             tokens past the sequence end become zeros), then wait "pfull", O_g = O_g * f(c) + P8(c) V^T_g(c)
 //             (2 x m64n256k32 e4m3), release P8 ("pempty").
-// O (and l) are kept in the units of the current page's reference, 2^ref / 448: a page gives O' = O * 2^(ref_old -
-// ref) + P8 V, so no second accumulator is needed. PV runs over the pages
-// in strictly increasing order (no inverted order: it breaks with per-block P scales).
+// O (and l) are kept in the units of the current page's reference, 2^ref / 448: a page gives
+// O' = O * 2^(ref_old - ref) + P8 V, so no second accumulator is needed. PV runs over the pages in strictly increasing
+// order (no inverted order: it breaks with per-block P scales).
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
 // no-swizzle K-major layout (8-row x 16-byte core matrices).
@@ -432,8 +432,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // scale x log2 e, key j weighs P'_j = 2^(t_j - m) in O, t_j = u_j qs + log2 sigma_kj (V's scale inside the
     // exponent). SnapMLA's block scale sigma_P = max_j P'_j / 448 is then 2^(max_j t_j - m) / 448 and
     // P8_j = P'_j / sigma_P = 2^(t_j - max_j t_j + log2 448): the same amax quantization without forming P', its
-    // row max or the division (one row reduction per page instead of two, ~3 ALU ops per score fewer on the
-    // softmax warpgroup's chain, which is the page time: docs/KERNEL.md, sessions 11 and 17). O and l are kept in
+    // row max or the division (one row reduction per page instead of two, ~3 ALU ops per score fewer: 540 -> 441
+    // instructions per page and warp, ~1.5 % of the time at h128; docs/KERNEL.md, session 17). O and l are kept in
     // units of 2^ref / 448, ref = the row's page reference, so the rescale between pages is 2^(ref_old - ref_new)
     // and the denominator adds P_j = P8_j (unrounded) / sigma_kj = 448 x 2^(x_j - ref). Exact while a page's
     // sigma_k spread stays below ~2^100 (P_j of a key 2^100 weaker in sigma_k than the page's strongest underflows;
