@@ -46,11 +46,6 @@
 
 #include "wgmma_ops.cuh"
 
-// content K steps of QK (of 16) whose Q fragment the softmax warpgroup keeps in registers (4 each); the other steps
-// read Q from its shared-memory tile (an A/B experiment knob: registers for the softmax vs shared-memory reads)
-#ifndef SNAPMLA_Q_REG_STEPS
-#define SNAPMLA_Q_REG_STEPS 16
-#endif
 #ifndef SNAPMLA_SOFTMAX_REGS
 #define SNAPMLA_SOFTMAX_REGS 184
 #endif
@@ -66,8 +61,6 @@ constexpr float kRefGap = 64.f, kNoRef = -1e30f;
 // CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
 // forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kLanePool = kThreads / 128 * kLaunchRegs;  // 168, 504
-constexpr int kQRegSteps = SNAPMLA_Q_REG_STEPS;
-static_assert(kQRegSteps >= 0 && kQRegSteps <= kLatent / 32, "Q register steps: 0..16");
 constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (kLanePool - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
 static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kSoftmaxRegs + 2 * kPvRegs <= kLanePool, "setmaxnreg: more registers than the CTA holds");
@@ -87,7 +80,7 @@ constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T halves (one per P
 constexpr int kP8Bytes = kRows * kPage;               // one [64 rows x 64 B] fp8 P8
 constexpr int kP8 = kVT + 2 * kVTHalfBytes;           // 2 P8 buffers (page parity)
 constexpr int kRowF = kP8 + 2 * kP8Bytes;             // 2 x [64] fp32 per-row O rescale factor
-constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale s / l
+constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale 1 / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
 constexpr int kBar = kRowL + kRows * 4;               // mbarriers: full / empty per stage, pfull / pempty per P8, qfull
 constexpr int kSmemBytes = kBar + (2 * kStages + 5) * 8 + 1024;  // + 1024: slack to align the base
@@ -398,28 +391,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // ldmatrix.x4 returns for it (the same byte layout for e4m3 k32 and bf16 k16), loaded once for the whole split:
     // 16 content + 4 RoPE K steps x 4 registers. Every QK then reads only K from shared memory (40 KB per page
     // instead of 80: docs/KERNEL.md, session 9).
-    uint32_t q_frag[kQRegSteps > 0 ? kQRegSteps : 1][4], qr_frag[kRope * 2 / 32][4];
+    uint32_t q_frag[kLatent / 32][4], qr_frag[kRope * 2 / 32][4];
     mbar_wait(qfull, 0);
     {
       const int frow = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), fbyte = 16 * (lane / 16);
 #pragma unroll
-      for (int k = 0; k < kQRegSteps; ++k) ldsm_x4(smem_u32(smem + kQ8) + sw128(frow, 32 * k + fbyte), q_frag[k]);
+      for (int k = 0; k < kLatent / 32; ++k) ldsm_x4(smem_u32(smem + kQ8) + sw128(frow, 32 * k + fbyte), q_frag[k]);
 #pragma unroll
       for (int k = 0; k < kRope * 2 / 32; ++k)
         ldsm_x4(smem_u32(smem + kQR) + sw128(frow, 32 * k + fbyte), qr_frag[k]);
     }
     // K descriptor: K steps as constant start-address increments (address >> 4 stays inside the 14-bit field, so a
     // plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
-    const uint64_t desc_q = smem_desc_sw128(smem + kQ8);
     auto issue_qk = [&](float (&s)[32], int page) {
       const uint64_t desc_k = smem_desc_sw128(stage_of(page));
       wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k) {
-        const uint64_t step = ((k / 4) * kTile + (k % 4) * 32) >> 4;
-        if (k < kQRegSteps) wgmma_m64n64k32_e4m3_rs(s, q_frag[k < kQRegSteps ? k : 0], desc_k + step, k > 0);
-        else wgmma_m64n64k32_e4m3(s, desc_q + step, desc_k + step, k > 0);
-      }
+      for (int k = 0; k < kLatent / 32; ++k)
+        wgmma_m64n64k32_e4m3_rs(s, q_frag[k], desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4), k > 0);
 #pragma unroll
       for (int k = 0; k < kRope * 2 / 32; ++k)
         wgmma_m64n64k16_bf16_rs(s, qr_frag[k], desc_k + ((4 * kTile + k * 32) >> 4), 1);
