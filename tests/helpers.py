@@ -40,6 +40,25 @@ def paged_problem(gen: torch.Generator, seq_lens, heads: int, s_q: int = 1, zero
                 seq_lens=seq_lens_t, softmax_scale=1.0 / math.sqrt(KV_LORA_RANK + ROPE_DIM))
 
 
+EXTREME_SCALE_CASES = ("dominant_first_page", "token_scales_over_six_decades")
+
+
+def apply_extreme_scales(p, case: str, gen: torch.Generator):
+    """Make a `paged_problem` (in place) one of the cases that exercise the CUDA decode's log-domain softmax:
+    dominant_first_page -- every sequence's page 0 holds 8 x head 0's query (that row's logits ~+170 over the rest,
+    past the kernel's 2^64 reference gap); token_scales_over_six_decades -- each key's content times 10^U(-3, 3)
+    (sigma_k spread over ~2^20 inside a page), the query's content / 1e3 so the logits stay O(1)."""
+    if case == "dominant_first_page":
+        for b in range(p["block_table"].shape[0]):
+            slots = p["block_table"][b, 0].long() * PAGE_SIZE + torch.arange(PAGE_SIZE)
+            p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
+    elif case == "token_scales_over_six_decades":
+        p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
+        p["q_nope"] /= 1000
+    else:
+        raise ValueError(f"unknown case {case!r}; one of {EXTREME_SCALE_CASES}")
+
+
 def golden_args(p):
     return (p["q_nope"], p["q_rope"], p["c_kv"], p["k_rope"], p["block_table"], p["seq_lens"], p["softmax_scale"])
 

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from helpers import HARD_DECODE_CASES, assert_close, golden_args, paged_problem
+from helpers import (EXTREME_SCALE_CASES, HARD_DECODE_CASES, apply_extreme_scales, assert_close, golden_args,
+                     paged_problem)
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
@@ -180,7 +181,7 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
         assert (lse - ref_lse).abs().max() <= 1e-2
 
 
-@pytest.mark.parametrize("case", ["dominant_first_page", "token_scales_over_six_decades"])
+@pytest.mark.parametrize("case", EXTREME_SCALE_CASES)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     """The CUDA decode's softmax works in the log domain of P' = P sigma_k with a per-page reference kept within 2^64
@@ -193,13 +194,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     if ops.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = paged_problem(gen, [700, 1500, 64], 128, s_q=1, zero_rows=1)
-    if case == "dominant_first_page":
-        for b in range(3):
-            slots = p["block_table"][b, 0].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
-            p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
-    else:
-        p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
-        p["q_nope"] /= 1000  # logits stay O(1): the case is about sigma_k, not about a near-one-hot softmax
+    apply_extreme_scales(p, case, gen)
     p = _to(p, "cuda")
     cache = nx.quantize_kv(p["c_kv"].to(torch.bfloat16), p["k_rope"].to(torch.bfloat16))
     kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())

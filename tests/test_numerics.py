@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import assert_close, golden_args, paged_problem
+from helpers import apply_extreme_scales, assert_close, golden_args, paged_problem
 from sglang_snapmla import numerics as nx
 from sglang_snapmla.accuracy import SyntheticSpec, synthetic_layer
 
@@ -253,13 +253,8 @@ def test_log_domain_schedule_equals_reference(gen, seq_lens, s_q, case):
     every later one by far more than the 2^64 reference gap (head 0's logits ~+170: later pages are clamped), and
     per-token scales spread over ~2^20 inside a page (sigma_k inside the exponent)."""
     p = paged_problem(gen, seq_lens, 8, s_q=s_q, zero_rows=1)
-    if case == "dominant_first_page":
-        for b in range(len(seq_lens)):
-            slots = p["block_table"][b, 0].long() * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE)
-            p["c_kv"][slots] = 8 * p["q_nope"][b, 0, 0]
-    elif case == "token_scales_over_six_decades":
-        p["c_kv"] *= 10.0 ** (6 * torch.rand(p["c_kv"].shape[0], 1, generator=gen) - 3)
-        p["q_nope"] /= 1000  # logits stay O(1): the case is about sigma_k, not about a near-one-hot softmax
+    if case != "unit":
+        apply_extreme_scales(p, case, gen)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
