@@ -245,7 +245,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
                 bench_serving(port, args.model, args.input_len, args.output_len, args.warmup_prompts,
                               args.bench_timeout, seed=2)
             metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
-                                          args.bench_timeout)
+                                          args.bench_timeout, stream=not args.disable_stream)
             (out_dir / f"bench_{name}.txt").write_text(text)
             res.update(metrics)
     except Exception as e:  # recorded in the table, never hidden
@@ -273,6 +273,9 @@ def main():
     ap.add_argument("--bench-timeout", type=float, default=400)
     ap.add_argument("--greedy-repeat", action="store_true",
                     help="generate a fixed greedy batch twice and record whether the outputs are identical")
+    ap.add_argument("--disable-stream", action="store_true",
+                    help="bench_serving --disable-stream: whole responses, so that SGLang's per-token streaming "
+                         "frontend (~10-20k output tok/s) does not set the duration (no TTFT / TPOT then)")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     args = ap.parse_args()
