@@ -226,3 +226,32 @@ def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
     log.close()
     sb._live_servers.discard(proc.pid)
     assert seen["env"] is None
+
+
+def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_path):
+    """serve_and_bench.py --disable-stream: the measured bench_serving call runs without streaming (so that the
+    frontend does not set the duration); the warm-up call keeps its default; without the flag both stream."""
+    import argparse
+    import types
+
+    import serve_and_bench as sb
+
+    calls = []
+
+    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, seed=1, stream=True, **kw):
+        calls.append((num_prompts, stream))
+        return {"total_tok_s": 1.0}, "text"
+
+    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
+    monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
+    monkeypatch.setattr(sb, "bench_serving", fake_bench)
+    for flag in (True, False):
+        calls.clear()
+        args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
+                                  warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
+                                  disable_stream=flag)
+        res = sb.run_one("snapmla", args, tmp_path, 30000)
+        assert "error" not in res, res
+        assert calls == [(4, True), (64, not flag)]
