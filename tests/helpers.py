@@ -59,6 +59,12 @@ def apply_extreme_scales(p, case: str, gen: torch.Generator):
         raise ValueError(f"unknown case {case!r}; one of {EXTREME_SCALE_CASES}")
 
 
+def pool_arrays(cache):
+    """The (content, scale, rope) pool arrays of a `numerics.quantize_kv` cache, contiguous, as the kernels take them
+    (`ops.snapmla_decode(q_nope, q_rope, *pool_arrays(cache), ...)`)."""
+    return cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous()
+
+
 def golden_args(p):
     return (p["q_nope"], p["q_rope"], p["c_kv"], p["k_rope"], p["block_table"], p["seq_lens"], p["softmax_scale"])
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import (EXTREME_SCALE_CASES, HARD_DECODE_CASES, apply_extreme_scales, assert_close, golden_args,
-                     paged_problem)
+                     paged_problem, pool_arrays)
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
@@ -30,7 +30,7 @@ def _to(p, dev):
 def test_decode_real_sizes(gen, seq_lens, heads, s_q, impl):
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=3), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
                                   p["block_table"], p["seq_lens"], p["softmax_scale"], impl=impl)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
@@ -46,7 +46,7 @@ def test_decode_real_sizes(gen, seq_lens, heads, s_q, impl):
 def test_decode_cuda_graph_replay_matches_eager(gen, impl):
     p = _to(paged_problem(gen, [300, 4000, 64], 16, s_q=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     lens = p["seq_lens"].clone()
     eager, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
@@ -100,7 +100,7 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
         pytest.skip(cuda_ext.unavailable_reason())
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=2, rope_outlier=outlier), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     q_nope, q_rope = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     out, lse = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                   impl="cuda")
@@ -171,7 +171,7 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, [640, 64, 1, 3000], 128, s_q=1, zero_rows=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     for splits in (1, 7, 64):
@@ -197,7 +197,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     apply_extreme_scales(p, case, gen)
     p = _to(p, "cuda")
     cache = nx.quantize_kv(p["c_kv"].to(torch.bfloat16), p["k_rope"].to(torch.bfloat16))
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     q_nope, q_rope = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     q = nx.quantize_q(q_nope, q_rope)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
@@ -218,7 +218,7 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
     lens[:4] = [s_q, 64, 65, 129]
     p = _to(paged_problem(gen, lens, heads, s_q=s_q, zero_rows=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
@@ -246,7 +246,7 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+    kv = pool_arrays(cache)
     B, R = len(seq_lens), s_q * heads
     q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
                                          p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))

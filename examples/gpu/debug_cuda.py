@@ -6,7 +6,7 @@ import sys
 import torch
 
 sys.path.insert(0, "tests")
-from helpers import paged_problem  # noqa: E402
+from helpers import paged_problem, pool_arrays  # noqa: E402
 
 from sglang_snapmla import numerics as nx  # noqa: E402
 from sglang_snapmla import ops  # noqa: E402
@@ -30,7 +30,7 @@ def main():
             p["k_rope"].zero_()
         p = {k: v.cuda() if torch.is_tensor(v) else v for k, v in p.items()}
         cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-        kv = (cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous())
+        kv = pool_arrays(cache)
         qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
         q = nx.quantize_q(qn, qr)
         ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
