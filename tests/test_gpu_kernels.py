@@ -13,6 +13,15 @@ from sglang_snapmla import ops
 
 pytestmark = pytest.mark.gpu
 
+# The sm_90a decode computes the spec's numbers in other arithmetic: FP8 WGMMA accumulates QK with fewer mantissa
+# bits than fp32 (LSE off by up to ~3e-3), so a P8 entry next to an e4m3 rounding boundary can round the other way,
+# a 6-12 % change of that key's weight. Large problems average such flips out (rel-L2 <= 7.7e-3 over 100 seeds at
+# 128 heads, so their tests keep 1e-2); on the small hard cases (few heads, few keys) a few flips are the whole
+# output error: median 4-6e-3, p99 up to 1.6e-2, max 2.5e-2 over 100 seeds per case (2 heads, lengths
+# [70, 1, 333, 129]; examples/gpu/decode_seed_sweep.py, docs/BENCHMARKS.md session 19). The bound is 1.6x that max;
+# a wrong page, scale or split moves the output by O(1).
+SMALL_CASE_REL_L2 = 4e-2
+
 
 def _to(p, dev):
     return {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in p.items()}
@@ -93,7 +102,7 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
 ])
 def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     """The sm_90a CUDA split kernel (SNAPMLA_DECODE_IMPL=cuda) against the spec, on the same inputs. LSE within
-    Hopper's FP8 accumulation error (up to ~1.5e-3 measured on the RoPE-outlier cases; 1e-2 allowed)."""
+    Hopper's FP8 accumulation error (up to ~2.8e-3 measured; 1e-2 allowed); the output within SMALL_CASE_REL_L2."""
     from sglang_snapmla import cuda_ext
 
     if cuda_ext.unavailable_reason():
@@ -106,11 +115,11 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
                                   impl="cuda")
     q = nx.quantize_q(q_nope, q_rope)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    assert_close(out.float(), ref, rel_l2=1e-2, what="cuda sm90 vs reference")
+    assert_close(out.float(), ref, rel_l2=SMALL_CASE_REL_L2, what="cuda sm90 vs reference")
     assert (lse - ref_lse).abs().max() <= 1e-2
     tri, _ = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                 impl="triton")
-    assert_close(out.float(), tri.float(), rel_l2=1e-2, what="cuda sm90 vs triton")
+    assert_close(out.float(), tri.float(), rel_l2=SMALL_CASE_REL_L2, what="cuda sm90 vs triton")
 
 
 @pytest.mark.parametrize("impl", ["triton", "auto"])
