@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -126,15 +127,33 @@ def kill_servers_on_exit() -> None:
     signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
 
 
+# the two documented ways to start a server (README): the module, and the `sglang` CLI's `serve` subcommand, which
+# loads plugins at another point (tests/test_plugin.py). Where the console script is not installed (a --target
+# runtime), the CLI runs as its script does: sglang.cli.main.main with argv "serve ...".
+LAUNCHERS = ("launch_server", "sglang-serve")
+
+
+def server_command(model: str, port: int, flags: list[str], load_format: str = "dummy", context_length: int = 32768,
+                   launcher: str = "launch_server") -> list[str]:
+    """The server's command line: `python -m sglang.launch_server ...` or `sglang serve ...` (LAUNCHERS)."""
+    if launcher == "launch_server":
+        head = [sys.executable, "-m", "sglang.launch_server"]
+    elif launcher == "sglang-serve":
+        cli = shutil.which("sglang")
+        head = [cli, "serve"] if cli else [sys.executable, "-c", "from sglang.cli.main import main; main()", "serve"]
+    else:
+        raise ValueError(f"unknown launcher {launcher!r}; one of {LAUNCHERS}")
+    return [*head, "--model-path", model, "--load-format", load_format, "--context-length", str(context_length),
+            "--mem-fraction-static", "0.80", "--grammar-backend", "none", "--port", str(port), *flags]
+
+
 def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
-                 context_length: int = 32768, env: dict | None = None):
-    """`python -m sglang.launch_server` in its own process group; returns (process, log). Bundled configs have no
+                 context_length: int = 32768, env: dict | None = None, launcher: str = "launch_server"):
+    """The server (`server_command`) in its own process group; returns (process, log). Bundled configs have no
     weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
     (RUN_ENV[run])."""
     log = open(log_path, "w")
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--load-format", load_format,
-           "--context-length", str(context_length), "--mem-fraction-static", "0.80", "--grammar-backend", "none",
-           "--port", str(port), *flags]
+    cmd = server_command(model, port, flags, load_format, context_length, launcher)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **env} if env else None)
     proc.cmd = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])
@@ -232,7 +251,8 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     t0 = time.time()
     proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
-                                                *args.extra], out_dir / f"server_{name}.log", env=RUN_ENV.get(name))
+                                                *args.extra], out_dir / f"server_{name}.log", env=RUN_ENV.get(name),
+                            launcher=args.launcher)
     res = {"run": name, "cmd": proc.cmd}
     try:
         wait_healthy(port, proc, args.startup_timeout)
@@ -276,6 +296,8 @@ def main():
     ap.add_argument("--disable-stream", action="store_true",
                     help="bench_serving --disable-stream: whole responses, so that SGLang's per-token streaming "
                          "frontend (~10-20k output tok/s) does not set the duration (no TTFT / TPOT then)")
+    ap.add_argument("--launcher", default="launch_server", choices=LAUNCHERS,
+                    help="python -m sglang.launch_server, or the sglang CLI's serve subcommand")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     args = ap.parse_args()

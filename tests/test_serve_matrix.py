@@ -251,7 +251,28 @@ def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_pa
         calls.clear()
         args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
                                   warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
-                                  disable_stream=flag)
+                                  disable_stream=flag, launcher="launch_server")
         res = sb.run_one("snapmla", args, tmp_path, 30000)
         assert "error" not in res, res
         assert calls == [(4, True), (64, not flag)]
+
+
+def test_launchers_build_the_two_documented_server_commands(monkeypatch):
+    """--launcher: `python -m sglang.launch_server ...`, or the sglang CLI's `serve` subcommand (the console script
+    where installed, else what that script runs); the flags are the same; an unknown launcher is an error."""
+    import subprocess
+
+    import serve_and_bench as sb
+
+    flags = ["--attention-backend", "snapmla"]
+    module = sb.server_command("m", 30000, flags)
+    assert module[1:3] == ["-m", "sglang.launch_server"]
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    cli = sb.server_command("m", 30000, flags, launcher="sglang-serve")
+    assert cli[3] == "serve" and cli[4:] == module[3:]
+    res = subprocess.run([*cli[:4], "--help"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "sglang serve" in res.stdout, res.stdout[-500:] + res.stderr[-1000:]
+    monkeypatch.setattr(sb.shutil, "which", lambda name: "/usr/bin/sglang")
+    assert sb.server_command("m", 1, flags, launcher="sglang-serve")[:2] == ["/usr/bin/sglang", "serve"]
+    with pytest.raises(ValueError, match="launcher"):
+        sb.server_command("m", 1, flags, launcher="serve")
