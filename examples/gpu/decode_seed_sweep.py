@@ -60,13 +60,14 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("seed_sweep_out"))
     ap.add_argument("--impls", nargs="+", default=["cuda", "triton"], choices=["cuda", "triton"])
+    ap.add_argument("--cases", type=int, nargs="+", help=f"indices into CASES (default: all {len(CASES)})")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     results, lines = [], []
     head = ("| case (lens, heads, s_q, outlier) | metric | median | p90 | p99 | max | seed of max | > 1e-2 |\n"
             "|---|---|---:|---:|---:|---:|---:|---:|")
-    for seq_lens, heads, s_q, outlier in CASES:
+    for seq_lens, heads, s_q, outlier in [CASES[i] for i in args.cases] if args.cases else CASES:
         draws = [one_draw(s, seq_lens, heads, s_q, outlier, args.impls) for s in seeds]
         case = f"{seq_lens}, {heads}, {s_q}, {outlier}"
         results.append({"seq_lens": seq_lens, "heads": heads, "s_q": s_q, "outlier": outlier,
