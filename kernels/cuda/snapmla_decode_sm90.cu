@@ -1,5 +1,9 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
+// Version 21 (session 19) = v19 + QK issued in two parts: a warp issuing WGMMAs is held once ~8 are in flight
+// (examples/gpu/wgmma_issue_probe.cu), so the softmax warpgroup issues the first 8 content steps of QK(c+1) before
+// page c's softmax and the rest between its two passes, into a second accumulator added after the wait (-1 to -3 %
+// at h128 b64 s_k 64k; docs/KERNEL.md, session 19).
 // Version 19 (session 17, tag cuda-decode-v19-validated) = v17 + the softmax in the log domain of P' (P8 =
 // 2^(t - max t + log2 448) with t = S sigma_q sigma_k + log2 sigma_k: one row reduction per page instead of two, no
 // P' product, max or division; O and l in units of the page reference, kept within 2^64 of the running max).
@@ -403,16 +407,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
     // K descriptor: K steps as constant start-address increments (address >> 4 stays inside the 14-bit field, so a
     // plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
-    auto issue_qk = [&](float (&s)[32], int page) {
+    // v21: QK is issued in two parts. A warp that issues WGMMAs is held once ~8 are in flight: after that, issue
+    // proceeds at the tensor pipe's rate (examples/gpu/wgmma_issue_probe.cu: 20 QK WGMMAs take 460-720 cycles to
+    // issue). Part 1 (the first kQkFirst content steps) fits the queue and is issued before the softmax; part 2
+    // (the rest, and the RoPE steps) between the softmax's two passes, once the queue has drained, so the softmax
+    // warp is not held for the length of the QK.
+    constexpr int kQkFirst = 8;
+    auto issue_qk_part = [&](float (&s)[32], int page, auto part) {
+      constexpr int kPart = decltype(part)::value;
       const uint64_t desc_k = smem_desc_sw128(stage_of(page));
-      wgmma_fence();
+      if (kPart == 0) wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kLatent / 32; ++k)
-        wgmma_m64n64k32_e4m3_rs(s, q_frag[k], desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4), k > 0);
+      for (int k = kPart == 0 ? 0 : kQkFirst; k < (kPart == 0 ? kQkFirst : kLatent / 32); ++k)
+        wgmma_m64n64k32_e4m3_rs(s, q_frag[k], desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4),
+                                k != 0 && k != kQkFirst);
+      if (kPart == 1) {
 #pragma unroll
-      for (int k = 0; k < kRope * 2 / 32; ++k)
-        wgmma_m64n64k16_bf16_rs(s, qr_frag[k], desc_k + ((4 * kTile + k * 32) >> 4), 1);
-      wgmma_commit();
+        for (int k = 0; k < kRope * 2 / 32; ++k)
+          wgmma_m64n64k16_bf16_rs(s, qr_frag[k], desc_k + ((4 * kTile + k * 32) >> 4), 1);
+      }
+      wgmma_commit();  // each part its own group: ptxas serializes WGMMAs whose group spans other register reads
+    };
+    // part 2 accumulates into its own registers (summed in fp32 after the wait): chaining it onto part 1's
+    // accumulator across the softmax code makes ptxas serialize every WGMMA (C7514)
+    auto issue_qk = [&](float (&s)[32], float (&s2)[32], int page) {
+      issue_qk_part(s, page, std::integral_constant<int, 0>{});
+      issue_qk_part(s2, page, std::integral_constant<int, 1>{});
     };
     // this thread's P8 words: rows row0 / row1, slots 16 i + 4 (lane % 4) of the K-major [64 x 64] tile
     const uint32_t p8_row0 = smem_u32(smem + kP8) + (row0 >> 3) * 512 + (row0 & 7) * 16 + (lane % 4) * 4;
@@ -427,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // and the denominator adds P_j = P8_j (unrounded) / sigma_kj = 448 x 2^(x_j - ref). Exact while a page's
     // sigma_k spread stays below ~2^100 (P_j of a key 2^100 weaker in sigma_k than the page's strongest underflows;
     // sigma_k lies in [2^-20, amax / 448]).
-    auto softmax_to_p8 = [&](float (&s)[32], int page, int pb, auto masked) {
+    auto softmax_to_p8 = [&](float (&s)[32], int page, int pb, auto masked, auto&& between_passes) {
       constexpr bool kMasked = decltype(masked)::value;
       const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
       const int valid = valid_of(page);
@@ -459,6 +479,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
           mx1[(2 * j + c) % 4] = fmaxf(mx1[(2 * j + c) % 4], t1);
         }
       }
+      between_passes();
       float pm0 = fmaxf(fmaxf(mx0[0], mx0[1]), fmaxf(mx0[2], mx0[3]));
       float pm1 = fmaxf(fmaxf(mx1[0], mx1[1]), fmaxf(mx1[2], mx1[3]));
 #pragma unroll
@@ -510,11 +531,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       }
     };
     // page c's softmax into P8 buffer (c - first) & 1, once PV(c - 2) is done with it; published (pfull) later
-    auto softmax_page = [&](float (&s)[32], int c) {
+    auto softmax_page = [&](float (&s)[32], int c, auto&& between_passes) {
       const int i = c - first, pb = i & 1;
       if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
-      if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{});
-      else softmax_to_p8(s, c, pb, std::true_type{});
+      if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{}, between_passes);
+      else softmax_to_p8(s, c, pb, std::true_type{}, between_passes);
       mbar_arrive(empty + stage_index(c));  // QK(c) and the scales of page c are done with its stage
       fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
     };
@@ -523,22 +544,24 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // QK(c + 1) fills `nxt`, which is copied into `cur` at the end. The copy (32 moves) keeps the loop body one
     // uniform step: two register sets would need a loop unrolled by two with a conditional odd page, a branch
     // around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514). The last page is peeled.
-    float cur[32], nxt[32];
+    float cur[32], nxt[32], nxt2[32];
     if (n_mine > 0) {
       mbar_wait(full, 0);
-      issue_qk(cur, first);
+      issue_qk(cur, nxt2, first);
       wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 32; ++j) cur[j] += nxt2[j];
       for (int c = first; c + 1 < last; ++c) {
         mbar_wait(full + stage_index(c + 1), use_parity(c + 1));
-        issue_qk(nxt, c + 1);
+        issue_qk_part(nxt, c + 1, std::integral_constant<int, 0>{});
         if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));
-        softmax_page(cur, c);
+        softmax_page(cur, c, [&] { issue_qk_part(nxt2, c + 1, std::integral_constant<int, 1>{}); });
         wgmma_wait<0>();
 #pragma unroll
-        for (int j = 0; j < 32; ++j) cur[j] = nxt[j];
+        for (int j = 0; j < 32; ++j) cur[j] = nxt[j] + nxt2[j];
       }
       if (last - 1 > first) mbar_arrive(pfull + ((last - 2 - first) & 1));
-      softmax_page(cur, last - 1);
+      softmax_page(cur, last - 1, [] {});
       mbar_arrive(pfull + ((last - 1 - first) & 1));
     }
 #pragma unroll
