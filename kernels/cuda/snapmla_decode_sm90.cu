@@ -20,8 +20,9 @@
 //             and both transposes are done with it, i.e. up to two pages ahead of the page being consumed.
 //   warpgroup 0 (softmax, no O): iteration c issues S(c+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T
 //             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
-//             scale-domain alignment --, then publishes P8(c-1) ("pfull"), so that PV(c-1) queues behind QK(c+1)
-//             on the tensor cores, then runs page c's online softmax (base 2) while QK(c+1) runs:
+//             scale-domain alignment; v21: the first 8 content steps here, the rest between the softmax's two
+//             passes, into a second accumulator --, publishes P8(c-1) ("pfull") after the first part, so that
+//             PV(c-1) queues behind it on the tensor cores, then runs page c's online softmax (base 2):
 //             t = S sigma_q sigma_k + log2 sigma_k (masks only on the pages that need them), ref = rowmax(t),
 //             P8(c) = fp8(2^(t - ref + log2 448)) -- SnapMLA's amax-scaled P' = P sigma_k, evaluated in the log
 //             domain -- and the row factors, into the buffer of page parity once PV(c-2) has released it ("pempty").
@@ -410,8 +411,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // v21: QK is issued in two parts. A warp that issues WGMMAs is held once ~8 are in flight: after that, issue
     // proceeds at the tensor pipe's rate (examples/gpu/wgmma_issue_probe.cu: 20 QK WGMMAs take 460-720 cycles to
     // issue). Part 1 (the first kQkFirst content steps) fits the queue and is issued before the softmax; part 2
-    // (the rest, and the RoPE steps) between the softmax's two passes, once the queue has drained, so the softmax
-    // warp is not held for the length of the QK.
+    // (the rest, and the RoPE steps) between the softmax's two passes. By then PV(c - 1) is in the queue, so part 2
+    // is still held in part: -0.5 to -3.8 % against v19, not the ~15 % the probe allows (docs/KERNEL.md, session 19).
     constexpr int kQkFirst = 8;
     auto issue_qk_part = [&](float (&s)[32], int page, auto part) {
       constexpr int kPart = decltype(part)::value;
@@ -426,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
         for (int k = 0; k < kRope * 2 / 32; ++k)
           wgmma_m64n64k16_bf16_rs(s, qr_frag[k], desc_k + ((4 * kTile + k * 32) >> 4), 1);
       }
-      wgmma_commit();  // each part its own group: ptxas serializes WGMMAs whose group spans other register reads
+      wgmma_commit();  // each part its own group: part 2 is issued from inside the softmax
     };
     // part 2 accumulates into its own registers (summed in fp32 after the wait): chaining it onto part 1's
     // accumulator across the softmax code makes ptxas serialize every WGMMA (C7514)
@@ -541,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     };
     // Iteration c: QK(c + 1) is queued on the tensor cores first, then P8(c - 1) is published, so PV(c - 1) queues
     // behind it (QK is on this warpgroup's critical path, PV is not); then page c's softmax runs on `cur` while
-    // QK(c + 1) fills `nxt`, which is copied into `cur` at the end. The copy (32 moves) keeps the loop body one
+    // QK(c + 1) fills `nxt` and `nxt2` (its two parts), summed into `cur` at the end. The copy keeps the loop body one
     // uniform step: two register sets would need a loop unrolled by two with a conditional odd page, a branch
     // around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514). The last page is peeled.
     float cur[32], nxt[32], nxt2[32];
