@@ -106,8 +106,10 @@ def run_workload(port: int, model: str, backend: str, name: str, key: str, out: 
 
 
 def run_backend(model: str, backend: str, workloads: list[str], out: Path, port: int, startup_timeout: float,
-                bench_timeout: float, warmup_input_len: int = 1024) -> dict:
-    """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}."""
+                bench_timeout: float, warmup_input_len: int = 1024, on_workload=None) -> dict:
+    """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}.
+    on_workload(res), if given, runs after each workload with the results so far, so that a run cut short by the
+    device call's limit keeps what it measured (`--resume` then runs only the rest)."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
     proc, log = start_server(model, port, ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), *RUNS[backend]], log_path,
                              context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
@@ -122,6 +124,8 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
                 res["workloads"][key] = run_workload(port, model, backend, name, key, out, bench_timeout)
             except RuntimeError as e:  # a workload the server rejected: recorded, the others still run
                 res["error"] = f"{res.get('error', '')}{key}: {e}; "
+            if on_workload:
+                on_workload(res)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -263,11 +267,13 @@ def main(argv: list[str] | None = None):
             todo = [w for w in args.workloads if w not in done.get("workloads", {})]
             if not todo and "error" not in done:
                 continue
-            r = run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout, args.bench_timeout,
-                            args.warmup_input_len)
-            r["workloads"] = {**done.get("workloads", {}), **r["workloads"]}
-            results.setdefault(args.model, {})[backend] = r
-            saved.write_text(json.dumps(results, indent=1))
+            def save(r, backend=backend, done=done):  # the workloads of earlier calls stay
+                results.setdefault(args.model, {})[backend] = {**r, "workloads": {**done.get("workloads", {}),
+                                                                                  **r["workloads"]}}
+                saved.write_text(json.dumps(results, indent=1))
+
+            save(run_backend(args.model, backend, todo, args.out, 31000 + i, args.startup_timeout,
+                             args.bench_timeout, args.warmup_input_len, on_workload=save))
     saved.write_text(json.dumps(results, indent=1))
     print(table(results))
     print("plots:", *plot(results, args.out))

@@ -276,3 +276,41 @@ def test_launchers_build_the_two_documented_server_commands(monkeypatch):
     assert sb.server_command("m", 1, flags, launcher="sglang-serve")[:2] == ["/usr/bin/sglang", "serve"]
     with pytest.raises(ValueError, match="launcher"):
         sb.server_command("m", 1, flags, launcher="serve")
+
+
+def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
+    """serve_matrix.json is written after every workload: a run killed by the device call's limit keeps what it
+    measured, with the workloads of earlier calls, and --resume then runs only the rest."""
+    import types
+
+    model = "configs/models/deepseek-v2-lite-shape"
+    (tmp_path / "serve_matrix.json").write_text(json.dumps(
+        {model: {"flashmla": {"pool_tokens": 1000, "workloads": {"latency-c1": _metrics(10.0, 5.0)}}}}))
+    ran = []
+
+    def fake_workload(port, model, backend, name, key, out, timeout):
+        ran.append(name)
+        if name == "in32768-out1024":
+            raise SystemExit("killed by the call's limit")  # not an Exception: nothing after it runs
+        return _metrics(20.0, 9.0)
+
+    monkeypatch.setattr(sm, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    monkeypatch.setattr(sm, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(sm, "bench_serving", lambda *a, **k: ({}, ""))
+    monkeypatch.setattr(sm, "stop_server", lambda proc, log: log.close())
+    monkeypatch.setattr(sm, "kill_servers_on_exit", lambda: None)
+    monkeypatch.setattr(sm, "run_workload", fake_workload)
+    argv = ["--resume", "--backends", "flashmla", "--out", str(tmp_path), "--workloads", "latency-c1", "latency-c8",
+            "in32768-out1024"]
+    with pytest.raises(SystemExit):
+        sm.main(argv)
+    assert ran == ["latency-c8", "in32768-out1024"]  # latency-c1 came from the earlier call
+    kept = json.loads((tmp_path / "serve_matrix.json").read_text())[model]["flashmla"]["workloads"]
+    assert set(kept) == {"latency-c1", "latency-c8"} and kept["latency-c1"]["total_tok_s"] == 10.0
+    ran.clear()
+    monkeypatch.setattr(sm, "run_workload", lambda *a: ran.append(a[3]) or _metrics(30.0, 9.0))
+    monkeypatch.setattr(sm, "plot", lambda results, out: [])
+    sm.main(argv)
+    assert ran == ["in32768-out1024"]
+    kept = json.loads((tmp_path / "serve_matrix.json").read_text())[model]["flashmla"]["workloads"]
+    assert set(kept) == {"latency-c1", "latency-c8", "in32768-out1024"}
