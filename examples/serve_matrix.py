@@ -116,6 +116,7 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
     res: dict = {"cmd": proc.cmd, "workloads": {}}
     try:
         wait_healthy(port, proc, startup_timeout)
+        res["pool_tokens"] = pool_tokens(log_path.read_text(errors="replace"))  # logged before the server is up
         # unmeasured warm-up: first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the numbers
         bench_serving(port, model, warmup_input_len, 16, 4, bench_timeout, seed=2)
         for name in workloads:

@@ -294,7 +294,11 @@ def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
             raise SystemExit("killed by the call's limit")  # not an Exception: nothing after it runs
         return _metrics(20.0, 9.0)
 
-    monkeypatch.setattr(sm, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    def fake_start(model, port, flags, log_path, **kw):
+        log_path.write_text("[TP0] max_total_num_tokens=2088768, chunked_prefill_size=8192\n")
+        return types.SimpleNamespace(cmd="c", pid=1), open(log_path, "a")
+
+    monkeypatch.setattr(sm, "start_server", fake_start)
     monkeypatch.setattr(sm, "wait_healthy", lambda *a: None)
     monkeypatch.setattr(sm, "bench_serving", lambda *a, **k: ({}, ""))
     monkeypatch.setattr(sm, "stop_server", lambda proc, log: log.close())
@@ -305,8 +309,10 @@ def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         sm.main(argv)
     assert ran == ["latency-c8", "in32768-out1024"]  # latency-c1 came from the earlier call
-    kept = json.loads((tmp_path / "serve_matrix.json").read_text())[model]["flashmla"]["workloads"]
+    cut = json.loads((tmp_path / "serve_matrix.json").read_text())[model]["flashmla"]
+    kept = cut["workloads"]
     assert set(kept) == {"latency-c1", "latency-c8"} and kept["latency-c1"]["total_tok_s"] == 10.0
+    assert cut["pool_tokens"] == 2088768  # read once the server is up, not only at its end
     ran.clear()
     monkeypatch.setattr(sm, "run_workload", lambda *a: ran.append(a[3]) or _metrics(30.0, 9.0))
     monkeypatch.setattr(sm, "plot", lambda results, out: [])
