@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from helpers import (EXTREME_SCALE_CASES, HARD_DECODE_CASES, apply_extreme_scales, assert_close, golden_args,
+from helpers import (CUDA_DECODE_SMALL_CASES, EXTREME_SCALE_CASES, apply_extreme_scales, assert_close, golden_args,
                      paged_problem, pool_arrays)
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
@@ -93,12 +93,9 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
 
 
 @pytest.mark.parametrize("seq_lens,heads,s_q,outlier", [
-    ([1, 64, 100, 4097], 128, 1, None),
-    ([130, 2, 65], 16, 2, None),
-    ([200, 37], 64, 1, 1000.0),
+    *CUDA_DECODE_SMALL_CASES,  # incl. the small hard cases tests/test_kernels.py runs on the Triton decode
     ([16384, 777], 128, 2, None),
     ([1024 + 7 * i for i in range(32)], 64, 1, None),
-    *HARD_DECODE_CASES,  # the small hard cases tests/test_kernels.py runs on the Triton decode
 ])
 def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     """The sm_90a CUDA split kernel (SNAPMLA_DECODE_IMPL=cuda) against the spec, on the same inputs. LSE within

@@ -21,14 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, "tests")
-from helpers import HARD_DECODE_CASES, golden_args, paged_problem, pool_arrays  # noqa: E402
+from helpers import CUDA_DECODE_SMALL_CASES, golden_args, paged_problem, pool_arrays  # noqa: E402
 
 from sglang_snapmla import numerics as nx  # noqa: E402
 from sglang_snapmla import ops  # noqa: E402
 
-# the CUDA test's own cases ahead of the shared hard ones (tests/test_gpu_kernels.py, same order)
-CASES = [([1, 64, 100, 4097], 128, 1, None), ([130, 2, 65], 16, 2, None), ([200, 37], 64, 1, 1000.0),
-         *HARD_DECODE_CASES]
+CASES = CUDA_DECODE_SMALL_CASES  # the small cases of the CUDA decode's test (tests/test_gpu_kernels.py)
 
 
 def one_draw(seed: int, seq_lens, heads: int, s_q: int, outlier, impls=("cuda", "triton")) -> dict[str, float]:
