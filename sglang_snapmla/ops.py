@@ -272,6 +272,20 @@ def decode_impl(requested: str | None = None) -> str:
     return "triton"  # auto: cuda_ext.load() logged why
 
 
+def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
+                       lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
+    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode` does both; a benchmark
+    that times the kernel without the combine calls this): with splits > 1 it writes o_part [B, s_q * H, splits,
+    512] fp32 and lse_part [B, s_q * H, splits] (base 2), and out / lse are empty views; with one split it writes
+    out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty views."""
+    from . import cuda_ext
+
+    _, s_q, H, _ = q8.shape
+    cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                 lse_part, out, lse, s_q * H, H, s_q, softmax_scale * math.log2(math.e), splits,
+                                 _CUDA_LAUNCH_PDL * pdl | _CUDA_LAUNCH_KV_BEFORE_WAIT * follows_q_quant)
+
+
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
@@ -324,12 +338,9 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     qk_scale_log2 = softmax_scale * math.log2(math.e)
     pdl = pdl_enabled(dev)
     if impl == "cuda":
-        from . import cuda_ext
-
-        cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                                     lse_part, out if final_in_kernel else out[:0],
-                                     lse if final_in_kernel else lse[:0], R, H, s_q, qk_scale_log2, splits,
-                                     _CUDA_LAUNCH_PDL * pdl | _CUDA_LAUNCH_KV_BEFORE_WAIT * follows_q_quant)
+        launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+                           out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
+                           splits, pdl=pdl, follows_q_quant=follows_q_quant)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](

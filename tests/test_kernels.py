@@ -239,3 +239,43 @@ def test_pdl_only_where_it_can_run(monkeypatch):
     monkeypatch.setattr(ops, "_pdl_capable", lambda index: True)
     monkeypatch.setattr(ops, "interpreter_mode", lambda: True)
     assert not ops.pdl_enabled(cuda0)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, splits):
+    """ops.decode's CUDA branch (through `launch_cuda_decode`, which benchmarks call directly): rows R = s_q x H, the
+    base-2 QK scale, the PDL / early-metadata flags, and either the partials (splits > 1, then the combine) or the
+    final outputs (one split) as real buffers, the others as empty views. Checked without the kernel (a stand-in
+    records the call), so the wiring is tested on CPU too."""
+    from sglang_snapmla import cuda_ext
+
+    seen = {}
+
+    class FakeExt:
+        def decode_split(self, *args):
+            seen["args"] = args
+            o_part, lse_part, out, lse = args[8:12]
+            for t in (o_part, lse_part, out, lse):
+                t.zero_()  # defined outputs for the combine
+
+    monkeypatch.setattr(cuda_ext, "load", lambda: FakeExt())
+    monkeypatch.setattr(ops, "decode_impl", lambda impl=None: "cuda")
+    p = paged_problem(gen, [70, 129], 4, s_q=2)
+    qn, qrope = (p[k].to(torch.bfloat16).to(DEV).flatten(0, 1) for k in ("q_nope", "q_rope"))  # [B s_q, H, D]
+    q8, qs, qr = (t.unflatten(0, (2, 2)) for t in ops.quantize_q(qn, qrope))
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    out, lse = ops.decode(q8, qs, qr, *pool_from(cache), p["block_table"].to(DEV), p["seq_lens"].to(DEV),
+                          p["softmax_scale"], num_splits=splits, impl="cuda", follows_q_quant=True)
+    args = seen["args"]
+    o_part, lse_part, k_out, k_lse = args[8:12]
+    R, H, s_q, scale_log2, n_splits, flags = args[12:]
+    assert (R, H, s_q, n_splits) == (8, 4, 2, splits)
+    assert scale_log2 == pytest.approx(p["softmax_scale"] * math.log2(math.e))
+    assert flags & 2 and not flags & 1  # metadata before the wait behind our Q-quant; no PDL off the GPU
+    if splits == 1:
+        assert o_part.numel() == lse_part.numel() == 0 and k_out is not None and k_out.data_ptr() == out.data_ptr()
+        assert k_lse.data_ptr() == lse.data_ptr()
+    else:
+        assert o_part.shape == (2, 8, splits, 512) and lse_part.shape == (2, 8, splits)
+        assert k_out.numel() == k_lse.numel() == 0
+    assert out.shape == (2, 2, 4, 512) and lse.shape == (2, 4, 2)

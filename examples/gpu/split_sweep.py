@@ -29,7 +29,6 @@ DEFAULT_SPLITS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 32, 64)
 
 def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
     """(CUDA decode kernel alone, combine alone) in µs at `splits` splits (> 1), s_q 1, without PDL."""
-    from sglang_snapmla import cuda_ext
     from sglang_snapmla import numerics as nx
 
     B, _, H, _ = q8.shape
@@ -37,12 +36,10 @@ def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
     lse_part = torch.empty(B, H, splits, dtype=torch.float32, device=q8.device)
     out = torch.empty(B, 1, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty(B, H, 1, dtype=torch.float32, device=q8.device)
-    ext = cuda_ext.load()
-    log2e = scale * math.log2(math.e)
 
     def dec():
-        ext.decode_split(q8, qs, qra, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, o_part, lse_part, out[:0],
-                         lse[:0], H, H, 1, log2e, splits, 0)
+        ops.launch_cuda_decode(q8, qs, qra, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, o_part, lse_part, out[:0],
+                               lse[:0], scale, splits)
 
     def comb():
         ops.combine(o_part, lse_part, out, lse, H, 1)
