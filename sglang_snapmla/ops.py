@@ -335,7 +335,6 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     else:
         o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
         lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
-    qk_scale_log2 = softmax_scale * math.log2(math.e)
     pdl = pdl_enabled(dev)
     if impl == "cuda":
         launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
@@ -343,6 +342,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
                            splits, pdl=pdl, follows_q_quant=follows_q_quant)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
+        qk_scale_log2 = softmax_scale * math.log2(math.e)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
             q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
             block_table.stride(0), R, H, s_q, qk_scale_log2,

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import HARD_DECODE_CASES, assert_close, golden_args, paged_problem
+from helpers import HARD_DECODE_CASES, assert_close, golden_args, paged_problem, pool_arrays
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
@@ -13,7 +13,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def pool_from(cache: nx.LatentCache):
-    return (cache.content.to(DEV).contiguous(), cache.scale.to(DEV).contiguous(), cache.rope.to(DEV).contiguous())
+    return tuple(t.to(DEV) for t in pool_arrays(cache))
 
 
 def poisoned_pool(n: int, gen):
