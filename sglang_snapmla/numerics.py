@@ -85,17 +85,28 @@ def to_fp8(x: torch.Tensor) -> torch.Tensor:
     return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def nonfinite_rows(content: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """[...] bool: rows (tokens, or (token, head) query rows) holding a NaN or an infinity in content or RoPE."""
+    return ~(torch.isfinite(content).all(-1) & torch.isfinite(rope).all(-1))
+
+
 def quantize_with_scale(content: torch.Tensor, rope: torch.Tensor, scale: torch.Tensor,
                         rope_to_fp8: bool = False):
     """Quantize ``content`` to FP8 and align ``rope`` with a given scale broadcast over the last dim.
 
     Returns (content_fp8, scale fp32, rope_aligned bf16). ``rope_to_fp8`` models RoPE-unaware quantization
     (config A): RoPE shares the FP8 grid; the FP8 codes are stored in the bf16 array exactly (FP8 is a subset).
+
+    Non-finite policy: a row with a NaN or an infinity anywhere in its content or RoPE is stored as content 0,
+    RoPE 0 and scale NaN. Every attention row that sees such a key, or whose query is such a row, then comes out
+    NaN (as a BF16 cache would give), and only those: nothing else reads the row, and the NaN cannot hide behind
+    a saturating cast or an infinite scale.
     """
-    scale = scale.float()
+    bad = nonfinite_rows(content, rope)
+    scale = scale.float().masked_fill(bad, math.nan)
     s = scale.unsqueeze(-1)
-    content_q = to_fp8(content.float() / s)
-    rope_scaled = rope.float() / s
+    content_q = to_fp8((content.float() / s).masked_fill(bad.unsqueeze(-1), 0.0))
+    rope_scaled = (rope.float() / s).masked_fill(bad.unsqueeze(-1), 0.0)
     rope_q = to_fp8(rope_scaled).to(torch.bfloat16) if rope_to_fp8 else rope_scaled.to(torch.bfloat16)
     return content_q, scale, rope_q
 
@@ -159,15 +170,18 @@ def _check_last_dims(content, rope, cname, rname):
 # Paged decode: reference and golden
 # ----------------------------------------------------------------------------------------------------------
 def check_paged_inputs(batch: int, s_q: int, block_table: torch.Tensor, seq_lens: torch.Tensor):
-    """Validate page table and lengths (host-side; the reference is allowed to sync)."""
+    """Validate page table and lengths (host-side; the reference is allowed to sync).
+
+    A length below s_q is allowed: query rows whose last visible key would be negative see no key (padding rows;
+    out 0, LSE -inf)."""
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"block_table must be [B={batch}, max_pages], got {tuple(block_table.shape)}")
     if seq_lens.shape != (batch,):
         raise ValueError(f"seq_lens must be [B={batch}], got {tuple(seq_lens.shape)}")
     lens = seq_lens.tolist()
-    if min(lens) < s_q:
-        raise ValueError(f"every sequence must hold its {s_q} query tokens (seq_lens include them); got {lens}")
-    if max(lens) > block_table.shape[1] * PAGE_SIZE:
+    if batch and min(lens) < 0:
+        raise ValueError(f"seq_lens must be >= 0, got {lens}")
+    if batch and max(lens) > block_table.shape[1] * PAGE_SIZE:
         raise ValueError(f"seq_lens up to {max(lens)} need {math.ceil(max(lens) / PAGE_SIZE)} pages per row; "
                          f"block_table has {block_table.shape[1]}")
 
@@ -190,7 +204,9 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
                              over the row's visible keys (a kernel knows max_j P_j from the row maximum, so it
                              skips the max over P'; a candidate, docs/KERNEL.md session 11)
                  "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
-    Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens).
+    Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens); a row for which that
+    range is empty (seq_len < s_q: padding) gets out 0 and LSE -inf. Slots at or past seq_len and table entries
+    past ceil(seq_len / 64) are never read into the arithmetic: a reused page's stale bytes cannot leak in.
     Returns out [B, s_q, H, 512] fp32 and lse [B, H, s_q] fp32 (natural log of the softmax denominator).
     """
     B, s_q, H, _ = q.content.shape
@@ -206,28 +222,34 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
         qc = q.content[b].float().reshape(rows, KV_LORA_RANK)
         qr = q.rope[b].float().reshape(rows, ROPE_DIM)
         qs = q.scale[b].float().reshape(rows)
-        # last key position each row may attend to (rows are ordered (query token, head))
+        # last key position each row may attend to (rows are ordered (query token, head)); negative: no key
         last_key = (seq_len - s_q + torch.arange(s_q, device=dev)).repeat_interleave(H)
         m = torch.full((rows,), -math.inf, device=dev)
         l = torch.zeros(rows, device=dev)
         acc = torch.zeros(rows, KV_LORA_RANK, device=dev)
         for blk in range(math.ceil(seq_len / PAGE_SIZE)):  # strictly increasing block order
             slots = _block_slots(block_table[b], blk, dev)
-            kc = cache.content[slots].float()
-            ks = cache.scale[slots].float()
-            kr = cache.rope[slots].float()
+            key_pos = blk * PAGE_SIZE + torch.arange(PAGE_SIZE, device=dev)
+            # Slots at or past seq_len are unwritten (or a reused page's stale bytes, NaN included): no byte of
+            # them enters the arithmetic.
+            written = (key_pos < seq_len)[:, None]
+            kc = torch.where(written, cache.content[slots].float(), 0.0)
+            ks = torch.where(written[:, 0], cache.scale[slots].float(), 0.0)
+            kr = torch.where(written, cache.rope[slots].float(), 0.0)
+            visible = key_pos[None, :] <= last_key[:, None]
             # one accumulation in the scaled domain, then the two scales and the softmax scale
             scores = (qc @ kc.T + qr @ kr.T) * (qs[:, None] * ks[None, :]) * softmax_scale
-            key_pos = blk * PAGE_SIZE + torch.arange(PAGE_SIZE, device=dev)
-            scores = scores.masked_fill(key_pos[None, :] > last_key[:, None], -math.inf)
+            scores = scores.masked_fill(~visible, -math.inf)
             m_new = torch.maximum(m, scores.amax(1))
-            alpha = torch.exp(m - m_new)  # 0 on the first block (m = -inf, m_new finite: key 0 is visible)
-            p = torch.exp(scores - m_new[:, None])
+            m_safe = m_new.masked_fill(m_new == -math.inf, 0.0)  # a row without a visible key yet keeps p = 0
+            alpha = torch.exp(m - m_safe)
+            p = torch.exp(scores - m_safe[:, None])
             l = l * alpha + p.sum(1)
-            p_v = p * ks[None, :]  # V's per-token scale fused into P
+            # V's per-token scale fused into P; an invisible key weighs exactly 0 whatever its scale holds
+            p_v = torch.where(visible, p * ks[None, :], 0.0)
             if p_quant in ("fp8", "fp8_pow2", "fp8_bound"):
                 if p_quant == "fp8_bound":  # >= amax(P'): the saturating fp8 cast absorbs its rounding
-                    ks_visible = ks[None, :].masked_fill(key_pos[None, :] > last_key[:, None], 0.0)
+                    ks_visible = ks[None, :].masked_fill(~visible, 0.0)
                     p_scale = amax_scale(p.amax(1) * ks_visible.amax(1), P_SCALE_FLOOR)
                 else:
                     p_scale = (amax_scale if p_quant == "fp8" else pow2_scale)(p_v.amax(1), P_SCALE_FLOOR)
@@ -236,8 +258,11 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
                 pv = p_v.to(torch.bfloat16).float() @ kc
             acc = acc * alpha[:, None] + pv
             m = m_new
-        out[b] = (acc / l[:, None]).reshape(s_q, H, KV_LORA_RANK)
-        lse[b] = (m + torch.log(l)).reshape(s_q, H).T
+        # rows without a visible key: out 0, LSE -inf (l = 0); a NaN denominator (a non-finite key or query the
+        # row sees) stays NaN
+        empty = l == 0
+        out[b] = (acc / l.masked_fill(empty, 1.0)[:, None]).reshape(s_q, H, KV_LORA_RANK)
+        lse[b] = (m + torch.log(l)).masked_fill(empty, -math.inf).reshape(s_q, H).T
     return out, lse
 
 

@@ -84,7 +84,43 @@ def check_pool(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tens
 
 def _check_loc(loc: torch.Tensor, n: int, name: str = "loc") -> None:
     if loc.dtype not in (torch.int64, torch.int32) or loc.dim() != 1 or loc.shape[0] != n:
-        raise SnapMLAInputError(f"{name} must be [{n}] int64 slot ids, got {tuple(loc.shape)} {loc.dtype}")
+        raise SnapMLAInputError(f"{name} must be [{n}] int32 or int64 slot ids, got {tuple(loc.shape)} {loc.dtype}")
+
+
+# Opt-in index checks (SNAPMLA_CHECK_INDICES=1): slot ids, page ids and lengths are compared against the pool and
+# the block table before a launch, so a caller's bad index is a SnapMLAInputError instead of a fault or garbage.
+# They read device values on the host (a synchronisation, and not capturable in a CUDA graph): off in serving.
+CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"
+
+
+def index_checks_enabled() -> bool:
+    return os.environ.get(CHECK_INDICES_ENV, "0") == "1"
+
+
+def _check_slot_ids(loc: torch.Tensor, num_slots: int, name: str = "loc") -> None:
+    if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= num_slots):
+        raise SnapMLAInputError(f"{name} holds slot ids in [{int(loc.min())}, {int(loc.max())}], outside the pool's "
+                                f"[0, {num_slots}) ({CHECK_INDICES_ENV}=1)")
+
+
+def _check_paging(block_table: torch.Tensor, seq_lens: torch.Tensor, num_slots: int) -> None:
+    """Every sequence's pages exist in the block table's storage and name pages of the pool."""
+    lens = seq_lens.tolist()
+    if lens and min(lens) < 0:
+        raise SnapMLAInputError(f"seq_lens must be >= 0, got {lens} ({CHECK_INDICES_ENV}=1)")
+    entries, stride = block_table_entries(block_table), block_table.stride(0)
+    storage = block_table.new_empty(0).set_(block_table.untyped_storage(), block_table.storage_offset(),
+                                            (entries,), (1,))
+    num_pages = num_slots // nx.PAGE_SIZE
+    for b, n in enumerate(lens):
+        pages = math.ceil(n / nx.PAGE_SIZE)
+        if b * stride + pages > entries:
+            raise SnapMLAInputError(f"sequence {b} of length {n} needs {pages} block-table entries; the table's "
+                                    f"storage holds {max(0, entries - b * stride)} from its row ({CHECK_INDICES_ENV}=1)")
+        ids = storage[b * stride: b * stride + pages]
+        if pages and (int(ids.min()) < 0 or int(ids.max()) >= num_pages):
+            raise SnapMLAInputError(f"sequence {b} uses page ids in [{int(ids.min())}, {int(ids.max())}], outside the "
+                                    f"pool's [0, {num_pages}) ({CHECK_INDICES_ENV}=1)")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -125,6 +161,8 @@ def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_fp
     if k_rope.shape[0] != T:
         raise SnapMLAInputError(f"c_kv has {T} rows, k_rope {k_rope.shape[0]}")
     _check_device(c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope)
+    if index_checks_enabled():
+        _check_slot_ids(loc, kv_fp8.shape[0])
     if T:
         tquant.append_kv_kernel[(T,)](c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope, c_kv.stride(0), k_rope.stride(0),
                                       FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
@@ -155,6 +193,8 @@ def fetch_dequant(loc: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tenso
     r = out_k_rope if out_k_rope is not None else torch.empty(N, nx.ROPE_DIM, dtype=torch.bfloat16, device=dev)
     _check(c, "out_c_kv", torch.bfloat16, nx.KV_LORA_RANK, 2)
     _check(r, "out_k_rope", torch.bfloat16, nx.ROPE_DIM, 2)
+    if index_checks_enabled():
+        _check_slot_ids(loc, kv_fp8.shape[0])
     if N:
         tquant.fetch_dequant_kernel[(N,)](loc, kv_fp8, kv_scale, kv_rope, c, r, c.stride(0), r.stride(0),
                                           num_warps=4)
@@ -272,6 +312,13 @@ def decode_impl(requested: str | None = None) -> str:
     return "triton"  # auto: cuda_ext.load() logged why
 
 
+def block_table_entries(block_table: torch.Tensor) -> int:
+    """int32 entries from the block table's first element to the end of its storage: the bound of the CUDA decode's
+    block-table reads. It depends on the allocation only, never on the view's width, so a CUDA graph captured with
+    SGLang's width-1 view of its full-stride table reads the right pages when replayed with longer sequences."""
+    return block_table.untyped_storage().nbytes() // block_table.element_size() - block_table.storage_offset()
+
+
 def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
     """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode` does both; a benchmark
@@ -283,6 +330,7 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_tab
     _, s_q, H, _ = q8.shape
     cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                  lse_part, out, lse, s_q * H, H, s_q, softmax_scale * math.log2(math.e), splits,
+                                 block_table_entries(block_table),
                                  _CUDA_LAUNCH_PDL * pdl | _CUDA_LAUNCH_KV_BEFORE_WAIT * follows_q_quant)
 
 
@@ -294,7 +342,10 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
     block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
-    already be in the cache; query token i sees keys [0, seq_len - s_q + i]).
+    already be in the cache; query token i sees keys [0, seq_len - s_q + i]; a row for which that range is empty
+    gets out 0 and LSE -inf). Sequence b reads table entries [0, ceil(seq_len / 64)) of its row, which may run past
+    the view's width into the table's storage (SGLang's CUDA-graph capture passes a narrowed view of a full-stride
+    table); nothing is read from slots at or past seq_len or from entries past the sequence's pages.
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
     `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests);
     `impl` overrides SNAPMLA_DECODE_IMPL ("triton", "cuda", "auto").
@@ -317,6 +368,11 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,):
         raise SnapMLAInputError(f"seq_lens must be [B={B}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
     _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
+    if block_table.stride(1) != 1:
+        raise SnapMLAInputError("block_table must have unit stride in its last dim (a row-major table or a view of "
+                                "one, e.g. table[:, :n])")
+    if index_checks_enabled():
+        _check_paging(block_table, seq_lens, kv_fp8.shape[0])
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
     impl = decode_impl(impl)  # resolved once: the split heuristic below must see the same implementation

@@ -98,3 +98,48 @@ CUDA_DECODE_SMALL_CASES = [
     ([200, 37], 64, 1, 1000.0),
     *HARD_DECODE_CASES,
 ]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What a serving pool holds besides the sequences' keys: reused pages keep a previous request's bytes (NaN and
+# infinities included) in the slots past a sequence's end, and a block table's entries past a sequence's pages hold
+# whatever an earlier, longer batch left there.
+# ----------------------------------------------------------------------------------------------------------------
+def unwritten_slot_mask(num_slots: int, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """[num_slots] bool: True for every slot that is not among some sequence's first seq_len keys."""
+    written = torch.zeros(num_slots, dtype=torch.bool)
+    for b, n in enumerate(seq_lens.tolist()):
+        pages = block_table[b, : math.ceil(n / PAGE_SIZE)].long().cpu()
+        slots = (pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE)).reshape(-1)[:n]
+        written[slots] = True
+    return ~written
+
+
+def poison_unwritten(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, gen: torch.Generator) -> None:
+    """Fill every unwritten slot of the pool arrays (in place) with stale, mostly non-finite bytes: FP8 NaN (0x7F /
+    0xFF) and random codes, scales NaN / +-inf / 1e30 / random, RoPE NaN / inf / random."""
+    bad = unwritten_slot_mask(kv_fp8.shape[0], block_table, seq_lens).to(kv_fp8.device)
+    n = int(bad.sum())
+    content = torch.randint(0, 256, (n, KV_LORA_RANK), generator=gen, dtype=torch.uint8)
+    content[torch.rand(n, KV_LORA_RANK, generator=gen) < 0.5] = 0x7F
+    scale_choices = torch.tensor([math.nan, math.inf, -math.inf, 1e30, -1e30])
+    scale = scale_choices[torch.randint(0, 5, (n,), generator=gen)]
+    rope_choices = torch.tensor([math.nan, math.inf, -math.inf, 3e38], dtype=torch.float32).to(torch.bfloat16)
+    rope = rope_choices[torch.randint(0, 4, (n, ROPE_DIM), generator=gen)]
+    kv_fp8.view(torch.uint8)[bad] = content.to(kv_fp8.device)
+    kv_scale[bad] = scale.to(kv_scale.device)
+    kv_rope[bad] = rope.to(kv_rope.device)
+
+
+def garbage_table_tail(block_table: torch.Tensor, seq_lens: torch.Tensor, gen: torch.Generator,
+                       extra_columns: int = 2) -> torch.Tensor:
+    """A copy of the block table, `extra_columns` wider, whose entries past each sequence's pages are random int32
+    page ids (negative, huge, or a page of another sequence)."""
+    B, P = block_table.shape
+    out = torch.randint(-2**31, 2**31 - 1, (B, P + extra_columns), generator=gen, dtype=torch.int64).to(torch.int32)
+    out[:, :P][torch.rand(B, P, generator=gen) < 0.3] = int(block_table.max())  # a live page of someone else
+    for b, n in enumerate(seq_lens.tolist()):
+        used = math.ceil(n / PAGE_SIZE)
+        out[b, :used] = block_table[b, :used].cpu()
+    return out.to(block_table.device)

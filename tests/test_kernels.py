@@ -268,8 +268,9 @@ def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, spl
                           p["softmax_scale"], num_splits=splits, impl="cuda", follows_q_quant=True)
     args = seen["args"]
     o_part, lse_part, k_out, k_lse = args[8:12]
-    R, H, s_q, scale_log2, n_splits, flags = args[12:]
+    R, H, s_q, scale_log2, n_splits, bt_entries, flags = args[12:]
     assert (R, H, s_q, n_splits) == (8, 4, 2, splits)
+    assert bt_entries == p["block_table"].numel()  # the whole (contiguous) table from row 0
     assert scale_log2 == pytest.approx(p["softmax_scale"] * math.log2(math.e))
     assert flags & 2 and not flags & 1  # metadata before the wait behind our Q-quant; no PDL off the GPU
     if splits == 1:

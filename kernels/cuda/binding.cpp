@@ -7,8 +7,8 @@ namespace snapmla {
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int max_pages, int R, int H,
-                                     int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
+                                     void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
+                                     int H, int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
                                      cudaStream_t stream);
 }
 
@@ -22,7 +22,8 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
 void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, torch::Tensor out, torch::Tensor lse_out, int64_t R,
-                  int64_t H, int64_t S_Q, double qk_scale_log2, int64_t num_splits, int64_t launch_flags) {
+                  int64_t H, int64_t S_Q, double qk_scale_log2, int64_t num_splits, int64_t bt_entries,
+                  int64_t launch_flags) {
   for (const auto& t : {q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, o_part, lse_part, out, lse_out})
     TORCH_CHECK(t.is_cuda() && t.is_contiguous(), "snapmla sm90 decode: CUDA, contiguous tensors expected");
   const bool final_out = out.numel() > 0;
@@ -33,12 +34,18 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
               "snapmla sm90 decode: pass either the split partials or the final outputs");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && block_table.stride(1) == 1,
               "block_table must be int32 with unit stride in its last dim");
+  // bt_entries: int32 entries from the table's first element to the end of its storage (ops.block_table_entries).
+  // The kernel bounds its block-table reads by it, never by this view's width: a CUDA graph captured with a
+  // narrowed view (SGLang's capture passes width 1) replays with longer sequences over the same storage.
+  TORCH_CHECK(bt_entries >= 0 && bt_entries <= static_cast<int64_t>(block_table.storage().nbytes() / sizeof(int)) -
+                                                   block_table.storage_offset(),
+              "snapmla sm90 decode: bt_entries exceeds the block table's storage");
   auto err = snapmla::launch_decode_split_sm90(
       q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_fp8.data_ptr(), kv_scale.data_ptr<float>(),
       kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
       final_out ? nullptr : o_part.data_ptr<float>(), final_out ? nullptr : lse_part.data_ptr<float>(),
       final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr,
-      static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), static_cast<int>(block_table.size(1)),
+      static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), bt_entries,
       static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
       static_cast<int>(num_splits), static_cast<int>(launch_flags), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),

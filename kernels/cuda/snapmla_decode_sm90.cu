@@ -286,15 +286,19 @@ __device__ __forceinline__ void split_pages(int len, int split, int num_splits, 
 }
 
 // Thread 0 of a CTA: the split's first kStages pages into the stages. With one split they are block-table entries
-// 0..2 whatever the length, so those loads go out together with the length's (one round trip fewer before the TMA).
+// 0..2 whatever the length, so those loads go out together with the length's (one round trip fewer before the TMA);
+// entries past the sequence's pages are read but never used. `bt_readable` bounds that read by the block table's
+// allocation (entries from this row's start to the end of its storage), never by the width of the view the caller
+// passed: SGLang captures decode graphs with a width-1 view of a full-stride table and replays them with longer
+// sequences, and a width frozen into the graph would replace pages 1 and 2 by page 0.
 // Not inlined: inlined, its registers raised the kernel's spills (200 / 512 B instead of 124 / 304 at one split)
 // and put spill loads into the PV page loop.
 __device__ __noinline__ void load_first_pages(uint8_t* smem, const CUtensorMap* map_kv, const CUtensorMap* map_rope,
                                               const float* kv_scale, const int* bt, const int& seq_len, int split,
-                                              int num_splits, int max_pages) {
+                                              int num_splits, int64_t bt_readable) {
   int head[kStages];
 #pragma unroll
-  for (int i = 0; i < kStages; ++i) head[i] = num_splits == 1 && i < max_pages ? bt[i] : 0;
+  for (int i = 0; i < kStages; ++i) head[i] = num_splits == 1 && i < bt_readable ? bt[i] : 0;
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
   for (int i = 0; i < kStages && first + i < last; ++i)
@@ -314,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_out, const float* __restrict__ q_scale,
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
     float* __restrict__ o_part, float* __restrict__ lse_part, float* __restrict__ lse_out, int stride_bt,
-    int max_pages, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int kv_before_wait) {
+    int64_t bt_entries, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int kv_before_wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
@@ -335,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   }
   __syncthreads();  // the barriers are initialised before any thread uses them
   const int* bt = block_table + (int64_t)b * stride_bt;
+  const int64_t bt_readable = bt_entries - (int64_t)b * stride_bt;  // entries of the table's storage from bt on
   // Programmatic dependent launch (a no-op without it): the launch and the prologue overlap the previous kernel.
   // Q, q_scale and the outputs are touched only after griddepcontrol.wait. The lengths, the block table and the
   // pool may be read before it when the caller says the previous kernel is the Q quantization (kv_before_wait):
@@ -343,7 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   // (docs/KERNEL.md, session 15). No early trigger for the combine: its CTAs would sit on the SMs this grid leaves
   // free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md, session 9).
   if (kv_before_wait && t == 0)
-    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, max_pages);
+    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, bt_readable);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (t == 32) {  // Q of the tile by TMA (a warp other than the page loader's, which may still be in its round trips)
     mbar_expect_tx(qfull, 5 * kTile);
@@ -352,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     tma_load_3d(smem + kQR, &map_qr, 0, tile * kRows, b, qfull);
   }
   if (!kv_before_wait && t == 0)
-    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, max_pages);
+    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, bt_readable);
   const int seq_len = seq_lens[b];
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
@@ -571,10 +576,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       l1 += __shfl_xor_sync(0xffffffff, l1, x);
     }
     if (lane % 4 == 0) {  // O and l share their units, so the output is O / l; the LSE is log2 of l x 2^ref / 448
-      rows_s[row0] = l0 > 0.f ? 1.f / l0 : 0.f;
-      rows_s[row1] = l1 > 0.f ? 1.f / l1 : 0.f;
-      rows_l[row0] = l0 > 0.f ? ref0 + log2f(l0) - kLog2Fp8Max : -INFINITY;
-      rows_l[row1] = l1 > 0.f ? ref1 + log2f(l1) - kLog2Fp8Max : -INFINITY;
+      // l = 0: the row sees no key (out 0, LSE -inf); a NaN l (a non-finite key or query it sees) stays NaN
+      rows_s[row0] = l0 != 0.f ? 1.f / l0 : 0.f;
+      rows_s[row1] = l1 != 0.f ? 1.f / l1 : 0.f;
+      rows_l[row0] = l0 != 0.f ? ref0 + log2f(l0) - kLog2Fp8Max : -INFINITY;
+      rows_l[row1] = l1 != 0.f ? ref1 + log2f(l1) - kLog2Fp8Max : -INFINITY;
     }
     __syncthreads();  // (1) row scales published
     if (lane % 4 == 0) {
@@ -725,8 +731,8 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, int batch, int R
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int max_pages, int R, int H,
-                                     int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
+                                     void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
+                                     int H, int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
                                      cudaStream_t stream) {
   // out / lse_out (final outputs instead of partials) only with one split: there is nothing to merge then
   if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1))
@@ -767,7 +773,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
                             map_kv, map_rope, map_q8, map_qr, map_out, q_scale, kv_scale, block_table, seq_lens,
-                            o_part, lse_part, lse_out, stride_bt, max_pages, R, H, S_Q, qk_scale_log2, num_splits,
+                            o_part, lse_part, lse_out, stride_bt, bt_entries, R, H, S_Q, qk_scale_log2, num_splits,
                             (launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
 }
 

@@ -76,9 +76,13 @@ def decode_split_kernel(
         slots = page * PAGE + keys
         # K^T chunks [128, 64] (K-major, as the FP8 MMA wants B) for QK, V chunks [64, 128] for PV: two reads of
         # the same page, the second from L1/L2; each load feeds exactly one dot.
+        # Slots at or past seq_len may hold anything (a reused page's stale bytes, NaN included). What QK makes of
+        # them is replaced by -inf below; the scale and V, which meet P by multiplication, are not read there.
+        key_pos = page_idx * PAGE + keys
+        written = key_pos < seq_len
         kt_base = kv_fp8_ptr + slots[None, :] * LATENT + dq[:, None]
         k_rope_t = tl.load(kv_rope_ptr + slots[None, :] * ROPE + dr[:, None])
-        k_scale = tl.load(kv_scale_ptr + slots)
+        k_scale = tl.load(kv_scale_ptr + slots, mask=written, other=0.0)
 
         s = tl.dot(q_rope, k_rope_t)
         s = tl.dot(q0, tl.load(kt_base + 0 * CHUNK), s)
@@ -86,8 +90,8 @@ def decode_split_kernel(
         s = tl.dot(q2, tl.load(kt_base + 2 * CHUNK), s)
         s = tl.dot(q3, tl.load(kt_base + 3 * CHUNK), s)
         s = s * q_scale[:, None] * k_scale[None, :]
-        key_pos = page_idx * PAGE + keys
-        s = tl.where(key_pos[None, :] <= last_key[:, None], s, float("-inf"))
+        visible = key_pos[None, :] <= last_key[:, None]
+        s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked rows keep p = 0, alpha = 0
@@ -95,17 +99,20 @@ def decode_split_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l = l * alpha + tl.sum(p, axis=1)
 
-        p_v = p * k_scale[None, :]  # fuse V's per-token scale into P
+        # fuse V's per-token scale into P; an invisible key weighs exactly 0 whatever its scale holds (NaN x 0)
+        p_v = tl.where(visible, p * k_scale[None, :], 0.0)
         p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
         p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
         v_base = kv_fp8_ptr + slots[:, None] * LATENT + dq[None, :]
-        acc0 = acc0 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 0 * CHUNK)) * p_scale[:, None]
-        acc1 = acc1 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 1 * CHUNK)) * p_scale[:, None]
-        acc2 = acc2 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 2 * CHUNK)) * p_scale[:, None]
-        acc3 = acc3 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 3 * CHUNK)) * p_scale[:, None]
+        v_ok = written[:, None]
+        acc0 = acc0 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 0 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
+        acc1 = acc1 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 1 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
+        acc2 = acc2 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 2 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
+        acc3 = acc3 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 3 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
         m = m_new
 
-    has = l > 0.0
+    # rows without a visible key (l = 0): out 0, LSE -inf; a NaN l (a non-finite key or query the row sees) stays NaN
+    has = l != 0.0
     inv_l = 1.0 / tl.where(has, l, 1.0)
     lse2 = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
     if FINAL:
@@ -149,8 +156,14 @@ def combine_kernel(
     # of 57 loads cost microseconds at batch 1. Splits without a key for this row carry -inf (weight 0).
     sp = tl.arange(0, SPLITS_P2)
     lse_all = tl.load(lse_part_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
-    m = tl.max(lse_all, axis=0)  # split 0 always holds key 0, so m is finite
-    denom = tl.sum(tl.exp2(lse_all - m), axis=0)
+    m = tl.max(lse_all, axis=0)  # (a max may skip NaN operands: a NaN split is detected on its own below)
+    # a split's NaN LSE: the row sees a non-finite key or has a non-finite query; the row's result is NaN
+    nan_row = tl.max((lse_all != lse_all).to(tl.int32), axis=0) > 0
+    # m = -inf otherwise: the row sees no key in any split (a padding row, or seq_len 0): out 0, LSE -inf at every
+    # split count
+    empty = (m == float("-inf")) & (not nan_row)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    denom = tl.sum(tl.exp2(lse_all - m), axis=0)  # 0 for an empty row
     # ... and only splits up to the last one with a key are visited (the others are past a short sequence's end and
     # may be unwritten); a keyless split inside that range is masked and costs 4 bytes instead of 2 KB
     n_visit = tl.max(tl.where(lse_all > float("-inf"), sp + 1, 0), axis=0)
@@ -159,7 +172,10 @@ def combine_kernel(
         lse_sp = tl.load(lse_part_ptr + base + i)
         width = tl.where(lse_sp > float("-inf"), LATENT, 0)
         out += tl.exp2(lse_sp - m) * tl.load(o_part_ptr + (base + i) * LATENT + dc, mask=dc < width, other=0.0)
-    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, (out / denom).to(tl.bfloat16))
+    out = tl.where(nan_row, float("nan"), out / tl.where(empty, 1.0, denom))
+    tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, out.to(tl.bfloat16))
     token = r // H
     head = r % H
-    tl.store(lse_ptr + (b * H + head) * S_Q + token, (m + tl.log2(denom)) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m + tl.log2(denom)) * 0.6931471805599453)
+    lse = tl.where(nan_row, float("nan"), lse)
+    tl.store(lse_ptr + (b * H + head) * S_Q + token, lse)

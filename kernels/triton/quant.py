@@ -14,13 +14,20 @@ ROPE = tl.constexpr(64)
 
 @triton.jit
 def _quantize_row(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr):
-    """content [512] fp32, rope [64] fp32 -> (content fp8, scale fp32 scalar, rope' bf16)."""
+    """content [512] fp32, rope [64] fp32 -> (content fp8, scale fp32 scalar, rope' bf16).
+
+    The spec's non-finite policy (numerics.quantize_with_scale): a row with a NaN or an infinity is stored as
+    content 0, RoPE 0, scale NaN. Tested explicitly because max / min / clamp may drop a NaN operand here."""
+    finite = (tl.sum((tl.abs(content) < float("inf")).to(tl.int32), axis=0)
+              + tl.sum((tl.abs(rope) < float("inf")).to(tl.int32), axis=0)) == LATENT + ROPE
+    content = tl.where(finite, content, 0.0)
+    rope = tl.where(finite, rope, 0.0)
     amax = tl.max(tl.abs(content), axis=0)
     scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)
     q = tl.math.div_rn(content, scale)
     q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # saturate (the cast is RNE; clamp makes it exact to spec)
     rope_aligned = tl.math.div_rn(rope, scale)
-    return q.to(tl.float8e4nv), scale, rope_aligned.to(tl.bfloat16)
+    return q.to(tl.float8e4nv), tl.where(finite, scale, float("nan")), rope_aligned.to(tl.bfloat16)
 
 
 @triton.jit

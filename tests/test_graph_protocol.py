@@ -1,0 +1,100 @@
+"""The backend under SGLang's CUDA-graph protocol (sglang_graph_protocol.py), on CPU: no launch argument may differ
+between the capture-time forward (fill-value lengths, width-1 block-table view) and a forward with the replay
+metadata, because a captured graph replays the capture's arguments. Checked for every kernel launch, Triton and the
+sm_90a decode (through a stand-in extension), for decode, target verify and draft extend, at one split and many;
+the replayed forward's output is checked against the spec (Triton).
+The GPU twin (tests/test_gpu_graph_protocol.py) captures and replays real CUDA graphs."""
+
+import pytest
+import torch
+
+from helpers import assert_close
+from sglang_graph_protocol import MODES, GraphProtocol
+from sglang_snapmla import cuda_ext, ops
+from sglang_snapmla.kernels.triton import decode as tdecode
+from sglang_snapmla.kernels.triton import quant as tquant
+
+pytestmark = pytest.mark.cpu_interpreter
+
+
+class LaunchLog:
+    """Records every launch of the ops' kernels (Triton `kernel[grid](...)` and the CUDA extension's decode_split)."""
+
+    TRITON = ((tquant, "quantize_q_kernel"), (tdecode, "decode_split_kernel"), (tdecode, "combine_kernel"))
+
+    def __init__(self, monkeypatch):
+        self.launches = []
+        for module, name in self.TRITON:
+            kernel = getattr(module, name)
+            monkeypatch.setattr(module, name, self._recording(name, kernel))
+        log = self
+
+        class StandInExtension:
+            def decode_split(self, *args):
+                log.launches.append(("cuda.decode_split", None, args, {}))
+                for t in args[8:12]:
+                    t.zero_()  # defined outputs for the combine
+
+        monkeypatch.setattr(cuda_ext, "load", lambda: StandInExtension())
+
+    def _recording(self, name, kernel):
+        log = self
+
+        class Recording:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    log.launches.append((name, tuple(grid), args, kwargs))
+                    return kernel[grid](*args, **kwargs)
+
+                return launch
+
+        return Recording()
+
+    def take(self):
+        out, self.launches = self.launches, []
+        return out
+
+
+def describe(value, static: set[int]):
+    """What a captured graph freezes of one launch argument: a scalar's value; a tensor's dtype, strides and offset,
+    and for buffers read in place (pool, block table) its address. The shape is not frozen: no kernel reads it."""
+    if isinstance(value, torch.Tensor):
+        ptr = value.untyped_storage().data_ptr()
+        return ("tensor", value.dtype, value.stride(), value.storage_offset(), ptr if ptr in static else None)
+    return value
+
+
+# (heads, batch, window, one split): with the 8 SMs the interpreter reports, these reach the one-split path (final
+# outputs written by the decode) and the split + combine path of both implementations
+CASES = [(16, 2, 3, False), (16, 16, 3, True), (128, 1, 2, False), (128, 4, 2, True)]
+
+
+@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("heads,bs,window,one_split", CASES)
+def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, bs, window, one_split, mode, impl):
+    monkeypatch.setattr(ops, "decode_impl", lambda requested=None: impl)
+    lens = [int(x) for x in torch.randint(65, 400, (bs,), generator=gen)]
+    lens[0] = 130 + 64 * 3  # many pages: a width-1 capture view covers one of them
+    proto = GraphProtocol(heads, max_bs=bs + 2, lens=lens, gen=gen, device="cpu", window=window, max_context_len=1024)
+    q, q_rope = proto.queries(mode)
+    log = LaunchLog(monkeypatch)
+    fb = proto.capture_metadata(mode)
+    assert proto.backend.forward_metadata.block_kv_indices.shape[1] == 1  # SGLang's capture view, as in serving
+    proto.forward(mode, fb, torch.zeros_like(q), torch.zeros_like(q_rope))
+    captured = log.take()
+    fb = proto.replay_metadata(mode)
+    out = proto.forward(mode, fb, q, q_rope)
+    replayed = log.take()
+    static = proto.static_storages()
+    names = [launch[0] for launch in captured]
+    assert names == [launch[0] for launch in replayed] and any("decode" in n for n in names)
+    assert ("combine_kernel" not in names) == one_split, names
+    for (name, grid, args, kwargs), (_, grid2, args2, kwargs2) in zip(captured, replayed):
+        assert grid == grid2, f"{name}: grid {grid} at capture, {grid2} at replay"
+        assert kwargs == kwargs2, f"{name}: {kwargs} at capture, {kwargs2} at replay"
+        for i, (a, b) in enumerate(zip(args, args2)):
+            assert describe(a, static) == describe(b, static), \
+                f"{name} argument {i}: {describe(a, static)} at capture, {describe(b, static)} at replay"
+    if impl == "triton":
+        assert_close(out.float(), proto.reference(mode, q, q_rope), rel_l2=3e-2, what=f"{mode} after replay")
