@@ -2,6 +2,7 @@
 
 import torch
 
+from helpers import garbage_table_tail, poison_unwritten
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
@@ -27,6 +28,13 @@ q2 = torch.randn(B2, 1, H, 576, generator=g).to(torch.bfloat16).cuda()
 out2, lse2 = ops.snapmla_decode(q2[..., :512], q2[..., 512:], kv8, ks, kr, bt2, lens2, 576**-0.5, num_splits=1)
 out3, lse3 = ops.snapmla_decode(q2[..., :512], q2[..., 512:], kv8, ks, kr, bt2, lens2, 576**-0.5, num_splits=2)
 ops.fetch_dequant(torch.arange(100, device="cuda"), kv8, ks, kr)
+# a reused pool: stale NaN / inf bytes past every sequence's end and random page ids past its pages (never read)
+bt4 = garbage_table_tail(bt, torch.tensor(lens), g, extra_columns=4)
+poison_unwritten(kv8, ks, kr, bt, torch.tensor(lens, dtype=torch.int32), g)
+for splits in (1, 3):
+    out4, _ = ops.snapmla_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt4, torch.tensor(lens, dtype=torch.int32,
+                                 device="cuda"), 576**-0.5, num_splits=splits)
+    assert torch.isfinite(out4.float()).all()
 torch.cuda.synchronize()
 assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
 assert torch.isfinite(out1.float()).all() and torch.isfinite(lse1).all()
