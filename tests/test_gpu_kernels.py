@@ -263,10 +263,9 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     o_part = torch.empty(B, R, 1, nx.KV_LORA_RANK, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(B, R, 1, dtype=torch.float32, device="cuda")
     none = torch.empty(0, device="cuda")
-    cuda_ext.load().decode_split(*args[:8], o_part, lse_part, none.bfloat16(), none, R, heads, s_q,
-                                 p["softmax_scale"] * math.log2(math.e), 1, 0)
+    ops.launch_cuda_decode(*args[:8], o_part, lse_part, none.bfloat16(), none, p["softmax_scale"], 1)
     ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
     ops.combine(o_part, lse_part, ref_out, ref_lse, heads, s_q)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     with pytest.raises(RuntimeError, match="only with num_splits == 1"):
-        cuda_ext.load().decode_split(*args[:8], o_part, lse_part, out, lse, R, heads, s_q, 1.0, 2, 0)
+        ops.launch_cuda_decode(*args[:8], o_part, lse_part, out, lse, 1.0, 2)

@@ -14,12 +14,8 @@ echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
 timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/test_gpu_graph_protocol.py \
   tests/test_serving_safety.py tests/test_gpu_kernels.py tests/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
 echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
-rm -rf /tmp/mutant && mkdir -p /tmp/mutant && cp -r sglang_snapmla kernels tests /tmp/mutant/
-ln -sfn /tmp/mutant/kernels /tmp/mutant/sglang_snapmla/kernels
-sed -i 's|return block_table.untyped_storage().nbytes() // block_table.element_size() - block_table.storage_offset()|return block_table.shape[0] * block_table.shape[1]|' \
-  /tmp/mutant/sglang_snapmla/ops.py
-grep -q "return block_table.shape\[0\] \* block_table.shape\[1\]" /tmp/mutant/sglang_snapmla/ops.py || { echo "mutation not applied"; exit 1; }
-(cd /tmp/mutant && PYTHONPATH=/tmp/mutant:$PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=/tmp/mutant:$PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings \
+source examples/gpu/mutant.sh
+(cd /tmp/mutant && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings \
   tests/test_gpu_graph_protocol.py -k "cuda and decode" 2>&1 | tee "$OUT/mutation.log" | grep -E "passed|failed" | tail -2)
 for tool in memcheck racecheck; do
   for impl in triton cuda; do
