@@ -2,7 +2,7 @@
 # On the Hopper host (device tool, carry .gpu): the serving-scale accuracy gate (examples/accuracy_gate.py) on the
 # small trained checkpoint: flashmla BF16 (reference), snapmla, snapmla with the Triton decode, and snapmla with the
 # capture-view bug put back (examples/gpu/mutant.sh; the gate must fail it).
-#   usage: bash examples/gpu/accuracy_gate.sh [runs...]     (default: all four; results accumulate in .gpucache/gate,
+#   usage: bash examples/gpu/accuracy_gate.sh [runs... | flashmla mutant]     (default: all four; results accumulate in .gpucache/gate,
 #          so a call cut by the time limit is continued by the next call on the same warm machine)
 set -uo pipefail
 source examples/gpu/env.sh  # $OUT, runtime, JIT caches, plugin installed
@@ -17,7 +17,11 @@ fi
 wait
 cp $CKPT/train_log.json "$OUT/"
 RUNS=("$@")
-[ ${#RUNS[@]} -gt 0 ] || RUNS=(flashmla snapmla "snapmla-capture-view-bug=snapmla:PYTHONPATH=$MUTANT_PYTHONPATH" snapmla-triton)
+# the mutant's server: PYTHONSAFEPATH=1, or `python -m sglang.launch_server` would import the plugin from the working
+# directory (this checkout) before PYTHONPATH
+MUTANT_RUN="snapmla-capture-view-bug=snapmla:PYTHONSAFEPATH=1;PYTHONPATH=$MUTANT_PYTHONPATH"
+[ ${#RUNS[@]} -gt 0 ] || RUNS=(flashmla snapmla "$MUTANT_RUN" snapmla-triton)
+[ "${RUNS[*]}" = "flashmla mutant" ] && RUNS=(flashmla "$MUTANT_RUN")
 python3 examples/accuracy_gate.py --model $CKPT --runs "${RUNS[@]}" --out .gpucache/gate 2>&1 | tail -12
 cp .gpucache/gate/accuracy_gate.json "$OUT/"
 tar czf "$OUT/gate_server_logs.tgz" -C .gpucache/gate $(cd .gpucache/gate && ls *.log)
