@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import threading
@@ -91,8 +92,10 @@ def token_errors(run: list[dict], ref: list[dict]) -> tuple[float, int]:
     diffs, same = [], 0
     for a, b in zip(run, ref):
         n = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), len(a["ids"]))
-        # token n itself is compared too: both generated it from the same context (they differ in the choice)
-        diffs += [abs(x - y) for x, y in zip(a["logprobs"][: n + 1], b["logprobs"][: n + 1])]
+        # token n itself is compared too: both generated it from the same context (they differ in the choice).
+        # A missing logprob is a non-finite one (the server returns NaN as null): an infinite error.
+        diffs += [abs(x - y) if x is not None and y is not None else math.inf
+                  for x, y in zip(a["logprobs"][: n + 1], b["logprobs"][: n + 1])]
         same += a["ids"] == b["ids"]
     return statistics.fmean(diffs), same
 
@@ -113,8 +116,6 @@ def main():
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
-    held = json.loads((Path(args.model) / "heldout.json").read_text())
-    probes, fillers = workload(held)
     saved = args.out / "accuracy_gate.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
     runs = [parse_run(s) for s in args.runs]
@@ -122,6 +123,7 @@ def main():
         if name in results and "error" not in results[name]:
             print(f"{name}: kept from {saved}", flush=True)
             continue
+        probes, fillers = workload(json.loads((Path(args.model) / "heldout.json").read_text()))
         log_path = args.out / f"server_{name}.log"
         # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
         graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
