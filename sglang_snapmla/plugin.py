@@ -30,8 +30,23 @@ import math
 import torch
 
 BACKEND = "snapmla"
+SUPPORTED_SGLANG = "0.5.17"
+# What snapmla servers report as their KV cache dtype to PD disaggregation's handshake, which compares only that
+# string: a snapmla server and a server with another layout (BF16, or FlashMLA's 576-byte FP8, both of which may
+# say "auto" / "fp8_e4m3") then refuse each other instead of transferring bytes the other side misreads.
+KV_LAYOUT = "snapmla_fp8_e4m3_644"
 logger = logging.getLogger(__name__)
 _registered = False
+# SGLang functions the plugin wraps (HookRegistry targets); a target that did not change when the hooks were
+# applied is an integration point this SGLang release does not have
+_HOOK_TARGETS = (
+    "sglang.srt.mem_cache.kv_cache_configurator.calculate_mla_kv_cache_dim",
+    "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mla_kv_pool",
+    "sglang.srt.server_args.ServerArgs._handle_page_size",
+    "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
+    "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+)
+_integration_errors: list[str] = []
 
 
 def register() -> None:
@@ -51,15 +66,49 @@ def register() -> None:
     _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
     register_attention_backend(BACKEND)(_create_backend)
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
-    configurator = "sglang.srt.mem_cache.kv_cache_configurator"
-    HookRegistry.register(f"{configurator}.calculate_mla_kv_cache_dim", _kv_cache_dim_hook, HookType.AROUND)
-    HookRegistry.register(f"{configurator}.KVCacheConfigurator._build_mla_kv_pool", _build_pool_hook, HookType.AROUND)
-    HookRegistry.register("sglang.srt.server_args.ServerArgs._handle_page_size", _page_size_hook, HookType.AFTER)
-    factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
-    HookRegistry.register(f"{factory}.create_decode_backend", _draft_decode_backend_hook, HookType.AROUND)
-    HookRegistry.register(f"{factory}.create_draft_extend_backend", _draft_extend_backend_hook, HookType.AROUND)
+    hooks = dict(zip(_HOOK_TARGETS, (
+        (_kv_cache_dim_hook, HookType.AROUND), (_build_pool_hook, HookType.AROUND), (_page_size_hook, HookType.AFTER),
+        (_draft_decode_backend_hook, HookType.AROUND), (_draft_extend_backend_hook, HookType.AROUND))))
+    before = {target: _resolve(target) for target in hooks}
+    for target, (fn, kind) in hooks.items():
+        HookRegistry.register(target, fn, kind)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
+    _integration_errors[:] = integration_errors(before)
+    for message in _integration_errors:
+        logger.error("%s", message)
     _registered = True
+
+
+def _resolve(target: str):
+    import pkgutil
+
+    try:
+        return pkgutil.resolve_name(target)
+    except (ImportError, AttributeError):
+        return None
+
+
+def integration_errors(before: dict) -> list[str]:
+    """What keeps the plugin from working with the installed SGLang: another release, or a hook target that is
+    missing or was left unwrapped (`before`: target -> the function before the hooks were applied). SGLang's plugin
+    loader only logs a plugin's failures, so these are raised where snapmla is selected: by its server-args pass
+    (at startup, before any memory is allocated) and by the backend factory."""
+    import sglang
+
+    fix = f"sglang-snapmla supports SGLang {SUPPORTED_SGLANG} exactly: pip install sglang=={SUPPORTED_SGLANG}"
+    out = []
+    if getattr(sglang, "__version__", None) != SUPPORTED_SGLANG:
+        out.append(f"SGLang {getattr(sglang, '__version__', '?')} is installed; {fix}.")
+    for target, original in before.items():
+        if original is None or _resolve(target) is original:
+            out.append(f"the hook on {target} did not apply ({'no such function' if original is None else 'unchanged'})"
+                       f"; {fix}.")
+    return out
+
+
+def _check_integration() -> None:
+    if _integration_errors:
+        raise RuntimeError("--attention-backend snapmla cannot run on this SGLang: " + " ".join(_integration_errors))
 
 
 def _add_once(choices: list, name: str) -> None:
@@ -94,7 +143,10 @@ def _in_captured_prefill() -> bool:
 def _create_backend(model_runner):
     from .backend import create_snapmla_backend
 
-    return create_snapmla_backend(model_runner)
+    _check_integration()
+    backend = create_snapmla_backend(model_runner)
+    model_runner.kv_cache_dtype_str = KV_LAYOUT  # read by PD disaggregation's handshake (KV_LAYOUT)
+    return backend
 
 
 def _attention_backends(args) -> set:
@@ -177,6 +229,7 @@ def snapmla_server_args_pass(view) -> dict:
 
 def check_server_args(args) -> int:
     """One clear error per unsupported setup; returns the page size to use (64)."""
+    _check_integration()
     phases = _attention_backends(args)
     if phases != {BACKEND}:
         raise ValueError(f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
@@ -189,6 +242,8 @@ def check_server_args(args) -> int:
         raise ValueError("--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
                          "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
                          "scales, BF16 RoPE). Drop the flag.")
+    for message in _unsupported_setups(args):
+        raise ValueError(message)
     draft = getattr(args, "speculative_draft_attention_backend", None)
     if draft not in (None, BACKEND):
         raise ValueError(f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "
@@ -196,16 +251,56 @@ def check_server_args(args) -> int:
     from .pool import check_pool_config
 
     device = getattr(args, "device", None) or "cuda"
-    kv_lora_rank, rope = _model_latent_dims(args)
+    config = _model_config(args)
+    kv_lora_rank, rope = int(config.kv_lora_rank), int(getattr(config, "qk_rope_head_dim", 0))
     check_pool_config(kv_lora_rank, rope, 64, "cuda" if device == "auto" else device)
-    if getattr(args, "page_size", None) not in (None, 64):
+    dtype = getattr(args, "dtype", None) or "auto"
+    model_dtype = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "")
+    if dtype in ("float16", "half") or (dtype == "auto" and model_dtype.endswith("float16")
+                                        and not model_dtype.endswith("bfloat16")):
+        raise ValueError(f"--attention-backend snapmla runs the model in bfloat16 (its kernels take bf16 queries and "
+                         f"keys); got --dtype {dtype} (model dtype {model_dtype or 'unknown'}). Pass --dtype bfloat16.")
+    # SGLang resolves an unset page size to 1 before this pass: only an explicit other size is worth a warning
+    if getattr(args, "page_size", None) not in (None, 1, 64):
         logger.warning("--attention-backend snapmla stores the KV cache in 64-token pages: page size %s -> 64",
                        args.page_size)
     return 64
 
 
-def _model_latent_dims(args) -> tuple[int, int]:
-    """(kv_lora_rank, qk_rope_head_dim) from the model's config; a clear error for non-MLA models."""
+# Speculative decoding: the MTP draft (NEXTN / EAGLE with DeepSeek's MLA draft layer) and a linear draft window
+# (topk 1) are what the backend's target verify and draft extend implement.
+SUPPORTED_SPECULATIVE = (None, "NEXTN", "EAGLE")
+
+
+def _unsupported_setups(args) -> list[str]:
+    """One message per server option that assumes SGLang's own 576-wide MLA pool or a kernel snapmla lacks."""
+    out = []
+    if (getattr(args, "dcp_size", 1) or 1) > 1:
+        out.append(f"--dcp-size {args.dcp_size} (decode context parallelism) is not supported with --attention-backend "
+                   "snapmla: it splits SGLang's 576-wide MLA pool across ranks. Drop --dcp-size.")
+    if getattr(args, "disaggregation_decode_enable_offload_kvcache", False):
+        out.append("--disaggregation-decode-enable-offload-kvcache is not supported with --attention-backend snapmla: "
+                   "the host offload copies one 576-wide array per layer, snapmla's pool holds three. Drop the flag.")
+    if getattr(args, "disaggregation_mode", "null") not in (None, "null") and (getattr(args, "pp_size", 1) or 1) > 1:
+        out.append("PD disaggregation with --pp-size > 1 is not supported with --attention-backend snapmla (its "
+                   "pipeline-stage transfer assumes SGLang's MLA pool). Use --pp-size 1 on PD servers.")
+    if getattr(args, "flashinfer_mla_disable_ragged", False):
+        out.append("--flashinfer-mla-disable-ragged is not supported with --attention-backend snapmla: its prefill "
+                   "reads the cached prefix through fetch-dequant into FlashInfer's ragged kernel, and the paged "
+                   "path would read a 576-wide BF16 pool. Drop the flag.")
+    algo = getattr(args, "speculative_algorithm", None)
+    if algo not in SUPPORTED_SPECULATIVE:
+        out.append(f"--speculative-algorithm {algo} is not supported with --attention-backend snapmla: its draft "
+                   "model is not an MLA model that can read snapmla's pool. Use NEXTN (DeepSeek's MTP layer).")
+    topk = getattr(args, "speculative_eagle_topk", None)
+    if algo is not None and topk not in (None, 1):
+        out.append(f"--speculative-eagle-topk {topk} is not supported with --attention-backend snapmla: its verify "
+                   "attends causally over a linear draft window. Pass --speculative-eagle-topk 1.")
+    return out
+
+
+def _model_config(args):
+    """The model's (text) config; a clear error for non-MLA models."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     model_path = getattr(args, "model_path", None)
@@ -216,4 +311,4 @@ def _model_latent_dims(args) -> tuple[int, int]:
         raise ValueError(f"--attention-backend snapmla serves MLA models (DeepSeek-V2/V3/R1, LongCat-Flash); "
                          f"{model_path} ({getattr(config, 'model_type', '?')}) has no kv_lora_rank. "
                          "Use another --attention-backend for it.")
-    return int(config.kv_lora_rank), int(getattr(config, "qk_rope_head_dim", 0))
+    return config

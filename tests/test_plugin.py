@@ -177,6 +177,81 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu")
 
 
+V3 = ROOT / "configs/models/deepseek-v3-shape"
+
+
+@pytest.mark.cpu_interpreter
+@pytest.mark.parametrize("extra,match", [
+    (["--dcp-size", "2", "--tp", "2"], "dcp-size 2"),
+    (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-offload-kvcache"], "offload-kvcache"),
+    (["--disaggregation-mode", "prefill", "--pp-size", "2"], "pp-size 1 on PD servers"),
+    (["--flashinfer-mla-disable-ragged"], "flashinfer-mla-disable-ragged"),
+    (["--dtype", "float16"], "--dtype bfloat16"),
+    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(V3)], "EAGLE3 is not supported"),
+    (["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(V3)], "STANDALONE is not"),
+    (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
+      "--speculative-num-draft-tokens", "4"], "eagle-topk 1"),
+], ids=["dcp", "pd-offload", "pd-pp", "no-ragged", "fp16", "eagle3", "standalone", "tree-draft"])
+def test_setups_that_assume_sglangs_pool_fail_at_startup(plugin, extra, match):
+    """Options whose code paths read SGLang's 576-wide pool or need a kernel snapmla lacks: refused while the
+    arguments are parsed, with the fix, before anything is allocated."""
+    with pytest.raises(ValueError, match=match):
+        parse("--model-path", str(V3), "--attention-backend", "snapmla", "--device", "cpu", "--load-format", "dummy",
+              *extra)
+
+
+@pytest.mark.cpu_interpreter
+def test_a_float16_checkpoint_is_refused_unless_bfloat16_is_asked_for(plugin, tmp_path):
+    model = _config_dir(tmp_path, torch_dtype="float16")
+    with pytest.raises(ValueError, match="Pass --dtype bfloat16"):
+        parse("--model-path", model, "--attention-backend", "snapmla", "--device", "cpu", "--load-format", "dummy")
+    args = parse("--model-path", model, "--attention-backend", "snapmla", "--device", "cpu", "--load-format", "dummy",
+                 "--dtype", "bfloat16")
+    assert args.page_size == 64
+
+
+def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatch):
+    """SGLang's plugin loader only logs a plugin's exceptions, so a release without one of our integration points
+    would start without the pool or the checks: the errors are kept and raised where snapmla is selected."""
+    import sglang
+
+    target = plugin._HOOK_TARGETS[0]
+    unchanged = {target: plugin._resolve(target)}  # as if apply_hooks had left it alone
+    (message,) = plugin.integration_errors(unchanged)
+    assert target in message and "sglang==0.5.17" in message
+    assert plugin.integration_errors({target: None})[0].endswith("pip install sglang==0.5.17.")
+    monkeypatch.setattr(sglang, "__version__", "0.5.23")
+    assert any("SGLang 0.5.23 is installed" in m for m in plugin.integration_errors({}))
+    monkeypatch.setattr(plugin, "_integration_errors", [message])
+    with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
+        plugin.check_server_args(SimpleNamespace(attention_backend="snapmla"))
+    with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
+        plugin._create_backend(SimpleNamespace())
+
+
+def test_pd_handshake_sees_snapmlas_own_layout(plugin, monkeypatch):
+    """PD disaggregation compares only the KV cache dtype string of the two servers: snapmla reports its layout, which
+    no other server can report (every --kv-cache-dtype choice differs), so a mixed pair is refused at the handshake."""
+    from sglang.srt import server_args as sa
+
+    from sglang_snapmla import backend
+
+    monkeypatch.setattr(backend, "create_snapmla_backend", lambda runner: "backend")
+    runner = SimpleNamespace(kv_cache_dtype_str="fp8_e4m3")
+    assert plugin._create_backend(runner) == "backend"
+    assert runner.kv_cache_dtype_str == plugin.KV_LAYOUT
+    choices = next(a.choices for a in _server_arg_actions(sa) if "--kv-cache-dtype" in a.option_strings)
+    assert plugin.KV_LAYOUT not in choices and "auto" in choices
+
+
+def _server_arg_actions(sa):
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    sa.ServerArgs.add_cli_args(parser)
+    return parser._actions
+
+
 def test_launch_server_module_knows_the_choice():
     """`python -m sglang.launch_server` loads plugins before parsing in 0.5.17: --help lists snapmla."""
     res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
