@@ -161,3 +161,31 @@ def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
     ref, _ = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
                                          nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
     assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Opt-in index checks
+# ---------------------------------------------------------------------------------------------------------------
+def test_index_checks_reject_what_would_read_or_write_outside_the_pool(gen, monkeypatch):
+    monkeypatch.setenv(ops.CHECK_INDICES_ENV, "1")
+    q8, qs, qr, kv, bt, lens = _problem(gen, [70, 130], 2, 1)
+    n = kv[0].shape[0]
+    ops.decode(q8, qs, qr, *kv, bt, lens, SCALE)  # in range: accepted
+    rows = torch.zeros(1, 512, dtype=torch.bfloat16, device=DEV), torch.zeros(1, 64, dtype=torch.bfloat16, device=DEV)
+    for bad in (n, -1):
+        with pytest.raises(ops.SnapMLAInputError, match="outside the pool"):
+            ops.append_kv(*rows, torch.tensor([bad], device=DEV), *kv)
+        with pytest.raises(ops.SnapMLAInputError, match="outside the pool"):
+            ops.fetch_dequant(torch.tensor([0, bad], device=DEV), *kv)
+    wrong_page = bt.clone()
+    wrong_page[1, 2] = n // 64  # one past the last page
+    with pytest.raises(ops.SnapMLAInputError, match="sequence 1 uses page ids"):
+        ops.decode(q8, qs, qr, *kv, wrong_page, lens, SCALE)
+    too_long = lens.clone()
+    too_long[1] = 64 * bt.shape[1] + 1  # one entry more than the table's storage holds from row 1
+    with pytest.raises(ops.SnapMLAInputError, match="needs 4 block-table entries"):
+        ops.decode(q8, qs, qr, *kv, bt, too_long, SCALE)
+    with pytest.raises(ops.SnapMLAInputError, match=">= 0"):
+        ops.decode(q8, qs, qr, *kv, bt, -lens, SCALE)
+    # a narrowed view reads past its width into the table's storage (SGLang's capture view): accepted
+    ops.decode(q8, qs, qr, *kv, bt[:, :1], lens, SCALE, num_splits=1)
