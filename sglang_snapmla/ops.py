@@ -288,8 +288,8 @@ def pdl_enabled(device: torch.device) -> bool:
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# launch flags of the CUDA decode (kernels/cuda/binding.cpp)
-_CUDA_LAUNCH_PDL, _CUDA_LAUNCH_KV_BEFORE_WAIT = 1, 2
+# launch-flag bits of the CUDA decode, by their names in kernels/cuda/snapmla_decode_sm90.h (a test compares the two)
+CUDA_LAUNCH_FLAGS = {"kLaunchPdl": 1, "kLaunchKvBeforeWait": 2}
 
 
 def decode_impl(requested: str | None = None) -> str:
@@ -331,7 +331,8 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_tab
     cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                  lse_part, out, lse, s_q * H, H, s_q, softmax_scale * math.log2(math.e), splits,
                                  block_table_entries(block_table),
-                                 _CUDA_LAUNCH_PDL * pdl | _CUDA_LAUNCH_KV_BEFORE_WAIT * follows_q_quant)
+                                 CUDA_LAUNCH_FLAGS["kLaunchPdl"] * pdl
+                                 | CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] * follows_q_quant)
 
 
 def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,

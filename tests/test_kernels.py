@@ -241,6 +241,17 @@ def test_pdl_only_where_it_can_run(monkeypatch):
     assert not ops.pdl_enabled(cuda0)
 
 
+def test_launch_flags_are_the_kernels():
+    """ops.CUDA_LAUNCH_FLAGS names the bits the launcher's header defines, with the same values."""
+    import re
+
+    from sglang_snapmla import cuda_ext
+
+    header = (cuda_ext.SOURCE_DIR / "snapmla_decode_sm90.h").read_text()
+    defined = {name: int(value) for name, value in re.findall(r"constexpr int (kLaunch\w+) = (\d+);", header)}
+    assert defined == ops.CUDA_LAUNCH_FLAGS
+
+
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, splits):
     """ops.decode's CUDA branch (through `launch_cuda_decode`, which benchmarks call directly): rows R = s_q x H, the

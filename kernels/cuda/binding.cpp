@@ -3,22 +3,14 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 
-namespace snapmla {
-cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
-                                     const float* kv_scale, const void* kv_rope, int64_t pool_rows,
-                                     const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
-                                     int H, int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
-                                     cudaStream_t stream);
-}
+#include "snapmla_decode_sm90.h"
 
 // Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
 // kernel's address arithmetic relies on is re-checked.
 // Either o_part / lse_part (split partials for the combine; out and lse_out empty) or, with num_splits == 1, out
 // [B, s_q, H, 512] bf16 / lse_out [B, H, s_q] fp32 (final outputs; o_part and lse_part empty).
-// launch_flags: 1 = programmatic dependent launch, 2 = the previous kernel on the stream is the Q quantization, so
-// the lengths, block table and first pages may be read before waiting for it (without 1 the wait is a no-op and
-// the previous kernel has completed anyway).
+// launch_flags: snapmla::kLaunchPdl | snapmla::kLaunchKvBeforeWait (snapmla_decode_sm90.h; without kLaunchPdl the
+// kernel's wait is a no-op and the previous kernel has completed anyway).
 void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, torch::Tensor out, torch::Tensor lse_out, int64_t R,

@@ -1,17 +1,5 @@
 // SnapMLA split-KV decode for Hopper (sm_90a): FP8 WGMMA for content QK and PV, BF16 WGMMA for RoPE QK.
 //
-// Version 21 (session 19) = v19 + QK issued in two parts: a warp issuing WGMMAs is held once ~8 are in flight
-// (examples/gpu/wgmma_issue_probe.cu), so the softmax warpgroup issues the first 8 content steps of QK(c+1) before
-// page c's softmax and the rest between its two passes, into a second accumulator added after the wait (-1 to -3 %
-// at h128 b64 s_k 64k; docs/KERNEL.md, session 19).
-// Version 19 (session 17, tag cuda-decode-v19-validated) = v17 + the softmax in the log domain of P' (P8 =
-// 2^(t - max t + log2 448) with t = S sigma_q sigma_k + log2 sigma_k: one row reduction per page instead of two, no
-// P' product, max or division; O and l in units of the page reference, kept within 2^64 of the running max).
-// Version 17 (session 15, tag cuda-decode-v17-validated) = v16 + splits without pages exit after writing their LSE.
-// Version 16 (session 15) = v15 + Q by TMA on its own mbarrier, the first pages' block-table entries loaded with the
-// length at one split, and the metadata and first pages read before griddepcontrol.wait behind the Q quantization.
-// Version 15 (sessions 13-14) = v13 + the one-split final output written by TMA from a swizzled shared tile. Version
-// 13 = v11 (v8 with Q as the register operand of QK) + final outputs at one split (history in docs/KERNEL.md).
 // One CTA = 64 query rows (flattened (token, head) pairs of one sequence) x one split of its 64-token pages, three
 // warpgroups, mbarrier hand-offs only (no block-wide barrier in the page loop):
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
@@ -20,8 +8,9 @@
 //             and both transposes are done with it, i.e. up to two pages ahead of the page being consumed.
 //   warpgroup 0 (softmax, no O): iteration c issues S(c+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T
 //             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
-//             scale-domain alignment; v21: the first 8 content steps here, the rest between the softmax's two
-//             passes, into a second accumulator --, publishes P8(c-1) ("pfull") after the first part, so that
+//             scale-domain alignment; issued in two parts, the first 8 content steps here and the rest between
+//             the softmax's two passes into a second accumulator, because a warp issuing WGMMAs is held once ~8 are
+//             in flight --, publishes P8(c-1) ("pfull") after the first part, so that
 //             PV(c-1) queues behind it on the tensor cores, then runs page c's online softmax (base 2):
 //             t = S sigma_q sigma_k + log2 sigma_k (masks only on the pages that need them), ref = rowmax(t),
 //             P8(c) = fp8(2^(t - ref + log2 448)) -- SnapMLA's amax-scaled P' = P sigma_k, evaluated in the log
@@ -37,6 +26,9 @@
 // Q and K tiles use WGMMA's 128 B-swizzle K-major layout (8 rows x 128 B atoms, 16 B chunks XOR-ed with row % 8,
 // 1024 B aligned; a 512 B content row is four such tiles side by side); V^T and P8, written by threads, use the
 // no-swizzle K-major layout (8-row x 16-byte core matrices).
+// Stale bytes: slots past seq_len are zeroed in V^T and masked in the softmax (their scale too), so no byte of them
+// reaches the output; block-table reads stop at the sequence's pages and, for the speculative first-page reads at
+// one split, at the table's allocation (bt_entries), never at the width of the caller's view (CUDA-graph capture).
 // Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine;
 // with one split (large batches) the kernel writes the final bf16 output and natural-log LSE itself instead, exactly
 // what the combine would make of a single partial, which saves the partials' round trip through DRAM (fp32 write +
@@ -49,6 +41,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "snapmla_decode_sm90.h"
 #include "wgmma_ops.cuh"
 
 #ifndef SNAPMLA_SOFTMAX_REGS
@@ -58,6 +51,12 @@
 namespace snapmla {
 
 constexpr int kLatent = 512, kRope = 64, kPage = 64, kRows = 64, kThreads = 384, kStages = 3;
+constexpr int kWarpgroup = 128;  // threads
+// mbarrier arrival counts: a TMA load is one arrival (plus its bytes); a stage is released by every softmax thread
+// (QK and the scale reads are done) and by one thread of each PV warpgroup (its V^T half is written); P8 is published
+// by every softmax thread and released by every PV thread
+constexpr int kTmaArrivals = 1, kStageReleases = kWarpgroup + 2, kP8Publishers = kWarpgroup,
+              kP8Consumers = 2 * kWarpgroup;
 constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448): P8 = 2^(t - max t + log2 448) <= 448
 // softmax page references (v19): a page's reference stays within kRefGap of the row's running max; kNoRef stands
 // for "no key seen yet" (finite, so references subtract without NaN)
@@ -305,10 +304,6 @@ __device__ __noinline__ void load_first_pages(uint8_t* smem, const CUtensorMap* 
     load_page(smem, i, map_kv, map_rope, kv_scale, num_splits == 1 ? head[i] : bt[first + i]);
 }
 
-// Launch flags (the launcher's and the binding's `launch_flags`)
-constexpr int kLaunchPdl = 1;           // programmatic dependent launch after the previous kernel
-constexpr int kLaunchKvBeforeWait = 2;  // the previous kernel is the Q quantization (see the prologue)
-
 // kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
 // flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
 template <bool kFinal>
@@ -332,9 +327,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   uint64_t* qfull = pempty + 2;                                // Q landed (TMA)
 
   if (t == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(full + i, 1), mbar_init(empty + i, 130);
-    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, 128), mbar_init(pempty + i, 256);
-    mbar_init(qfull, 1);
+    for (int i = 0; i < kStages; ++i) mbar_init(full + i, kTmaArrivals), mbar_init(empty + i, kStageReleases);
+    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, kP8Publishers), mbar_init(pempty + i, kP8Consumers);
+    mbar_init(qfull, kTmaArrivals);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before any thread uses them
