@@ -26,7 +26,6 @@ import json
 import math
 import re
 import statistics
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -348,7 +348,9 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     the view's width into the table's storage (SGLang's CUDA-graph capture passes a narrowed view of a full-stride
     table); nothing is read from slots at or past seq_len or from entries past the sequence's pages.
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
-    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests);
+    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests). The
+    default split count follows the block table's width: a caller that captures CUDA graphs passes its own, from a
+    static page bound (`default_num_splits`; the backend does), so that capture and replay agree;
     `impl` overrides SNAPMLA_DECODE_IMPL ("triton", "cuda", "auto").
     `follows_q_quant`: the kernel launched just before this call on the stream is `quantize_q` (nothing else is
     launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table

@@ -28,7 +28,6 @@ import torch
 
 from helpers import poison_unwritten
 from sglang_snapmla import numerics as nx
-from sglang_snapmla import ops
 
 MODES = ("decode", "target_verify", "draft_extend")
 
