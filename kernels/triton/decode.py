@@ -104,11 +104,11 @@ def decode_split_kernel(
         p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
         p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
         v_base = kv_fp8_ptr + slots[:, None] * LATENT + dq[None, :]
-        v_ok = written[:, None]
-        acc0 = acc0 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 0 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
-        acc1 = acc1 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 1 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
-        acc2 = acc2 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 2 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
-        acc3 = acc3 * alpha[:, None] + tl.dot(p8, tl.load(v_base + 3 * CHUNK, mask=v_ok, other=0.0)) * p_scale[:, None]
+        v_ok, a, ps = written[:, None], alpha[:, None], p_scale[:, None]
+        acc0 = acc0 * a + tl.dot(p8, tl.load(v_base + 0 * CHUNK, mask=v_ok, other=0.0)) * ps
+        acc1 = acc1 * a + tl.dot(p8, tl.load(v_base + 1 * CHUNK, mask=v_ok, other=0.0)) * ps
+        acc2 = acc2 * a + tl.dot(p8, tl.load(v_base + 2 * CHUNK, mask=v_ok, other=0.0)) * ps
+        acc3 = acc3 * a + tl.dot(p8, tl.load(v_base + 3 * CHUNK, mask=v_ok, other=0.0)) * ps
         m = m_new
 
     # rows without a visible key (l = 0): out 0, LSE -inf; a NaN l (a non-finite key or query the row sees) stays NaN
