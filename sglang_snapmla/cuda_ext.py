@@ -20,7 +20,7 @@ from . import kernels as kernels_pkg
 log = logging.getLogger(__name__)
 # the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
 SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
-# Kernel development only: build from another copy of kernels/cuda (an A/B of two kernel versions in one GPU session);
+# Kernel development only: build from another copy of kernels/cuda (an A/B of two kernel versions on one machine);
 # it gets its own extension name so that torch's build cache keeps both.
 SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")

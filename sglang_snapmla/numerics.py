@@ -202,7 +202,7 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
                  "fp8_pow2" -- the same with the block scale rounded up to a power of two (`pow2_scale`)
                  "fp8_bound" -- the block scale from a bound instead of the amax of P': max_j P_j x max_j sigma_kj
                              over the row's visible keys (a kernel knows max_j P_j from the row maximum, so it
-                             skips the max over P'; a candidate, docs/KERNEL.md session 11)
+                             skips the max over P'; a candidate, docs/KERNEL.md)
                  "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
     Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens); a row for which that
     range is empty (seq_len < s_q: padding) gets out 0 and LSE -inf. Slots at or past seq_len and table entries

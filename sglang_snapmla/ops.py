@@ -232,7 +232,7 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
 
 
 # Cost model of the sm_90a decode + combine at small batches, fitted to examples/gpu/split_sweep.py on the H100
-# (docs/BENCHMARKS.md, session 8): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
+# (docs/BENCHMARKS.md): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
 # adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and ~0.1 us to each combine
 # program's serial read. Below one wave, more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits
 # (one page each) and 16.2 with 16.
@@ -278,7 +278,7 @@ def pdl_enabled(device: torch.device) -> bool:
 
     Each kernel's launch and prologue then overlap the previous kernel's tail (Q-quant also triggers the decode
     early): -1.1 to -1.6 us per call at batch 1 on the H100, which is what separates a 3-kernel decode from
-    FlashMLA's 2 kernels there (docs/KERNEL.md, session 9). Safe for any neighbour: each of the three waits
+    FlashMLA's 2 kernels there (docs/KERNEL.md). Safe for any neighbour: each of the three waits
     (griddepcontrol.wait) for the previous kernel's completion before it reads anything that kernel may write (the
     CUDA decode reads the metadata and pool before it only behind our Q-quant: `decode(follows_q_quant=True)`), and
     the kernel after the combine is launched normally (the combine does not trigger early), so it sees all of our
@@ -386,7 +386,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     if B == 0:
         return out, lse
     # With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
-    # (docs/KERNEL.md, session 12). Otherwise the partials go through the combine.
+    # (docs/KERNEL.md). Otherwise the partials go through the combine.
     # unused outputs are passed as empty views (no allocation): the partials at one split, out / lse otherwise
     final_in_kernel = splits == 1
     if final_in_kernel:

@@ -1,4 +1,4 @@
-"""Emulates how the sm_90a decode (v11) loads Q into WGMMA A fragments (`q_frag` / `qr_frag` in
+"""Emulates how the sm_90a decode loads Q into WGMMA A fragments (`q_frag` / `qr_frag` in
 snapmla_decode_sm90.cu) on byte coordinates.
 
 The ldmatrix.x4 reads from the 128 B-swizzled Q tiles are replayed with the kernel's address formula (keep them in

@@ -58,12 +58,12 @@ constexpr int kWarpgroup = 128;  // threads
 constexpr int kTmaArrivals = 1, kStageReleases = kWarpgroup + 2, kP8Publishers = kWarpgroup,
               kP8Consumers = 2 * kWarpgroup;
 constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448): P8 = 2^(t - max t + log2 448) <= 448
-// softmax page references (v19): a page's reference stays within kRefGap of the row's running max; kNoRef stands
+// softmax page references (the log-domain softmax): a page's reference stays within kRefGap of the row's running max; kNoRef stands
 // for "no key seen yet" (finite, so references subtract without NaN)
 constexpr float kRefGap = 64.f, kNoRef = -1e30f;
 // setmaxnreg only moves registers within what the CTA was launched with: 384 threads x 168 (the most a 384-thread
 // CTA gets; allocation is per 8) = 504 per lane across the three warpgroups. An increase beyond that pool waits
-// forever (the first v11 asked 192 + 2 x 160 = 512 and hung).
+// forever (asking 192 + 2 x 160 = 512 hung).
 constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kLanePool = kThreads / 128 * kLaunchRegs;  // 168, 504
 constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (kLanePool - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
 static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
@@ -218,7 +218,7 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
 // w + 4 ci (ci = 0..3, one swizzled tile each) x the 4 token groups: every address is a per-thread base plus a
 // compile-time offset; reads and writes are bank-conflict-free (kernels/cuda/emulate_transpose.py checks the
 // mapping and the banks on the layouts).
-// v2c did this with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
+// A variant with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
 // showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
 template <bool kMasked>
 __device__ __forceinline__ void transpose_half(uint8_t* smem, int buf, uint8_t* vt, int half, int tw, int valid) {
@@ -340,8 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   // pool may be read before it when the caller says the previous kernel is the Q quantization (kv_before_wait):
   // that kernel lets this one start only after its own wait, i.e. once every earlier kernel (the K append, the
   // metadata copies) has completed, and it writes none of them; so the first pages' round trips overlap it
-  // (docs/KERNEL.md, session 15). No early trigger for the combine: its CTAs would sit on the SMs this grid leaves
-  // free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md, session 9).
+  // (docs/KERNEL.md). No early trigger for the combine: its CTAs would sit on the SMs this grid leaves
+  // free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md).
   if (kv_before_wait && t == 0)
     load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, bt_readable);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -392,10 +392,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // per row: the current page reference, the running max of the page maxima, the denominator (this thread's
     // columns, in units of 2^ref / 448)
     float ref0 = kNoRef, ref1 = kNoRef, run0 = -INFINITY, run1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-    // Q as the register operand of QK (v11): WGMMA's A fragment of a 16-row x 32-byte block per warp is what
+    // Q as the register operand of QK: WGMMA's A fragment of a 16-row x 32-byte block per warp is what
     // ldmatrix.x4 returns for it (the same byte layout for e4m3 k32 and bf16 k16), loaded once for the whole split:
     // 16 content + 4 RoPE K steps x 4 registers. Every QK then reads only K from shared memory (40 KB per page
-    // instead of 80: docs/KERNEL.md, session 9).
+    // instead of 80: docs/KERNEL.md).
     uint32_t q_frag[kLatent / 32][4], qr_frag[kRope * 2 / 32][4];
     mbar_wait(qfull, 0);
     {
@@ -408,11 +408,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     }
     // K descriptor: K steps as constant start-address increments (address >> 4 stays inside the 14-bit field, so a
     // plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
-    // v21: QK is issued in two parts. A warp that issues WGMMAs is held once ~8 are in flight: after that, issue
+    // QK is issued in two parts. A warp that issues WGMMAs is held once ~8 are in flight: after that, issue
     // proceeds at the tensor pipe's rate (examples/gpu/wgmma_issue_probe.cu: 20 QK WGMMAs take 460-720 cycles to
     // issue). Part 1 (the first kQkFirst content steps) fits the queue and is issued before the softmax; part 2
     // (the rest, and the RoPE steps) between the softmax's two passes. By then PV(c - 1) is in the queue, so part 2
-    // is still held in part: -0.5 to -3.8 % against v19, not the ~15 % the probe allows (docs/KERNEL.md, session 19).
+    // is still held in part: -0.5 to -3.8 % against issuing it in one part, not the ~15 % the probe allows (docs/KERNEL.md).
     constexpr int kQkFirst = 8;
     auto issue_qk_part = [&](float (&s)[32], int page, auto part) {
       constexpr int kPart = decltype(part)::value;
@@ -438,12 +438,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // this thread's P8 words: rows row0 / row1, slots 16 i + 4 (lane % 4) of the K-major [64 x 64] tile
     const uint32_t p8_row0 = smem_u32(smem + kP8) + (row0 >> 3) * 512 + (row0 & 7) * 16 + (lane % 4) * 4;
     const uint32_t p8_row1 = p8_row0 + 512;  // row1 = row0 + 8: the next 8-row group
-    // Online softmax of one page in the log domain of P' (v19). With u_j = S_j sigma_kj and qs = sigma_q x softmax
+    // Online softmax of one page in the log domain of P'. With u_j = S_j sigma_kj and qs = sigma_q x softmax
     // scale x log2 e, key j weighs P'_j = 2^(t_j - m) in O, t_j = u_j qs + log2 sigma_kj (V's scale inside the
     // exponent). SnapMLA's block scale sigma_P = max_j P'_j / 448 is then 2^(max_j t_j - m) / 448 and
     // P8_j = P'_j / sigma_P = 2^(t_j - max_j t_j + log2 448): the same amax quantization without forming P', its
     // row max or the division (one row reduction per page instead of two, ~3 ALU ops per score fewer: 540 -> 441
-    // instructions per page and warp, ~1.5 % of the time at h128; docs/KERNEL.md, session 17). O and l are kept in
+    // instructions per page and warp, ~1.5 % of the time at h128; docs/KERNEL.md). O and l are kept in
     // units of 2^ref / 448, ref = the row's page reference, so the rescale between pages is 2^(ref_old - ref_new)
     // and the denominator adds P_j = P8_j (unrounded) / sigma_kj = 448 x 2^(x_j - ref). Exact while a page's
     // sigma_k spread stays below ~2^100 (P_j of a key 2^100 weaker in sigma_k than the page's strongest underflows;
@@ -638,9 +638,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       // bf16, rounded to nearest like the combine's cast; out [B, s_q, H, 512] = [B, R, 512]. The tile goes through
       // shared memory (the stages are free: every page has been consumed) in the 128 B-swizzled layout of the Q
       // and K tiles (conflict-free: a warp's store covers 8 rows x 16 B, one chunk per bank group), then each
-      // warpgroup's first thread writes its 4 [64 x 64] boxes by TMA. v13 stored from registers: 64 four-byte
-      // STG per thread that the LSU queue throttled, then waited at exit for them to drain, while no other CTA
-      // could use the SM (docs/BENCHMARKS.md, session 13 profile: ~10 % of the samples at h128 b512 s_k 1 024).
+      // warpgroup's first thread writes its 4 [64 x 64] boxes by TMA. Stored from registers, they were 64 four-byte
+      // STG per thread that the LSU queue throttled and that the CTA waited out at exit, while no other CTA
+      // could use the SM (docs/BENCHMARKS.md, profile: ~10 % of the samples at h128 b512 s_k 1 024).
       uint8_t* otile = smem + kStage0;
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
