@@ -14,7 +14,7 @@ from sglang_snapmla import numerics as nx
 pytestmark = pytest.mark.cpu_interpreter  # the backend runs on --device cpu here (Triton interpreter)
 
 SCALE = 576**-0.5
-# heads per rank: 8 (small), 64 = DeepSeek-V3's 128 under TP 2 (issue 6); the backend reads layer.tp_q_head_num
+# heads per rank: 8 (small), 64 = DeepSeek-V3's 128 under TP 2; the backend reads layer.tp_q_head_num
 HEADS_PER_RANK = [8, 64]
 
 

@@ -1,4 +1,4 @@
-"""The layer-by-layer comparison of examples/compare_layers.py (issue 4) on fabricated tensor dumps (no server)."""
+"""The layer-by-layer comparison of examples/compare_layers.py on fabricated tensor dumps (no server)."""
 
 import sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Metrics of examples/eval_trained_model.py (the server-driven accuracy evaluation of issue 5)."""
+"""Metrics of examples/eval_trained_model.py (the server-driven accuracy evaluation)."""
 
 import math
 import sys

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 # a 6-12 % change of that key's weight. Large problems average such flips out (rel-L2 <= 7.7e-3 over 100 seeds at
 # 128 heads, so their tests keep 1e-2); on the small hard cases (few heads, few keys) a few flips are the whole
 # output error: median 4-6e-3, p99 up to 1.6e-2, max 2.5e-2 over 100 seeds per case (2 heads, lengths
-# [70, 1, 333, 129]; examples/gpu/decode_seed_sweep.py, docs/BENCHMARKS.md session 19). The bound is 1.6x that max;
+# [70, 1, 333, 129]; examples/gpu/decode_seed_sweep.py, docs/BENCHMARKS.md). The bound is 1.6x that max;
 # a wrong page, scale or split moves the output by O(1).
 SMALL_CASE_REL_L2 = 4e-2
 
@@ -191,7 +191,7 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     """The CUDA decode's softmax works in the log domain of P' = P sigma_k with a per-page reference kept within 2^64
-    of the row's running max (docs/KERNEL.md, session 17). Two cases that exercise it, against the spec:
+    of the row's running max (docs/KERNEL.md). Two cases that exercise it, against the spec:
     dominant_first_page -- page 0's keys are aligned with head 0's query (logits ~+170 over the rest, far past the
     2^64 clamp: every later page of that row is clamped); token_scales_over_six_decades -- each key's content
     is scaled by 10^U(-3, 3), so sigma_k (and log2 sigma_k inside the exponent) spreads over ~2^20 within a page,

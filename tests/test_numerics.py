@@ -208,7 +208,7 @@ def test_ablation_ordering_with_rope_outliers(gen):
 
 
 def _log_domain_decode(q, cache, block_table, seq_lens, softmax_scale, ref_gap: float = 64.0):
-    """The sm_90a kernel's softmax and accumulation (v19, docs/KERNEL.md session 17), in torch. Scores go to the log
+    """The sm_90a kernel's softmax and accumulation (the log-domain softmax, docs/KERNEL.md), in torch. Scores go to the log
     domain of P' = P sigma_k: t = S sigma_q sigma_k log2(e) scale + log2 sigma_k, so the block's amax-scaled FP8
     weights are P8 = 2^(t - ref + log2 448) with ref = the block's row max of t, kept within `ref_gap` of the row's
     running max; O and l are held in units of 2^ref / 448 (rescaled by 2^(ref_old - ref_new) per block), and l adds

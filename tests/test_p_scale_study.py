@@ -1,4 +1,4 @@
-"""examples/p_scale_study.py: the accuracy cost of P-scale rules (CPU, reference only; docs/KERNEL.md session 11)."""
+"""examples/p_scale_study.py: the accuracy cost of P-scale rules (CPU, reference only; docs/KERNEL.md)."""
 
 import sys
 from pathlib import Path
@@ -11,7 +11,7 @@ import p_scale_study as study  # noqa: E402
 def test_bound_scale_costs_little_on_flat_attention_and_much_on_peaked():
     """A P scale from max P x max sigma_k (no max over P') is within 10 % of SnapMLA's amax scale on flat attention
     but ~1.5x its error when one key dominates: the amax maps the dominant weight to 448 exactly, the bound does not.
-    This is why the kernel keeps the amax (session 11's lead (1) dropped)."""
+    This is why the kernel keeps the amax (rather than a bound)."""
     res = study.study(kinds=("unit", "peaked"), seeds=(0,))
     unit, peaked = res["unit"], res["peaked"]
     for acc in (unit, peaked):

@@ -124,7 +124,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
 @pytest.mark.parametrize("layout", [["--tp", "2"], ["--tp", "2", "--enable-dp-attention", "--dp", "2"]],
                          ids=["tp2", "dp2-attention"])
 def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
-    """Issue 6's layouts (examples/gpu/multi_gpu.sh): tensor parallelism and DP attention parse with snapmla and keep
+    """The multi-GPU layouts (examples/gpu/multi_gpu.sh): tensor parallelism and DP attention parse with snapmla and keep
     its page size; each rank then builds its own pool and backend in its scheduler process (the entry point registers
     there too: test_fresh_process_registers_through_load_plugins)."""
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",

@@ -1,4 +1,4 @@
-"""The throughput-matrix report of examples/serve_matrix.py (issue 5), from recorded results (no server)."""
+"""The throughput-matrix report of examples/serve_matrix.py, from recorded results (no server)."""
 
 import json
 import sys
@@ -83,7 +83,7 @@ def test_server_log_parsers_read_pool_and_peak_batch():
 
 def test_request_details_and_ttft_outliers_are_listed():
     """Per-request TTFTs from bench_serving's --output-details line; requests over 5x the median TTFT are listed under
-    the table (session 10: two of eight concurrency-1 requests at 1.3-1.75 s against a 0.1 s median)."""
+    the table (seen: two of eight concurrency-1 requests at 1.3-1.75 s against a 0.1 s median)."""
     import serve_and_bench as sb
 
     line = json.dumps({"completed": 8, "ttfts": [1.5, 0.09, 0.1, 0.095, 1.2, 0.1, 0.11, 0.1],
@@ -141,7 +141,7 @@ def test_shape_warmup_sends_the_workloads_first_prompts_with_few_outputs():
 
 def test_rejected_requests_are_not_counted_as_a_result():
     """bench_serving reports requests the server rejected (input over the context length) as successes with 0
-    TTFT; the number of output tokens it re-tokenized is 0 then, which the harness reads and refuses (session 11)."""
+    TTFT; the number of output tokens it re-tokenized is 0 then, which the harness reads and refuses."""
     import serve_and_bench as sb
 
     text = ("Successful requests:                     64\nTotal token throughput (tok/s):          295130.24\n"
