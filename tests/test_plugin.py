@@ -183,7 +183,8 @@ V3 = ROOT / "configs/models/deepseek-v3-shape"
 @pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("extra,match", [
     (["--dcp-size", "2", "--tp", "2"], "dcp-size 2"),
-    (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-offload-kvcache"], "offload-kvcache"),
+    (["--disaggregation-mode", "decode", "--disaggregation-decode-enable-offload-kvcache", "--hicache-storage-backend",
+      "file"], "offload-kvcache is not supported"),
     (["--disaggregation-mode", "prefill", "--pp-size", "2"], "pp-size 1 on PD servers"),
     (["--flashinfer-mla-disable-ragged"], "flashinfer-mla-disable-ragged"),
     (["--dtype", "float16"], "--dtype bfloat16"),
