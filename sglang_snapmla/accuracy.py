@@ -88,12 +88,23 @@ def _student_t(rows: int, cols: int, dof: float, g: torch.Generator) -> torch.Te
     return z / torch.sqrt(chi2 / dof)
 
 
+def _study_dependency(name: str):
+    """A package of the `accuracy` extra (matplotlib, tqdm): imported on use, with the fix when it is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ImportError(f"the accuracy report needs {name.split('.')[0]}, which the serving plugin does not "
+                          "depend on: pip install 'sglang-snapmla[accuracy]'") from e
+
+
 def run_report(layer_inputs, layers: int, seeds: int, progress: bool = True, kernel: bool = False):
     """Per-layer metrics averaged over seeds, for every configuration (and the shipped kernels when `kernel`).
 
     `layer_inputs(layer, seed)` returns decode inputs in `mla_decode_golden`'s argument order.
     Returns {config: {metric: [layers]}}."""
-    from tqdm import tqdm
+    tqdm = _study_dependency("tqdm").tqdm
 
     names = list(CONFIGS) + ([KERNEL_ROW] if kernel else [])
     per_layer = {name: {m: [0.0] * layers for m in METRICS} for name in names}
@@ -154,11 +165,9 @@ def format_table(summary) -> str:
 
 
 def plot(per_layer, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    _study_dependency("matplotlib").use("Agg")
+    plt = _study_dependency("matplotlib.pyplot")
+    MaxNLocator = _study_dependency("matplotlib.ticker").MaxNLocator
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     titles = {"rmse": "RMSE", "one_minus_cos": "1 - cosine", "rel_l2": "relative L2"}

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from sglang_snapmla import accuracy
 
 
@@ -16,3 +18,13 @@ def test_accuracy_report_small(tmp_path, capsys):
     assert len(data["per_layer"]["SnapMLA"]["rel_l2"]) == 2
     assert data["summary"]["BF16"]["rel_l2"] < data["summary"]["SnapMLA"]["rel_l2"] < 0.1
     assert (tmp_path / "accuracy.png").stat().st_size > 10_000
+
+
+def test_the_study_names_its_extra_when_a_dependency_is_missing(monkeypatch):
+    import sys
+
+    from sglang_snapmla import accuracy
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # an import of tqdm now fails, as where it is not installed
+    with pytest.raises(ImportError, match=r"pip install 'sglang-snapmla\[accuracy\]'"):
+        accuracy._study_dependency("tqdm")
