@@ -197,7 +197,7 @@ def main(argv=None) -> None:
     for field, value in asdict(spec_defaults).items():
         p.add_argument("--" + field.replace("_", "-"), type=type(value), default=value)
     p.add_argument("--checkpoint", type=Path, default=None,
-                   help="trained checkpoint (examples/train_tiny_mla.py): real activations instead of synthetic ones")
+                   help="trained checkpoint (tools/train_tiny_mla.py): real activations instead of synthetic ones")
     p.add_argument("--windows", type=int, default=8, help="with --checkpoint: held-out windows (batch)")
     p.add_argument("--window-len", type=int, default=1024, help="with --checkpoint: tokens per window")
     p.add_argument("--kernel", action="store_true",

@@ -211,7 +211,7 @@ def _num_sms(device_index: int) -> int:
 def decode_tiling(rows: int) -> tuple[int, int, int]:
     """(BLOCK_M, num_warps, num_stages) for `rows` = s_q * H query rows per sequence.
 
-    Measured on the H100 (docs/BENCHMARKS.md, examples/tune_decode.py): 16-row tiles with 3 stages stream the cache
+    Measured on the H100 (docs/BENCHMARKS.md, benchmarks/tune_decode.py): 16-row tiles with 3 stages stream the cache
     fastest for <= 16 rows; 32-row tiles halve the K/V re-reads for more heads. Both fit two CTAs per SM."""
     return (16, 4, 3) if rows <= 16 else (32, 4, 2)
 
@@ -231,7 +231,7 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
     return max(1, min(want, MAX_SPLITS, max_pages))
 
 
-# Cost model of the sm_90a decode + combine at small batches, fitted to examples/gpu/split_sweep.py on the H100
+# Cost model of the sm_90a decode + combine at small batches, fitted to benchmarks/gpu/split_sweep.py on the H100
 # (docs/BENCHMARKS.md): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
 # adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and ~0.1 us to each combine
 # program's serial read. Below one wave, more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits

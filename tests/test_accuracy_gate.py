@@ -1,12 +1,8 @@
-"""The serving-scale accuracy gate's arithmetic (examples/accuracy_gate.py), on made-up outputs (no server)."""
+"""The serving-scale accuracy gate's arithmetic (tools/accuracy_gate.py), on made-up outputs (no server)."""
 
 import math
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import accuracy_gate as ag  # noqa: E402
+from tools import accuracy_gate as ag
 
 
 def probe(ids, lps):

@@ -1,13 +1,10 @@
-"""The layer-by-layer comparison of examples/compare_layers.py on fabricated tensor dumps (no server)."""
+"""The layer-by-layer comparison of tools/compare_layers.py on fabricated tensor dumps (no server)."""
 
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import compare_layers as cl  # noqa: E402
+from tools import compare_layers as cl
 
 
 def _pass(ids, pos, layers):

@@ -16,7 +16,8 @@ def test_kernels_compile_for_sm90():
     assert res.stdout.count(": ok") == 11, res.stdout  # 2 quantize_q, append, fetch, 5 decode_split, 2 combine
 
 
-CUDA_DIR = Path(__file__).resolve().parents[1] / "kernels" / "cuda"
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_DIR = ROOT / "kernels" / "cuda"
 
 
 def _nvcc():
@@ -49,8 +50,7 @@ def test_cuda_decode_compiles_for_sm90a(tmp_path):
 
 
 def test_wgmma_wrappers_are_generated_from_the_script():
-    sys.path.insert(0, str(CUDA_DIR))
-    import gen_wgmma
+    from tools.kernel_dev import gen_wgmma
 
     expected = "".join(gen_wgmma.wrapper(*s) for s in gen_wgmma.SHAPES)
     assert expected in (CUDA_DIR / "wgmma_ops.cuh").read_text()
@@ -71,17 +71,17 @@ def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
 
 def test_v_transpose_mapping_emulated():
     """The decode's ldmatrix/stmatrix V transpose, replayed on byte coordinates, fills V^T in the slot order P8 uses,
-    without shared-memory bank conflicts (kernels/cuda/emulate_transpose.py)."""
-    res = subprocess.run([sys.executable, str(CUDA_DIR / "emulate_transpose.py")], capture_output=True, text=True,
-                         timeout=300)
+    without shared-memory bank conflicts (tools/kernel_dev/emulate_transpose.py)."""
+    res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_transpose"], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
 
 
 def test_q_fragment_loads_emulated():
-    """v11's ldmatrix loads of Q into WGMMA A fragments, replayed on byte coordinates, put every byte where the A
-    fragment expects it, without shared-memory bank conflicts (kernels/cuda/emulate_q_fragments.py)."""
-    res = subprocess.run([sys.executable, str(CUDA_DIR / "emulate_q_fragments.py")], capture_output=True, text=True,
-                         timeout=300)
+    """The decode's ldmatrix loads of Q into WGMMA A fragments, replayed on byte coordinates, put every byte where the A
+    fragment expects it, without shared-memory bank conflicts (tools/kernel_dev/emulate_q_fragments.py)."""
+    res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_q_fragments"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "registers hold the bytes" in res.stdout, res.stdout + res.stderr
 
 

@@ -1,4 +1,4 @@
-"""Metrics of examples/eval_trained_model.py (the server-driven accuracy evaluation)."""
+"""Metrics of tools/eval_trained_model.py (the server-driven accuracy evaluation)."""
 
 import math
 import sys
@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import eval_trained_model as ev  # noqa: E402
+from tools import eval_trained_model as ev
 
 
 def test_perplexity_is_exp_mean_nll_over_all_tokens():
@@ -29,7 +27,7 @@ def test_server_scripts_install_their_exit_cleanup():
     """The serving scripts' shared cleanup registers (a fresh process: it replaces the SIGTERM handler)."""
     import subprocess
 
-    code = ("import sys, signal; sys.path.insert(0, 'examples'); import serve_and_bench as s; "
+    code = ("import signal; from benchmarks import serve_and_bench as s; "
             "s.kill_servers_on_exit(); print('OK', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])

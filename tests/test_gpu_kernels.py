@@ -1,7 +1,6 @@
 """GPU-size checks of the kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA). Decode runs twice:
 Triton, and the default (`auto`: the sm_90a CUDA kernel on sm_90)."""
 
-import math
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.gpu
 # a 6-12 % change of that key's weight. Large problems average such flips out (rel-L2 <= 7.7e-3 over 100 seeds at
 # 128 heads, so their tests keep 1e-2); on the small hard cases (few heads, few keys) a few flips are the whole
 # output error: median 4-6e-3, p99 up to 1.6e-2, max 2.5e-2 over 100 seeds per case (2 heads, lengths
-# [70, 1, 333, 129]; examples/gpu/decode_seed_sweep.py, docs/BENCHMARKS.md). The bound is 1.6x that max;
+# [70, 1, 333, 129]; tools/kernel_dev/decode_seed_sweep.py, docs/BENCHMARKS.md). The bound is 1.6x that max;
 # a wrong page, scale or split moves the output by O(1).
 SMALL_CASE_REL_L2 = 4e-2
 
@@ -246,8 +245,6 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
 def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_lens, heads, s_q):
     """With one split the sm_90a decode writes the bf16 output and the natural-log LSE itself (no partials, no
     combine). Bit for bit what the combine makes of the same kernel's single partial, which this test launches too."""
-    from sglang_snapmla import cuda_ext
-
     if ops.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")

@@ -1,11 +1,6 @@
-"""examples/p_scale_study.py: the accuracy cost of P-scale rules (CPU, reference only; docs/KERNEL.md)."""
+"""tools/p_scale_study.py: the accuracy cost of P-scale rules (CPU, reference only; docs/KERNEL.md)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import p_scale_study as study  # noqa: E402
+from tools import p_scale_study as study
 
 
 def test_bound_scale_costs_little_on_flat_attention_and_much_on_peaked():

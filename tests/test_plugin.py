@@ -76,12 +76,9 @@ def test_bundled_configs_are_accepted(plugin, name):
 @pytest.mark.cpu_interpreter
 def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     """MTP (DeepSeek NEXTN) with snapmla: the bundled V3 config carries one NEXTN layer, and the flags that
-    examples/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
+    benchmarks/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
     backend with s_q = the draft tokens)."""
-    import sys
-
-    sys.path.insert(0, str(ROOT / "examples"))
-    from serve_and_bench import RUNS
+    from benchmarks.serve_and_bench import RUNS
 
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu",
                  "--load-format", "dummy", *RUNS["snapmla-mtp"])
@@ -94,8 +91,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     """SGLang picks MTP draft backends from hard-coded maps (a server with snapmla + NEXTN failed at startup with
     "EAGLE is not supported in decode attention backend snapmla"): the plugin's hooks build SnapMLA's multi-step
     draft decode container and draft-extend backend, and leave other backends to SGLang's own maps."""
-    sys.path.insert(0, str(ROOT / "examples"))
-    from serve_and_bench import RUNS
+    from benchmarks.serve_and_bench import RUNS
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     from sglang_snapmla import backend
@@ -124,7 +120,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
 @pytest.mark.parametrize("layout", [["--tp", "2"], ["--tp", "2", "--enable-dp-attention", "--dp", "2"]],
                          ids=["tp2", "dp2-attention"])
 def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
-    """The multi-GPU layouts (examples/gpu/multi_gpu.sh): tensor parallelism and DP attention parse with snapmla and keep
+    """The multi-GPU layouts (tools/gpu_host/multi_gpu.sh): tensor parallelism and DP attention parse with snapmla and keep
     its page size; each rank then builds its own pool and backend in its scheduler process (the entry point registers
     there too: test_fresh_process_registers_through_load_plugins)."""
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",

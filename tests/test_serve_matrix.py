@@ -1,14 +1,10 @@
-"""The throughput-matrix report of examples/serve_matrix.py, from recorded results (no server)."""
+"""The throughput-matrix report of benchmarks/serve_matrix.py, from recorded results (no server)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import serve_matrix as sm  # noqa: E402
+from benchmarks import serve_matrix as sm
 
 
 def _metrics(total, tpot):
@@ -66,7 +62,7 @@ def test_merge_keeps_the_workloads_of_every_call_for_one_backend():
 def test_server_log_parsers_read_pool_and_peak_batch():
     """serve_and_bench reads the pool size (last rank's line) and the largest decode batch from a server log; a log
     without decode batches gives None rather than 0 (a server that never decoded must not look capacity-bound)."""
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     log = "\n".join([
         "[DP0 TP0] max_total_num_tokens=885120, chunked_prefill_size=4096",
@@ -84,7 +80,7 @@ def test_server_log_parsers_read_pool_and_peak_batch():
 def test_request_details_and_ttft_outliers_are_listed():
     """Per-request TTFTs from bench_serving's --output-details line; requests over 5x the median TTFT are listed under
     the table (seen: two of eight concurrency-1 requests at 1.3-1.75 s against a 0.1 s median)."""
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     line = json.dumps({"completed": 8, "ttfts": [1.5, 0.09, 0.1, 0.095, 1.2, 0.1, 0.11, 0.1],
                        "input_lens": [4672, 4672, 4352, 4544, 4480, 4608, 4480, 4544], "itls": [[0.003]] * 8})
@@ -142,7 +138,7 @@ def test_shape_warmup_sends_the_workloads_first_prompts_with_few_outputs():
 def test_rejected_requests_are_not_counted_as_a_result():
     """bench_serving reports requests the server rejected (input over the context length) as successes with 0
     TTFT; the number of output tokens it re-tokenized is 0 then, which the harness reads and refuses."""
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     text = ("Successful requests:                     64\nTotal token throughput (tok/s):          295130.24\n"
             "Total generated tokens (retokenized):    0\nMedian TTFT (ms):                        0.00\n")
@@ -157,7 +153,7 @@ def test_nostream_workload_disables_streaming_and_stays_off_the_plots(monkeypatc
     of the context-length plots, where it would sit on top of its streamed twin."""
     import subprocess
 
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     sent = []
 
@@ -203,7 +199,7 @@ def test_same_prefill_reference_column():
 def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
     """The flashmla-mhaprefill run is the flashmla command line with SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD=1 in the
     server's environment (and in the recorded command)."""
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     seen = {}
 
@@ -234,7 +230,7 @@ def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_pa
     import argparse
     import types
 
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     calls = []
 
@@ -262,7 +258,7 @@ def test_launchers_build_the_two_documented_server_commands(monkeypatch):
     where installed, else what that script runs); the flags are the same; an unknown launcher is an error."""
     import subprocess
 
-    import serve_and_bench as sb
+    from benchmarks import serve_and_bench as sb
 
     flags = ["--attention-backend", "snapmla"]
     module = sb.server_command("m", 30000, flags)

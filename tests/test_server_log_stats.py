@@ -1,12 +1,8 @@
-"""examples/server_log_stats.py on a synthetic SGLang server log (no server)."""
+"""benchmarks/server_log_stats.py on a synthetic SGLang server log (no server)."""
 
 import lzma
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-
-import server_log_stats as sls  # noqa: E402
+from benchmarks import server_log_stats as sls
 
 
 def _prefill(t, queued, usage=0.01):

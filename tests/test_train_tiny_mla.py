@@ -1,10 +1,9 @@
-"""The small trained model's recipe (examples/train_tiny_mla.py), smoke-sized on CPU: it trains, saves a checkpoint
+"""The small trained model's recipe (tools/train_tiny_mla.py), smoke-sized on CPU: it trains, saves a checkpoint
 in the released DeepSeek tensor layout, reloads in transformers with the same loss, and SGLang accepts it with
 --attention-backend snapmla."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +11,8 @@ import torch
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 
-import train_tiny_mla  # noqa: E402
+from tools import train_tiny_mla
 
 
 @pytest.fixture(scope="module")

@@ -216,7 +216,7 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
 // -- the order of the QK accumulator's columns in a thread, so P8 is written in the same order with 32-bit stores
 // (PV sums over tokens: any order shared by P8 and V^T gives the same product). Warp w takes the 32-channel chunks
 // w + 4 ci (ci = 0..3, one swizzled tile each) x the 4 token groups: every address is a per-thread base plus a
-// compile-time offset; reads and writes are bank-conflict-free (kernels/cuda/emulate_transpose.py checks the
+// compile-time offset; reads and writes are bank-conflict-free (tools/kernel_dev/emulate_transpose.py checks the
 // mapping and the banks on the layouts).
 // A variant with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
 // showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
@@ -409,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // K descriptor: K steps as constant start-address increments (address >> 4 stays inside the 14-bit field, so a
     // plain add is exact); keeps the QK issue at ~2 instructions per WGMMA
     // QK is issued in two parts. A warp that issues WGMMAs is held once ~8 are in flight: after that, issue
-    // proceeds at the tensor pipe's rate (examples/gpu/wgmma_issue_probe.cu: 20 QK WGMMAs take 460-720 cycles to
+    // proceeds at the tensor pipe's rate (tools/kernel_dev/wgmma_issue_probe.cu: 20 QK WGMMAs take 460-720 cycles to
     // issue). Part 1 (the first kQkFirst content steps) fits the queue and is issued before the softmax; part 2
     // (the rest, and the RoPE steps) between the softmax's two passes. By then PV(c - 1) is in the queue, so part 2
     // is still held in part: -0.5 to -3.8 % against issuing it in one part, not the ~15 % the probe allows (docs/KERNEL.md).

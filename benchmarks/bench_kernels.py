@@ -1,0 +1,243 @@
+"""Kernel benchmark: SnapMLA decode (Q-quant + split-KV decode + combine) vs FlashMLA and FlashInfer, one run.
+
+    python -m benchmarks.bench_kernels --out bench_out          # on the H100 host, runtime active
+
+Every kernel is timed the same way: G calls, each on its own copy of the inputs (copies rotate so the working set
+exceeds L2), captured into one CUDA graph (serving replays decode in graphs, so launch overhead is excluded for
+all); the graph is replayed R times between CUDA events and the median per-call time is reported.
+Prints a table (us, TFLOPS, GB/s, ratio vs FlashMLA BF16) and writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from sglang_snapmla import numerics as nx
+from sglang_snapmla import ops
+
+PAGE = 64
+SHAPES = [(1, 640), (32, 8192), (128, 4096), (128, 16384), (64, 65536)]
+L2_ROTATE_BYTES = 256 << 20
+
+
+def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:
+    """Median microseconds per call. make_call(i) -> zero-arg callable on copy i."""
+    fns = [make_call(i % copies) for i in range(calls_per_graph)]
+    for f in fns[:copies]:
+        f()  # warm-up / compile
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls_per_graph)
+    return statistics.median(times)
+
+
+def make_inputs(b, sk, h, s_q, copies, dev):
+    """Per copy: bf16 latent pool [pages*64, 576] with a shuffled page table; SnapMLA pool from it."""
+    pages = math.ceil(sk / PAGE)
+    out = []
+    for _ in range(copies):
+        n = b * pages
+        ckv = torch.randn(n * PAGE, 576, device=dev, dtype=torch.bfloat16)
+        bt = torch.randperm(n, device=dev, dtype=torch.int32).view(b, pages)
+        q = torch.randn(b, s_q, h, 576, device=dev, dtype=torch.bfloat16)
+        kv8, ks, kr = ops.pool_from_rows(ckv[:, :512], ckv[:, 512:])
+        out.append(dict(ckv=ckv, bt=bt, q=q, kv8=kv8, ks=ks, kr=kr))
+    return out
+
+
+def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False):
+    pages = math.ceil(sk / PAGE)
+    bf16_bytes = b * sk * 1152
+    copies = max(1, min(8, math.ceil(L2_ROTATE_BYTES / bf16_bytes)))
+    inp = make_inputs(b, sk, h, s_q, copies, dev)
+    seqlens = torch.full((b,), sk, device=dev, dtype=torch.int32)
+    scale = 1 / math.sqrt(576)
+    flops = 2 * b * h * s_q * sk * (576 + 512)
+    rows = {}
+
+    def ours(i, impl="triton"):
+        x = inp[i]
+        qn, qr = x["q"][..., :512], x["q"][..., 512:]
+        return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl)
+
+    rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * nx.BYTES_PER_TOKEN)
+    if cuda:  # the sm_90a kernel (SNAPMLA_DECODE_IMPL=cuda), same inputs, same combine
+        rows["snapmla_cuda_sm90"] = (time_graph(lambda i: ours(i, "cuda"), copies), b * sk * nx.BYTES_PER_TOKEN)
+
+    from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    md, ns = get_mla_metadata(seqlens, s_q * h, 1)
+
+    def flashmla_bf16(i):
+        x = inp[i]
+        kv = x["ckv"].view(-1, PAGE, 1, 576)
+        return lambda: flash_mla_with_kvcache(x["q"], kv, x["bt"], seqlens, 512, md, ns, softmax_scale=scale,
+                                              causal=True)
+
+    rows["flashmla_bf16"] = (time_graph(flashmla_bf16, copies), bf16_bytes)
+
+    try:
+        md8, ns8 = get_mla_metadata(seqlens, s_q * h, 1, is_fp8_kvcache=True)
+        one = torch.ones(1, device=dev, dtype=torch.float32)
+        fp8_copies = [(x["q"].to(torch.float8_e4m3fn), x["ckv"].to(torch.float8_e4m3fn).view(-1, PAGE, 1, 576))
+                      for x in inp]
+
+        def flashmla_fp8(i):
+            q8, kv8 = fp8_copies[i]
+            return lambda: flash_mla_with_kvcache(q8, kv8, inp[i]["bt"], seqlens, 512, md8, ns8, softmax_scale=scale,
+                                                  causal=True, descale_q=one, descale_k=one)
+
+        rows["flashmla_fp8_pertensor"] = (time_graph(flashmla_fp8, copies), b * sk * 576)
+    except Exception as e:  # reported, not hidden
+        print(f"  flashmla fp8 failed: {e!r:.200}", file=sys.stderr)
+
+    for kv_dtype, label in ((torch.bfloat16, "flashinfer_fa3_bf16"), (torch.float8_e4m3fn, "flashinfer_fa3_fp8")):
+        if not flashinfer:
+            break
+        try:
+            rows[label] = (bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies),
+                           b * sk * (1152 if kv_dtype == torch.bfloat16 else 576))
+        except Exception as e:
+            print(f"  {label} failed: {e!r:.300}", file=sys.stderr)
+
+    errs = {}
+    if check:  # our outputs vs FlashMLA BF16 on copy 0
+        ref, _ = flashmla_bf16(0)()
+        for name, impl in (("snapmla_triton", "triton"), ("snapmla_cuda_sm90", "cuda")):
+            if name in rows:
+                o, _ = ours(0, impl)()
+                errs[name] = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+    del inp
+    torch.cuda.empty_cache()
+    res = []
+    base = rows["flashmla_bf16"][0]
+    for name, (us, byts) in rows.items():
+        res.append(dict(kernel=name, h=h, s_q=s_q, b=b, sk=sk, us=us, tflops=flops / us / 1e6, gbps=byts / us / 1e3,
+                        speedup_vs_flashmla_bf16=base / us,
+                        rel_err_vs_flashmla_bf16=errs.get(name)))
+    return res
+
+
+def bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies):
+    import flashinfer
+
+    dev = seqlens.device
+    pages = math.ceil(sk / PAGE)
+    ws = torch.empty(128 << 20, dtype=torch.int8, device=dev)
+    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
+    qo_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * s_q
+    kv_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * pages
+    kv_lens = seqlens
+    datas = []
+    for x in inp:
+        kv_idx = x["bt"].reshape(-1).contiguous()
+        ckv = x["ckv"][:, :512].contiguous().view(-1, PAGE, 512).to(kv_dtype)
+        kpe = x["ckv"][:, 512:].contiguous().view(-1, PAGE, 64).to(kv_dtype)
+        qn = x["q"][..., :512].reshape(b * s_q, h, 512).contiguous()
+        qp = x["q"][..., 512:].reshape(b * s_q, h, 64).contiguous()
+        datas.append((kv_idx, ckv, kpe, qn, qp))
+    w.plan(qo_indptr, kv_indptr, datas[0][0], kv_lens, h, 512, 64, PAGE, True, scale, torch.bfloat16, kv_dtype)
+    extra = {} if kv_dtype == torch.bfloat16 else dict(ckv_scale=1.0, kpe_scale=1.0)
+
+    def call(i):
+        _, ckv, kpe, qn, qp = datas[i]
+        return lambda: w.run(qn, qp, ckv, kpe, **extra)
+
+    # the plan binds one page list; all copies share the same page-table shape so one plan serves (indices of copy 0)
+    return time_graph(call, copies)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--heads", type=int, nargs="+", default=[128, 64, 16])
+    ap.add_argument("--sq", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer (its JIT build takes minutes)")
+    ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
+    ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for h in args.heads:
+        for s_q in args.sq:
+            for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
+                rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda)
+                results.extend(rs)
+                for r in rs:
+                    print(json.dumps(r), flush=True)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    (args.out / "bench_kernels.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+    print_table(results)
+    plot(results, args.out / "bench_kernels.png")
+
+
+def print_table(results):
+    kernels = ["snapmla_triton", "snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor",
+               "flashinfer_fa3_bf16", "flashinfer_fa3_fp8"]
+    print("\nours = snapmla_cuda_sm90 where it was timed (--cuda), else snapmla_triton")
+    print("| h | s_q | b | s_k | " + " | ".join(f"{k} us" for k in kernels) +
+          " | ours TFLOPS | ours GB/s | ours / FlashMLA BF16 | ours / FlashMLA FP8 | rel err vs BF16 |")
+    print("|" + "---|" * (4 + len(kernels) + 5))
+    keyed = {}
+    for r in results:
+        keyed.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), {})[r["kernel"]] = r
+    for (h, s_q, b, sk), d in keyed.items():
+        us = [f"{d[k]['us']:.1f}" if k in d else "-" for k in kernels]
+        o = d.get("snapmla_cuda_sm90", d["snapmla_triton"])  # "ours": the fastest path measured
+        fp8 = d.get("flashmla_fp8_pertensor")
+        print(f"| {h} | {s_q} | {b} | {sk} | " + " | ".join(us) +
+              f" | {o['tflops']:.0f} | {o['gbps']:.0f} | {o['speedup_vs_flashmla_bf16']:.2f}x | "
+              f"{(fp8['us'] / o['us']) if fp8 else float('nan'):.2f}x | {o['rel_err_vs_flashmla_bf16']:.4f} |")
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keyed = {}
+    for r in results:
+        keyed.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), {})[r["kernel"]] = r["speedup_vs_flashmla_bf16"]
+    labels = [f"h{h} q{s} b{b} {sk // 1024 if sk >= 1024 else sk}{'k' if sk >= 1024 else ''}"
+              for (h, s, b, sk) in keyed]
+    kernels = sorted({k for d in keyed.values() for k in d})
+    fig, ax = plt.subplots(figsize=(max(10, len(labels) * 0.55), 4.5))
+    width = 0.8 / len(kernels)
+    for i, k in enumerate(kernels):
+        ax.bar([j + i * width for j in range(len(labels))], [d.get(k, 0) for d in keyed.values()], width, label=k)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + 0.4 for j in range(len(labels))])
+    ax.set_xticklabels(labels, rotation=70, fontsize=7)
+    ax.set_ylabel("speedup vs FlashMLA BF16")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

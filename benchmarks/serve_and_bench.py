@@ -1,0 +1,331 @@
+"""Start an SGLang server per backend, check its endpoints, run `python -m sglang.bench_serving`, compare.
+
+    python -m benchmarks.serve_and_bench --model configs/models/deepseek-v2-lite-shape \
+        --runs snapmla flashmla flashmla-fp8 --num-prompts 320 --out bench_out
+
+Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's flags (page 64, context 32768,
+--mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
+/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0).
+Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, ratio vs flashmla) and writes JSON.
+Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
+`--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
+`--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see tools/gpu_host/multi_gpu.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+RUNS = {
+    "snapmla": ["--attention-backend", "snapmla"],
+    "snapmla-fp8flag": ["--attention-backend", "snapmla", "--kv-cache-dtype", "fp8_e4m3"],
+    "flashmla": ["--attention-backend", "flashmla", "--page-size", "64"],
+    "flashmla-fp8": ["--attention-backend", "flashmla", "--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
+    "triton": ["--attention-backend", "triton", "--page-size", "64"],
+}
+MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
+       "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3
+RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
+# FlashMLA with every prefix prefill through MHA, as the snapmla plugin routes them: SGLang's DeepSeek handler sends
+# an extend batch whose cached prefix sums to < 8192 tokens (every chunked-prefill tail at in 4096) to absorbed MLA
+# for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md, session 13). The same decode and
+# pool as `flashmla`; isolates the decode's share of a throughput ratio.
+RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
+RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}}  # run -> server environment
+METRICS = {
+    "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
+    "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
+    "median_tpot_ms": r"Median TPOT \(ms\):\s+([\d.]+)",
+    "median_itl_ms": r"Median ITL \(ms\):\s+([\d.]+)",
+    "median_ttft_ms": r"Median TTFT \(ms\):\s+([\d.]+)",
+    "duration_s": r"Benchmark duration \(s\):\s+([\d.]+)",
+    "completed": r"Successful requests:\s+(\d+)",
+    "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
+}
+
+
+def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def flush_cache(port: int, timeout: float = 60) -> None:
+    """Empty the server's radix cache (SGLang's /flush_cache; refused while requests run): a measured workload then
+    starts without prefix hits left by a warm-up or an earlier workload that used the same seeded prompts."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b"", method="POST")
+    urllib.request.urlopen(req, timeout=timeout).close()  # a refusal (HTTP 400) raises HTTPError
+
+
+def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float = 900, **extra) -> dict:
+    """/generate on token ids, greedy, exactly `new_tokens` new tokens (EOS ignored); `extra` joins the payload."""
+    return post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
+                                                                          "temperature": 0, "ignore_eos": True},
+                                    **extra}, timeout=timeout)
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except Exception:
+            pass
+        time.sleep(2)
+    raise TimeoutError("server not healthy in time")
+
+
+def check_endpoints(port: int, model: str) -> dict:
+    gen = post(port, "/generate", {"text": "def fibonacci(n):", "sampling_params": {"max_new_tokens": 16,
+                                                                                   "temperature": 0}})
+    comp = post(port, "/v1/completions", {"model": model, "prompt": "import os\n", "max_tokens": 16,
+                                          "temperature": 0})
+    chat = post(port, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hello"}],
+                                               "max_tokens": 16, "temperature": 0})
+    out = {"generate": gen["text"], "completions": comp["choices"][0]["text"],
+           "chat": chat["choices"][0]["message"]["content"]}
+    assert all(isinstance(v, str) for v in out.values()), out
+    assert gen["meta_info"]["completion_tokens"] == 16, gen["meta_info"]
+    return out
+
+
+_live_servers: set[int] = set()
+
+
+def _kill_live_servers(*_):
+    """Servers run in their own process group; a killed benchmark must not leave one holding the GPU."""
+    for pgid in list(_live_servers):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _live_servers.clear()
+
+
+def kill_servers_on_exit() -> None:
+    """Whatever ends the script (return, exception, SIGTERM from a timeout), no server outlives it."""
+    atexit.register(_kill_live_servers)
+    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
+
+
+# the two documented ways to start a server (README): the module, and the `sglang` CLI's `serve` subcommand, which
+# loads plugins at another point (tests/test_plugin.py). Where the console script is not installed (a --target
+# runtime), the CLI runs as its script does: sglang.cli.main.main with argv "serve ...".
+LAUNCHERS = ("launch_server", "sglang-serve")
+
+
+def server_command(model: str, port: int, flags: list[str], load_format: str = "dummy", context_length: int = 32768,
+                   launcher: str = "launch_server") -> list[str]:
+    """The server's command line: `python -m sglang.launch_server ...` or `sglang serve ...` (LAUNCHERS)."""
+    if launcher == "launch_server":
+        head = [sys.executable, "-m", "sglang.launch_server"]
+    elif launcher == "sglang-serve":
+        cli = shutil.which("sglang")
+        head = [cli, "serve"] if cli else [sys.executable, "-c", "from sglang.cli.main import main; main()", "serve"]
+    else:
+        raise ValueError(f"unknown launcher {launcher!r}; one of {LAUNCHERS}")
+    return [*head, "--model-path", model, "--load-format", load_format, "--context-length", str(context_length),
+            "--mem-fraction-static", "0.80", "--grammar-backend", "none", "--port", str(port), *flags]
+
+
+def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
+                 context_length: int = 32768, env: dict | None = None, launcher: str = "launch_server"):
+    """The server (`server_command`) in its own process group; returns (process, log). Bundled configs have no
+    weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
+    (RUN_ENV[run])."""
+    log = open(log_path, "w")
+    cmd = server_command(model, port, flags, load_format, context_length, launcher)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
+    proc.cmd = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])
+    _live_servers.add(proc.pid)
+    return proc, log
+
+
+def stop_server(proc: subprocess.Popen, log) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the server already exited (e.g. it failed to start: its log says why)
+        pass
+    _live_servers.discard(proc.pid)
+    log.close()
+
+
+def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
+                  seed: int = 1, max_concurrency: int | None = None, details: Path | None = None,
+                  stream: bool = True) -> tuple[dict, str]:
+    """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output).
+    stream=False: `--disable-stream` (whole responses; no per-token client work, no TTFT / TPOT).
+    With `details` (a JSONL path bench_serving appends to), the metrics also carry the per-request TTFTs (s) and
+    input lengths, in the order bench_serving lists them: what a median hides (a few slow first requests)."""
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
+           "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
+           str(output_len), "--random-range-ratio", "1.0", "--tokenizer", model, "--num-prompts", str(num_prompts),
+           "--seed", str(seed)]
+    if max_concurrency:
+        cmd += ["--max-concurrency", str(max_concurrency)]
+    if not stream:
+        cmd += ["--disable-stream"]
+    if details:
+        details.unlink(missing_ok=True)
+        cmd += ["--output-file", str(details), "--output-details"]
+    b = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    metrics = parse_metrics(b.stdout)
+    if metrics.get("retokenized_output_tokens") == 0:  # bench_serving counts rejected requests as successes
+        raise RuntimeError(f"bench_serving in {input_len} / out {output_len}: no output text streamed back (the "
+                           "server rejected the requests; its log says why, e.g. input longer than the context)")
+    if details and details.exists():
+        metrics.update(request_details(details.read_text()))
+    return metrics, b.stdout + b.stderr
+
+
+def request_details(jsonl: str) -> dict:
+    """Per-request TTFTs (s) and input lengths from bench_serving's --output-details line (the last one)."""
+    last = json.loads(jsonl.strip().splitlines()[-1])
+    return {"ttfts_s": [round(t, 4) for t in last.get("ttfts", [])], "input_lens": last.get("input_lens", [])}
+
+
+def ttft_outliers(metrics: dict, factor: float = 5.0) -> list[tuple[int, int, float]]:
+    """(request index, input length, TTFT s) of the requests whose TTFT exceeds `factor` x the median TTFT."""
+    ttfts = metrics.get("ttfts_s") or []
+    if not ttfts:
+        return []
+    median = statistics.median(ttfts)
+    lens = metrics.get("input_lens") or [None] * len(ttfts)
+    return [(i, n, t) for i, (t, n) in enumerate(zip(ttfts, lens)) if t > factor * median]
+
+
+def parse_metrics(text: str) -> dict:
+    """METRICS from bench_serving's printed summary (None where a line is missing)."""
+    found = {key: re.search(pat, text) for key, pat in METRICS.items()}
+    return {key: float(m.group(1)) if m else None for key, m in found.items()}
+
+
+def pool_tokens(server_log: str) -> int | None:
+    """The KV pool's token count from a server log (the last `max_total_num_tokens=`: one line per rank)."""
+    m = re.findall(r"max_total_num_tokens=(\d+)", server_log)
+    return int(m[-1]) if m else None
+
+
+def peak_running_requests(server_log: str) -> int | None:
+    """The largest `#running-req` of any decode batch in a server log (per rank): shows whether the pool bound the
+    batch (the run admitted fewer requests than it was sent)."""
+    m = re.findall(r"Decode batch[^\n]*?#running-req: (\d+)", server_log)
+    return max(map(int, m)) if m else None
+
+
+def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
+    """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
+    between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
+    rng = random.Random(0)
+    batch = [[rng.randrange(100, 20000) for _ in range(rng.randrange(50, 600))] for _ in range(prompts)]
+    runs = []
+    for _ in range(2):
+        with ThreadPoolExecutor(prompts) as ex:
+            runs.append([r["output_ids"] for r in ex.map(lambda ids: greedy_generate(port, ids, new_tokens), batch)])
+    return {"identical": runs[0] == runs[1], "outputs": runs[0]}
+
+
+def run_one(name: str, args, out_dir: Path, port: int) -> dict:
+    t0 = time.time()
+    proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
+                                                *args.extra], out_dir / f"server_{name}.log", env=RUN_ENV.get(name),
+                            launcher=args.launcher)
+    res = {"run": name, "cmd": proc.cmd}
+    try:
+        wait_healthy(port, proc, args.startup_timeout)
+        res["startup_s"] = round(time.time() - t0, 1)
+        res["endpoints"] = check_endpoints(port, args.model)
+        if args.greedy_repeat:
+            res["greedy_repeat"] = greedy_repeat(port)
+        if args.num_prompts:
+            if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
+                bench_serving(port, args.model, args.input_len, args.output_len, args.warmup_prompts,
+                              args.bench_timeout, seed=2)
+            metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
+                                          args.bench_timeout, stream=not args.disable_stream)
+            (out_dir / f"bench_{name}.txt").write_text(text)
+            res.update(metrics)
+    except Exception as e:  # recorded in the table, never hidden
+        res["error"] = repr(e)[:300]
+    finally:
+        stop_server(proc, log)
+    text = (out_dir / f"server_{name}.log").read_text(errors="replace")
+    res["pool_tokens"] = pool_tokens(text)
+    res["peak_running_req"] = peak_running_requests(text)
+    if "error" in res:
+        res["server_log_tail"] = text[-3000:]
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
+    ap.add_argument("--runs", nargs="+", default=["snapmla", "flashmla"], choices=list(RUNS))
+    ap.add_argument("--num-prompts", type=int, default=320)
+    ap.add_argument("--warmup-prompts", type=int, default=16, help="unmeasured bench_serving run first (0: none)")
+    ap.add_argument("--input-len", type=int, default=4096)
+    ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    ap.add_argument("--startup-timeout", type=float, default=300, help="seconds until /health answers")
+    ap.add_argument("--bench-timeout", type=float, default=400)
+    ap.add_argument("--greedy-repeat", action="store_true",
+                    help="generate a fixed greedy batch twice and record whether the outputs are identical")
+    ap.add_argument("--disable-stream", action="store_true",
+                    help="bench_serving --disable-stream: whole responses, so that SGLang's per-token streaming "
+                         "frontend (~10-20k output tok/s) does not set the duration (no TTFT / TPOT then)")
+    ap.add_argument("--launcher", default="launch_server", choices=LAUNCHERS,
+                    help="python -m sglang.launch_server, or the sglang CLI's serve subcommand")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    kill_servers_on_exit()
+    results = []
+    for i, name in enumerate(args.runs):
+        r = run_one(name, args, args.out, 30000 + i)
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("server_log_tail", "greedy_repeat")}
+                         | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)
+        if "server_log_tail" in r:
+            print(r["server_log_tail"], flush=True)
+    (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))
+    base = next((r for r in results if r["run"] == "flashmla" and r.get("total_tok_s")), None)
+    print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len}, {args.num_prompts} prompts")
+    print("| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
+          "peak running req | total vs flashmla BF16 | pool vs flashmla BF16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ratio = (f"{r['total_tok_s'] / base['total_tok_s']:.2f}x" if base and r.get("total_tok_s") else "-")
+        pool = (f"{r['pool_tokens'] / base['pool_tokens']:.2f}x" if base and r.get("pool_tokens")
+                and base.get("pool_tokens") else "-")
+        print(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
+              f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
+              f"{r.get('peak_running_req')} | {ratio} | {pool} |"
+              + (f" error: {r['error']}" if "error" in r else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""Serving-scale accuracy gate: does a backend's output depend on how many requests share its decode batch?
+
+    python -m tools.accuracy_gate --model CKPT --runs flashmla snapmla snapmla-triton --out gate_out
+
+CKPT is a checkpoint of tools/train_tiny_mla.py (a trained model: its outputs depend on what attention reads).
+One server per run, CUDA graphs up to batch 512 (every level below decodes inside captured graphs). The same probe
+prompts (held-out, never trained on) are generated greedily, PROBE_TOKENS new tokens each, at every concurrency
+level: alone (1), and inside 8, 64, 160 and 512 concurrent requests; and once more alone right after level 1, their
+prompts then radix-cache hits (prefix reuse through the pool). At each level the fillers (other held-out text
+of varied lengths, FILLER_TOKENS new tokens) are sent first and the probes after them, so the probes decode in a
+batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime busy
+servers run in. The radix cache is flushed between levels, so every level prefills the probes the same way.
+
+Per run and level, against the reference run (the first, flashmla BF16) at the same level: the mean |logprob
+difference| of the generated tokens up to the first token where the two greedy outputs part, and how many probes
+match the reference token for token. The error at level 1 is the run's FP8 floor on these prompts; the gate passes
+when no level's error exceeds GATE_FACTOR x that floor + GATE_SLACK (an error that grows with batch size is a batch-
+dependent bug, e.g. a wrong page at one split), and fails otherwise. Prints a table, writes accuracy_gate.json.
+A run `name=base:KEY=VALUE;KEY=VALUE` serves `base`'s flags with that environment (e.g. another build of the plugin
+on PYTHONPATH, or SNAPMLA_DECODE_IMPL=triton).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks.serve_and_bench import (RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, start_server,
+                             stop_server, wait_healthy)
+
+LEVELS = (1, 8, 64, 160, 512)
+# Prefix reuse: after the level-1 pass the probes run alone once more, and all but their last page of prompt comes
+# from the radix cache (snapmla: fetch-dequant of the cached rows into the MHA prefill), compared like a level
+RADIX = "radix"
+PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
+# Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
+GATE_FACTOR, GATE_SLACK = 1.5, 0.01
+RUN_ENV = {**RUN_ENV, "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
+RUNS = {**RUNS, "snapmla-triton": RUNS["snapmla"]}
+
+
+def parse_run(spec: str) -> tuple[str, list[str], dict]:
+    """'name' (a RUNS entry) or 'name=base:KEY=VALUE;KEY=VALUE' -> (name, server flags, server environment)."""
+    if "=" not in spec.split(":")[0]:
+        return spec, RUNS[spec], RUN_ENV.get(spec, {})
+    name, rest = spec.split("=", 1)
+    base, _, env = rest.partition(":")
+    return name, RUNS[base], {**RUN_ENV.get(base, {}), **dict(kv.split("=", 1) for kv in env.split(";") if kv)}
+
+
+def workload(held: dict) -> tuple[list[list[int]], list[list[int]]]:
+    """(probes, fillers): the held-out prompts, and slices of varied length (64..960 tokens) of the held-out
+    windows, enough for the largest level."""
+    probes = held["prompts"][:PROBES]
+    windows = held["ppl_windows"]
+    fillers = []
+    for i in range(max(LEVELS) - PROBES):
+        w = windows[i % len(windows)]
+        length = 64 + (i * 97) % 897
+        start = (i * 31) % max(1, len(w) - length)
+        fillers.append(w[start:start + length])
+    return probes, fillers
+
+
+def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
+    """The probes' greedy outputs (ids, logprobs) at `level` concurrent requests."""
+    def probe(ids):
+        r = greedy_generate(port, ids, PROBE_TOKENS, return_logprob=True)
+        return {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]]}
+
+    if level == 1:
+        return [probe(p) for p in probes]
+    out = []
+    group = min(level, len(probes))
+    for g in range(0, len(probes), group):
+        batch = probes[g:g + group]
+        n_fill = level - len(batch)
+        with ThreadPoolExecutor(level) as ex:
+            filling = [ex.submit(greedy_generate, port, f, FILLER_TOKENS) for f in fillers[:n_fill]]
+            time.sleep(0.5 if n_fill else 0)  # the fillers are admitted first: the probes decode among them
+            out.extend(ex.map(probe, batch))
+            for f in filling:
+                f.result()
+    return out
+
+
+def token_errors(run: list[dict], ref: list[dict]) -> tuple[float, int]:
+    """(mean |logprob difference| over the tokens before the first differing token, probes identical to ref)."""
+    diffs, same = [], 0
+    for a, b in zip(run, ref):
+        n = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), len(a["ids"]))
+        # token n itself is compared too: both generated it from the same context (they differ in the choice).
+        # A missing logprob is a non-finite one (the server returns NaN as null): an infinite error.
+        diffs += [abs(x - y) if x is not None and y is not None else math.inf
+                  for x, y in zip(a["logprobs"][: n + 1], b["logprobs"][: n + 1])]
+        same += a["ids"] == b["ids"]
+    return statistics.fmean(diffs), same
+
+
+def gate(levels: dict, ref_levels: dict) -> dict:
+    """A run's levels against the reference's: per level its error and identical probes; 'pass' when no level's
+    error exceeds GATE_FACTOR x the level-1 error (the floor) + GATE_SLACK."""
+    errs = {lv: token_errors(levels[lv], ref_levels[lv]) for lv in levels if lv in ref_levels}
+    floor = errs["1"][0]
+    ok = all(e <= GATE_FACTOR * floor + GATE_SLACK for e, _ in errs.values())
+    return {"gate": "pass" if ok else "FAIL", "floor": floor,
+            "levels": {lv: {"mean_abs_dlogprob": e, "identical": same} for lv, (e, same) in errs.items()}}
+
+
+def max_running(log_path: Path) -> int:
+    """The largest '#running-req' SGLang's scheduler logged (its decode batch)."""
+    found = [int(m) for m in re.findall(r"#running-req: (\d+)", log_path.read_text(errors="replace"))]
+    return max(found, default=0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
+    ap.add_argument("--runs", nargs="+", default=["flashmla", "snapmla"],
+                    help="RUNS names or name=base:KEY=VALUE;...; the first is the reference")
+    ap.add_argument("--startup-timeout", type=float, default=400)
+    ap.add_argument("--out", type=Path, default=Path("gate_out"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    kill_servers_on_exit()
+    saved = args.out / "accuracy_gate.json"
+    results = json.loads(saved.read_text()) if saved.exists() else {}
+    runs = [parse_run(s) for s in args.runs]
+    for i, (name, flags, env) in enumerate(runs):
+        if name in results and "error" not in results[name]:
+            print(f"{name}: kept from {saved}", flush=True)
+            continue
+        probes, fillers = workload(json.loads((Path(args.model) / "heldout.json").read_text()))
+        log_path = args.out / f"server_{name}.log"
+        # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
+        graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
+        proc, log = start_server(args.model, 33000 + i, [*flags, "--cuda-graph-bs", *map(str, graph_bs),
+                                                          "--max-running-requests", str(max(LEVELS))],
+                                 log_path, load_format="auto", context_length=4096, env=env)
+        try:
+            wait_healthy(33000 + i, proc, args.startup_timeout)
+            greedy_generate(33000 + i, probes[0], 4)  # warm-up: JIT builds before the first level
+            levels, t0 = {}, time.time()
+            for level in LEVELS:
+                flush_cache(33000 + i)
+                levels[str(level)] = generate_level(33000 + i, probes, fillers, level)
+                if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
+                    levels[RADIX] = generate_level(33000 + i, probes, fillers, 1)
+            results[name] = {"levels": levels, "max_running": max_running(log_path), "env": env,
+                             "seconds": round(time.time() - t0, 1)}
+        except Exception as e:  # reported in the table
+            results[name] = {"error": repr(e)[:300]}
+        finally:
+            stop_server(proc, log)
+        saved.write_text(json.dumps(results))
+    ref_name = runs[0][0]
+    ref = results[ref_name]
+    print(f"\nmodel {args.model}; reference {ref_name}; {PROBES} probes x {PROBE_TOKENS} tokens; gate: error at every "
+          f"level <= {GATE_FACTOR} x level-1 error + {GATE_SLACK}")
+    columns = [*map(str, LEVELS), RADIX]
+    print("| run | max decode batch | " + " | ".join(f"{lv if lv == RADIX else 'c' + lv}: mean abs dlogprob, identical"
+                                                   for lv in columns) + " | gate |")
+    print("|---|---:|" + "---:|" * len(columns) + "---|")
+    summary = {}
+    for name, _, _ in runs[1:]:
+        r = results[name]
+        if "error" in r or "error" in ref:
+            print(f"| {name} | error: {r.get('error') or ref.get('error')} |")
+            summary[name] = {"gate": "error"}
+            continue
+        summary[name] = {**gate(r["levels"], ref["levels"]), "max_running": r["max_running"]}
+        cells = " | ".join(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/{PROBES}" if v else "-"
+                           for v in (summary[name]["levels"].get(lv) for lv in columns))
+        print(f"| {name} | {r['max_running']} | {cells} | {summary[name]['gate']} |")
+    results["summary"] = summary
+    saved.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the Hopper host (device tool, carry .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) on the
+# small trained checkpoint: flashmla BF16 (reference), snapmla, snapmla with the Triton decode, and snapmla with the
+# capture-view bug put back (tools/gpu_host/mutant.sh; the gate must fail it).
+#   usage: bash tools/gpu_host/accuracy_gate.sh [runs... | flashmla mutant]     (default: all four; results accumulate in .gpucache/gate,
+#          so a call cut by the time limit is continued by the next call on the same warm machine)
+set -uo pipefail
+source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+source tools/gpu_host/mutant.sh
+CKPT=.gpucache/tiny-mla-h${HEADS:-16}
+# the sm_90a extension builds on the CPU while the model trains on the GPU
+python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 &
+if [ ! -f $CKPT/heldout.json ]; then
+  python3 -m tools.train_tiny_mla --out $CKPT --heads ${HEADS:-16} --minutes ${TRAIN_MINUTES:-2} 2>&1 \
+    | grep -v "^{" | tail -3 | tee "$OUT/train.log"
+fi
+wait
+cp $CKPT/train_log.json "$OUT/"
+RUNS=("$@")
+# the mutant's server: PYTHONSAFEPATH=1, or `python -m sglang.launch_server` would import the plugin from the working
+# directory (this checkout) before PYTHONPATH
+MUTANT_RUN="snapmla-capture-view-bug=snapmla:PYTHONSAFEPATH=1;PYTHONPATH=$MUTANT_PYTHONPATH"
+[ ${#RUNS[@]} -gt 0 ] || RUNS=(flashmla snapmla "$MUTANT_RUN" snapmla-triton)
+[ "${RUNS[*]}" = "flashmla mutant" ] && RUNS=(flashmla "$MUTANT_RUN")
+python3 -m tools.accuracy_gate --model $CKPT --runs "${RUNS[@]}" --out .gpucache/gate 2>&1 | tail -12
+cp .gpucache/gate/accuracy_gate.json "$OUT/"
+tar czf "$OUT/gate_server_logs.tgz" -C .gpucache/gate $(cd .gpucache/gate && ls *.log)

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On the Hopper host (device tool, carry .gpu): the serving-correctness checks of both decode implementations --
+# SGLang's CUDA-graph protocol with real graphs, stale pool bytes, keyless rows, the non-finite policy, the kernel
+# tests -- then the same graph-protocol test with the capture-view bug put back (it must fail), then memcheck and
+# racecheck over a stale pool. Logs under $OUT.   usage: bash tools/gpu_host/correctness.sh
+set -uo pipefail
+source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 \
+  || { tail -20 "$OUT/cuda_build.log"; exit 1; }
+grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
+export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
+echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
+timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/test_gpu_graph_protocol.py \
+  tests/test_serving_safety.py tests/test_gpu_kernels.py tests/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
+echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
+source tools/gpu_host/mutant.sh
+(cd /tmp/mutant && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings \
+  tests/test_gpu_graph_protocol.py -k "cuda and decode" 2>&1 | tee "$OUT/mutation.log" | grep -E "passed|failed" | tail -2)
+for tool in memcheck racecheck; do
+  for impl in triton cuda; do
+    [ $tool = racecheck ] && [ $impl = triton ] && continue
+    SNAPMLA_DECODE_IMPL=$impl timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 tests/gpu_sanitize_decode.py > "$OUT/${tool}_$impl.log" 2>&1
+    echo "$tool $impl rc=$? $(tail -1 "$OUT/${tool}_$impl.log")"
+  done
+done

@@ -1,0 +1,23 @@
+# Sourced first by every tools/gpu_host/*.sh script (GPU host, device tool, carry .gpu): $OUT for the logs, the SGLang
+# runtime on the path, JIT caches in an ignored folder of the checkout (a warm machine reuses them), the plugin
+# installed into the runtime.
+OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
+source tools/gpu_host/activate.sh .gpu/sglang-runtime.tar.xz
+export PYTHONUNBUFFERED=1
+# bytecode of the runtime cached across processes: every `python -m sglang.bench_serving` and server start compiled
+# sglang's and torchao's sources again (~30 s per process, session 20; the SyntaxWarning torchao prints at compile
+# time showed up in every bench_serving output)
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=$PWD/.gpucache/pycache
+export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off (device tool's KINDS.md)
+export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
+  FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
+  XDG_CACHE_HOME=$PWD/.gpucache
+# Wheels the bundle lacks, carried in .gpu/wheels: SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
+# deep_gemm for every backend, and tools/gpu_host/build-runtime.sh's bundle has none. Fetch it where a package index is reachable:
+#   pip download sgl-deep-gemm==0.1.5.post1 --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/wheels
+if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/sglang-runtime .gpu/wheels/*.whl > "$OUT/pip_wheels.log" 2>&1 \
+    || { cat "$OUT/pip_wheels.log"; exit 1; }
+fi
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On the H100 host (device tool, carry .gpu): install the plugin into the runtime, then serve + bench.
+#   usage: bash tools/gpu_host/serve.sh [serve_and_bench.py args...]
+#          bash tools/gpu_host/serve.sh --check [check_serving.py args...]
+#          bash tools/gpu_host/serve.sh --matrix [serve_matrix.py args...]   # the throughput matrix
+#          bash tools/gpu_host/serve.sh --layers [compare_layers.py args...] # layer-by-layer vs flashmla
+set -uo pipefail
+source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+module=benchmarks.serve_and_bench
+if [ "${1:-}" = "--check" ]; then module=tools.check_serving; shift; fi  # correctness scenarios
+if [ "${1:-}" = "--matrix" ]; then module=benchmarks.serve_matrix; shift; fi  # workloads x backends
+if [ "${1:-}" = "--layers" ]; then module=tools.compare_layers; shift; fi  # attention outputs vs flashmla
+python3 -m $module --out "$OUT" "$@"

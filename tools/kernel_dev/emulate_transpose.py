@@ -1,0 +1,79 @@
+"""Emulates the sm_90a decode's V transpose (`transpose_half` in snapmla_decode_sm90.cu) on byte coordinates.
+
+The ldmatrix.x4.trans reads from the 128 B-swizzled staged page, the byte permutes and the stmatrix.x4 writes into
+V^T are replayed with the kernel's address formulas (keep them in sync); then V^T is read the way the PV WGMMA's
+descriptor reads it, and every (channel, slot) must hold that channel of the token which the P8 store order puts in
+the slot. Each 8-row ldmatrix / stmatrix phase must touch 8 distinct 16 B bank groups (no bank conflicts).
+    usage: python -m tools.kernel_dev.emulate_transpose
+"""
+
+TILE = 8192  # one swizzled [64 tokens x 128 B] staged tile
+VT_STRIDE = 528  # kVTStride: bytes between 8-channel rows of V^T
+
+
+def staged_offset(token: int, channel: int) -> int:
+    """Byte offset of (token, channel) in a staged page: four 128 B-swizzled tiles of 128 channels."""
+    b = channel % 128
+    return channel // 128 * TILE + token * 128 + ((((b >> 4) & 7) ^ (token & 7)) << 4) + (b & 15)
+
+
+def slot_token(slot: int) -> int:
+    """Token held by `slot` (0..63) of V^T and P8: slots 4q..4q+3 of a 16-token group hold 2q, 2q+1, 8+2q, 9+2q."""
+    s = slot % 16
+    return slot - s + 2 * (s // 4) + s % 2 + 8 * ((s // 2) % 2)
+
+
+def byte_perm(x, y, selector):
+    src = x + y
+    return [src[(selector >> (4 * i)) & 15] for i in range(4)]
+
+
+def distinct_bank_groups(addresses) -> bool:
+    return len({a % 128 // 16 for a in addresses}) == len(addresses)
+
+
+def transpose():
+    """V^T as {byte offset: (token, channel)} after the 4 warps' 16 units each."""
+    page = {staged_offset(t, c): (t, c) for t in range(64) for c in range(512)}
+    vt = {}
+    for warp in range(4):
+        for ci in range(4):
+            for g in range(4):
+                # ldmatrix: lane L gives the address of row L % 8 of matrix L // 8
+                rd = {(L // 8, L % 8): (8 * (L // 8 & 1) + L % 8) * 128 + (((2 * warp + (L // 8 >> 1)) ^ (L % 8)) << 4)
+                      + ci * TILE + g * 16 * 128 for L in range(32)}
+                assert all(distinct_bank_groups([rd[m, r] for r in range(8)]) for m in range(4))
+                # stmatrix: lane L gives the address of row L % 8 of matrix L // 8
+                wr = {(L // 8, L % 8): (4 * warp + 2 * (L // 8 >> 1) + L % 8 // 4) * VT_STRIDE
+                      + (2 * (L % 8 % 4) + (L // 8 & 1)) * 16 + ci * 16 * VT_STRIDE + g * 128 for L in range(32)}
+                assert all(distinct_bank_groups([wr[m, r] for r in range(8)]) for m in range(4))
+                for lane in range(32):
+                    q, j = lane % 4, lane // 4
+                    # .trans: the thread holds b16 elements [2q][j] and [2q+1][j] of each stored 8 x 8 matrix
+                    regs = [[page[rd[m, 2 * q] + 2 * j], page[rd[m, 2 * q] + 2 * j + 1],
+                             page[rd[m, 2 * q + 1] + 2 * j], page[rd[m, 2 * q + 1] + 2 * j + 1]] for m in range(4)]
+                    out = [byte_perm(regs[0], regs[1], 0x6420), byte_perm(regs[0], regs[1], 0x7531),
+                           byte_perm(regs[2], regs[3], 0x6420), byte_perm(regs[2], regs[3], 0x7531)]
+                    for m in range(4):  # the masked variant's token pattern for this thread's bytes
+                        assert [t for t, _ in out[m]] == [16 * g + 2 * q + d for d in (0, 1, 8, 9)]
+                        for k in range(4):  # row j of matrix m, bytes 4q..4q+3
+                            offset = wr[m, j] + 4 * q + k
+                            assert offset not in vt
+                            vt[offset] = out[m][k]
+    return vt
+
+
+def main():
+    vt = transpose()
+    assert len(vt) == 512 * 64
+    for n in range(512):  # WGMMA B operand, K-major without swizzle: 8 x 16 B core matrices, LBO 128, SBO VT_STRIDE
+        for k in range(64):
+            assert vt[n // 8 * VT_STRIDE + k // 16 * 128 + n % 8 * 16 + k % 16] == (slot_token(k), n), (n, k)
+    for q in range(4):  # P8: the thread with lane % 4 == q stores tokens 16i + (2q, 2q+1, 8+2q, 9+2q) at 16i + 4q..
+        for i in range(4):
+            assert [slot_token(16 * i + 4 * q + d) for d in range(4)] == [16 * i + 2 * q + d for d in (0, 1, 8, 9)]
+    print("ok: transpose exact, ldmatrix and stmatrix conflict-free, P8 slot order matches")
+
+
+if __name__ == "__main__":
+    main()
