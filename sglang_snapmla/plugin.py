@@ -242,8 +242,9 @@ def check_server_args(args) -> int:
         raise ValueError("--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
                          "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
                          "scales, BF16 RoPE). Drop the flag.")
-    for message in _unsupported_setups(args):
-        raise ValueError(message)
+    problems = _unsupported_setups(args)
+    if problems:
+        raise ValueError("\n".join(problems))
     draft = getattr(args, "speculative_draft_attention_backend", None)
     if draft not in (None, BACKEND):
         raise ValueError(f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "
