@@ -1,0 +1,60 @@
+"""examples/client.py against a local stand-in of SGLang's OpenAI-compatible chat endpoint (loopback only): the
+plain completion and the stream (server-sent events) come back as the client prints them."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from examples import client as example
+
+
+class ChatEndpoint(BaseHTTPRequestHandler):
+    """POST /v1/chat/completions: the answer 'fp8 pages' whole, or in two SSE chunks when "stream" is set."""
+
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ChatEndpoint.seen.append((self.path, body))
+        base = {"id": "x", "created": 0, "model": body["model"]}
+        if not body.get("stream"):
+            payload = json.dumps({**base, "object": "chat.completion", "choices": [
+                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "fp8 pages"}}]})
+            self._send("application/json", payload.encode())
+            return
+        events = [{"role": "assistant", "content": "fp8"}, {"content": " pages"}, {}]
+        lines = [json.dumps({**base, "object": "chat.completion.chunk",
+                             "choices": [{"index": 0, "delta": d, "finish_reason": None if d else "stop"}]})
+                 for d in events]
+        self._send("text/event-stream", "".join(f"data: {x}\n\n" for x in [*lines, "[DONE]"]).encode())
+
+    def _send(self, content_type, data):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ChatEndpoint)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    ChatEndpoint.seen = []
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_chat_and_streamed_chat(server, capsys):
+    example.main(["--base-url", server, "--prompt", "what is cached?", "--max-tokens", "8"])
+    assert capsys.readouterr().out.splitlines() == ["chat: fp8 pages", "stream: fp8 pages"]
+    (path1, plain), (path2, streamed) = ChatEndpoint.seen
+    assert path1 == path2 == "/v1/chat/completions"
+    assert plain["messages"] == [{"role": "user", "content": "what is cached?"}] and plain["max_tokens"] == 8
+    assert streamed["stream"] is True and not plain.get("stream")
