@@ -1,31 +1,43 @@
-"""Minimal client for a server started with `--attention-backend snapmla` (standard SGLang/OpenAI endpoints).
+"""Talk to a server started with `--attention-backend snapmla` through its OpenAI-compatible API (the `openai`
+package, which SGLang installs): one chat completion, then the same question streamed token by token.
 
-    python examples/client.py --port 30000 --prompt "def quicksort(xs):"
+    python examples/client.py --base-url http://127.0.0.1:30000/v1 --prompt "Write a haiku about caches."
 """
 
+from __future__ import annotations
+
 import argparse
-import json
-import urllib.request
+
+from openai import OpenAI
 
 
-def post(port: int, path: str, payload: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        return json.loads(r.read())
+def chat(client: OpenAI, prompt: str, max_tokens: int) -> str:
+    response = client.chat.completions.create(model="default", max_tokens=max_tokens, temperature=0,
+                                              messages=[{"role": "user", "content": prompt}])
+    return response.choices[0].message.content
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, default=30000)
-    ap.add_argument("--prompt", default="def quicksort(xs):")
+def stream_chat(client: OpenAI, prompt: str, max_tokens: int):
+    """Yields the answer's text pieces as the server sends them."""
+    stream = client.chat.completions.create(model="default", max_tokens=max_tokens, temperature=0, stream=True,
+                                            messages=[{"role": "user", "content": prompt}])
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            yield chunk.choices[0].delta.content
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default="http://127.0.0.1:30000/v1")
+    ap.add_argument("--prompt", default="Write a haiku about caches.")
     ap.add_argument("--max-tokens", type=int, default=64)
-    args = ap.parse_args()
-    chat = post(args.port, "/v1/chat/completions", {"model": "default", "max_tokens": args.max_tokens,
-                                                    "messages": [{"role": "user", "content": args.prompt}]})
-    print("chat:", chat["choices"][0]["message"]["content"])
-    gen = post(args.port, "/generate", {"text": args.prompt, "sampling_params": {"max_new_tokens": args.max_tokens}})
-    print("generate:", gen["text"])
+    args = ap.parse_args(argv)
+    client = OpenAI(base_url=args.base_url, api_key="EMPTY")  # SGLang needs no key unless started with --api-key
+    print("chat:", chat(client, args.prompt, args.max_tokens))
+    print("stream:", end=" ", flush=True)
+    for piece in stream_chat(client, args.prompt, args.max_tokens):
+        print(piece, end="", flush=True)
+    print()
 
 
 if __name__ == "__main__":
