@@ -37,15 +37,6 @@ SUPPORTED_SGLANG = "0.5.17"
 KV_LAYOUT = "snapmla_fp8_e4m3_644"
 logger = logging.getLogger(__name__)
 _registered = False
-# SGLang functions the plugin wraps (HookRegistry targets); a target that did not change when the hooks were
-# applied is an integration point this SGLang release does not have
-_HOOK_TARGETS = (
-    "sglang.srt.mem_cache.kv_cache_configurator.calculate_mla_kv_cache_dim",
-    "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mla_kv_pool",
-    "sglang.srt.server_args.ServerArgs._handle_page_size",
-    "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
-    "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
-)
 _integration_errors: list[str] = []
 
 
@@ -66,9 +57,7 @@ def register() -> None:
     _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
     register_attention_backend(BACKEND)(_create_backend)
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
-    hooks = dict(zip(_HOOK_TARGETS, (
-        (_kv_cache_dim_hook, HookType.AROUND), (_build_pool_hook, HookType.AROUND), (_page_size_hook, HookType.AFTER),
-        (_draft_decode_backend_hook, HookType.AROUND), (_draft_extend_backend_hook, HookType.AROUND))))
+    hooks = _hooks(HookType)
     before = {target: _resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():
         HookRegistry.register(target, fn, kind)
@@ -77,6 +66,20 @@ def register() -> None:
     for message in _integration_errors:
         logger.error("%s", message)
     _registered = True
+
+
+def _hooks(HookType) -> dict:
+    """SGLang function (HookRegistry target) -> (our hook, its type). A target that did not change when the hooks were
+    applied is an integration point this SGLang release does not have (`integration_errors`)."""
+    configurator = "sglang.srt.mem_cache.kv_cache_configurator"
+    factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
+    return {
+        f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
+        f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
+        "sglang.srt.server_args.ServerArgs._handle_page_size": (_page_size_hook, HookType.AFTER),
+        f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
+        f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
+    }
 
 
 def _resolve(target: str):

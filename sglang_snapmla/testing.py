@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .numerics import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from .numerics import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, gather_sequence
 
 
 def paged_problem(gen: torch.Generator, seq_lens, heads: int, s_q: int = 1, zero_rows: int = 0,
@@ -100,9 +100,7 @@ def unwritten_slot_mask(num_slots: int, block_table: torch.Tensor, seq_lens: tor
     """[num_slots] bool: True for every slot that is not among some sequence's first seq_len keys."""
     written = torch.zeros(num_slots, dtype=torch.bool)
     for b, n in enumerate(seq_lens.tolist()):
-        pages = block_table[b, : math.ceil(n / PAGE_SIZE)].long().cpu()
-        slots = (pages[:, None] * PAGE_SIZE + torch.arange(PAGE_SIZE)).reshape(-1)[:n]
-        written[slots] = True
+        written[gather_sequence(block_table[b].cpu(), n)] = True
     return ~written
 
 

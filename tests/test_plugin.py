@@ -212,7 +212,9 @@ def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatc
     would start without the pool or the checks: the errors are kept and raised where snapmla is selected."""
     import sglang
 
-    target = plugin._HOOK_TARGETS[0]
+    from sglang.srt.plugins.hook_registry import HookType
+
+    target = next(iter(plugin._hooks(HookType)))
     unchanged = {target: plugin._resolve(target)}  # as if apply_hooks had left it alone
     (message,) = plugin.integration_errors(unchanged)
     assert target in message and "sglang==0.5.17" in message
