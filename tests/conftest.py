@@ -26,6 +26,12 @@ def pytest_report_header(config):
             f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}; cuda={torch.cuda.is_available()}"]
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # the header is hidden under -q, which CI uses; a failure must still name the seed that replays it
+    if exitstatus != 0:
+        terminalreporter.write_line(f"snapmla: replay with SNAPMLA_TEST_SEED={BASE_SEED}")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         # the plugin refuses --device cpu unless Triton runs in its interpreter, which conftest only turns on where
