@@ -87,9 +87,10 @@ class SnapMLAForward:
                 seq_lens = forward_batch.seq_lens[: forward_batch.batch_size] + window
             return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens,
                                       s_q=window)
-        if q_rope is None:
-            # MHA prefill (ragged, one-shot or chunked prefix): FlashInfer's path; the prefix comes from
-            # pool.get_mla_kv_buffer, i.e. fetch-dequant. (FlashMLABackend.forward_extend would do the same.)
+        if q_rope is None and layer.head_dim != nx.KV_LORA_RANK + nx.ROPE_DIM:
+            # MHA prefill (ragged, one-shot or chunked prefix; a layer of the model's head dim, e.g. 192): FlashInfer's
+            # path; the prefix comes from pool.get_mla_kv_buffer, i.e. fetch-dequant (as FlashMLABackend's). The
+            # absorbed MQA layer (head dim 576 = latent + RoPE) goes below, its q split or concatenated.
             from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
 
             return FlashInferMLAAttnBackend.forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache)

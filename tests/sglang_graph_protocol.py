@@ -32,25 +32,37 @@ from sglang_snapmla import numerics as nx
 MODES = ("decode", "target_verify", "draft_extend")
 
 
+def install_stand_in(module: str, **functions) -> None:
+    """On machines without sgl_kernel's CUDA build: give `module` (sgl_kernel or one of its submodules) the
+    `functions` it lacks, creating it if it does not import. A function given as None raises when called."""
+    try:
+        stub = __import__(module, fromlist=["_"])
+    except ImportError:
+        stub = types.ModuleType(module)
+        stub.__path__ = []  # a package, so that its submodules can be stand-ins too
+        sys.modules[module] = stub
+        if "." in module:
+            parent, name = module.rsplit(".", 1)
+            install_stand_in(parent)
+            setattr(sys.modules[parent], name, stub)
+    for name, fn in functions.items():
+        if hasattr(stub, name):
+            continue
+        if fn is None:
+            def fn(*args, _name=f"{module}.{name}", **kwargs):
+                raise RuntimeError(f"{_name} is not available on this machine")
+        setattr(stub, name, fn)
+
+
 def import_flashmla_backend():
     """SGLang's flashmla_backend module. Without sgl_kernel's CUDA build (CPU machines) a stand-in for
     `sgl_kernel.flash_mla` is installed first: its `get_mla_metadata` returns FlashMLA's tile-scheduler metadata
     shapes filled with zeros (SnapMLA's kernels never read them)."""
-    try:
-        import sgl_kernel.flash_mla  # noqa: F401
-    except ImportError:
-        def get_mla_metadata(seq_lens, heads, kv_heads, is_fp8_kvcache=False):
-            return (torch.zeros(4, 8, dtype=torch.int32, device=seq_lens.device),
-                    torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device))
+    def get_mla_metadata(seq_lens, heads, kv_heads, is_fp8_kvcache=False):
+        return (torch.zeros(4, 8, dtype=torch.int32, device=seq_lens.device),
+                torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device))
 
-        def flash_mla_with_kvcache(*args, **kwargs):
-            raise RuntimeError("FlashMLA's kernel is not available on this machine")
-
-        stub = types.ModuleType("sgl_kernel.flash_mla")
-        stub.get_mla_metadata, stub.flash_mla_with_kvcache = get_mla_metadata, flash_mla_with_kvcache
-        package = sys.modules.setdefault("sgl_kernel", types.ModuleType("sgl_kernel"))
-        package.flash_mla = stub
-        sys.modules["sgl_kernel.flash_mla"] = stub
+    install_stand_in("sgl_kernel.flash_mla", get_mla_metadata=get_mla_metadata, flash_mla_with_kvcache=None)
     from sglang.srt.layers.attention import flashmla_backend
 
     return flashmla_backend

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the Hopper host (device tool, carry .gpu): the serving-correctness checks of both decode implementations --
-# SGLang's CUDA-graph protocol with real graphs, stale pool bytes, keyless rows, the non-finite policy, the kernel
+# SGLang's CUDA-graph protocol with real graphs, SGLang's attention test kits, stale pool bytes, keyless rows, the non-finite policy, the kernel
 # tests -- then the same graph-protocol test with the capture-view bug put back (it must fail), then memcheck and
 # racecheck over a stale pool. Logs under $OUT.   usage: bash tools/gpu_host/correctness.sh
 set -uo pipefail
@@ -11,7 +11,7 @@ python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_
 grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
 export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
 echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
-timeout ${PYTEST_TIMEOUT:-330} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/test_gpu_graph_protocol.py \
+timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/test_gpu_graph_protocol.py tests/test_sglang_attention_kits.py \
   tests/test_serving_safety.py tests/test_gpu_kernels.py tests/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
 echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
 source tools/gpu_host/mutant.sh
