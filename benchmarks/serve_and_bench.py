@@ -42,7 +42,7 @@ MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--sp
 RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
 # FlashMLA with every prefix prefill through MHA, as the snapmla plugin routes them: SGLang's DeepSeek handler sends
 # an extend batch whose cached prefix sums to < 8192 tokens (every chunked-prefill tail at in 4096) to absorbed MLA
-# for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md, session 13). The same decode and
+# for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md). The same decode and
 # pool as `flashmla`; isolates the decode's share of a throughput ratio.
 RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
 RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}}  # run -> server environment

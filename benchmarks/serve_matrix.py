@@ -1,4 +1,4 @@
-"""Issue 5's end-to-end throughput matrix: each backend's server started once, every workload run against it.
+"""The end-to-end throughput matrix: each backend's server started once, every workload run against it.
 
     python -m benchmarks.serve_matrix --model configs/models/deepseek-v2-lite-shape \
         --backends snapmla flashmla flashmla-fp8 triton --out matrix_v2lite
@@ -8,14 +8,14 @@
 
 Workloads (`python -m sglang.bench_serving`, random-ids, range ratio 1.0): throughput at in 4096 / out 512 / 320
 prompts, in 32768 / out 1024 / 64 prompts, in 1024 / out 1024 / 512 prompts, and latency (in 4096 / out 512) at
---max-concurrency 1 and 8. A device call is limited to 10 minutes: pass a subset with --workloads / --backends and
---resume (results already in --out are kept), or merge the JSON of several calls. Prints a table (ratios vs
+--max-concurrency 1 and 8. On a host with a time limit per command, pass a subset with --workloads / --backends and
+--resume (results already in --out are kept), or merge the JSON of several runs. Prints a table (ratios vs
 flashmla BF16 of the same model, targets marked), writes serve_matrix.json and two PNGs (throughput and median
 TPOT vs context length, per backend).
 
 Before each measured workload the server sees the same prompts (same seed, length and concurrency; at most 16 of
 them, 8 output tokens), then its radix cache is flushed: the Triton kernels SGLang compiles per token count at first
-use (its fused MoE: ~1-2 s each, session 11) are compiled outside the measurement, whichever backend runs first on a
+use (its fused MoE: ~1-2 s each) are compiled outside the measurement, whichever backend runs first on a
 machine, and no workload starts with prefix hits from an earlier one. Each workload records the Triton kernels
 still JIT-compiled while it ran (new entries in TRITON_CACHE_DIR), listed under the table. A workload named twice
 runs twice on the same server (the repeat is recorded as NAME#2).
@@ -38,19 +38,19 @@ WORKLOADS = {  # name -> bench_serving arguments
     "latency-c1": dict(input_len=4096, output_len=512, num_prompts=8, max_concurrency=1),
     "latency-c8": dict(input_len=4096, output_len=512, num_prompts=32, max_concurrency=8),
     # the same without streaming: at ~18-20 k output tok/s (V2-Lite, 512 streams) the frontend and the client, not
-    # the engine, set the streamed run's duration (docs/BENCHMARKS.md, session 12); TTFT and TPOT are then not
+    # the engine, set the streamed run's duration (docs/BENCHMARKS.md); TTFT and TPOT are then not
     # measured (bench_serving reports the whole request as the first token)
     "in1024-out1024-nostream": dict(input_len=1024, output_len=1024, num_prompts=512, stream=False),
 }
-# issue 5's targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
+# targets for snapmla: total tok/s vs flashmla BF16 (latency-c1: "no worse than 1.0x")
 TARGETS = {"in4096-out512": 1.6, "in32768-out1024": 1.8, "latency-c1": 1.0}
 REFERENCE = "flashmla"
 # the same FlashMLA decode with snapmla's prefill routing (serve_and_bench.RUNS): the ratio to it is the decode's and
-# the pool's share alone (docs/BENCHMARKS.md, session 13)
+# the pool's share alone (docs/BENCHMARKS.md)
 SAME_PREFILL_REFERENCE = "flashmla-mhaprefill"
 # the longest workload fits: bench_serving's random-ids prompts are sent as text and the server's re-tokenization makes
-# them ~11 % longer (32 768 ids -> 36 300-36 500 tokens, 4 096 -> 4 288-4 672; session 11, where 33 856 rejected
-# every 32k request while bench_serving counted them as successes)
+# them ~11 % longer (32 768 ids -> 36 300-36 500 tokens, 4 096 -> 4 288-4 672; a context of 33 856
+# rejects every 32k request while bench_serving counts them as successes)
 CONTEXT_LENGTH = 40960
 CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or decode runs eagerly
 SHAPE_WARMUP_PROMPTS, SHAPE_WARMUP_OUTPUT = 16, 8
@@ -108,8 +108,8 @@ def run_workload(port: int, model: str, backend: str, name: str, key: str, out: 
 def run_backend(model: str, backend: str, workloads: list[str], out: Path, port: int, startup_timeout: float,
                 bench_timeout: float, warmup_input_len: int = 1024, on_workload=None) -> dict:
     """One server, all `workloads` against it -> {"pool_tokens", "startup_s", "workloads": {name: metrics}}.
-    on_workload(res), if given, runs after each workload with the results so far, so that a run cut short by the
-    device call's limit keeps what it measured (`--resume` then runs only the rest)."""
+    on_workload(res), if given, runs after each workload with the results so far, so that a run cut short by a
+    time limit keeps what it measured (`--resume` then runs only the rest)."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
     proc, log = start_server(model, port, ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), *RUNS[backend]], log_path,
                              context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))

@@ -216,7 +216,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
 def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, splits):
     """More (tile, sequence, split) CTAs than SMs, uneven lengths (with splits, some without pages): the batch must
     match the reference, and each sequence decoded alone must give the same bits (no state leaks between CTAs or
-    work items; a persistent grid, branch cuda-v18-persistent, would run several per CTA)."""
+    work items; a persistent grid would run several per CTA)."""
     if ops.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     lens = torch.randint(s_q, 400, (300,), generator=gen).tolist()  # a sequence holds its s_q query tokens

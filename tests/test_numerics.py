@@ -112,7 +112,7 @@ def test_bad_shapes_raise():
 # ------------------------------------------------------------------------------------------------------
 LENGTHS = {1: [1, 63, 64, 65, 200], 2: [2, 63, 64, 129, 200]}
 # Measured error budget of SnapMLA on unit-Gaussian data with O(1) logits (docs/ACCURACY.md): rel-L2 4.4-4.7 %,
-# 1-cos 0.9-1.1e-3 (K quantization ~3 %, Q ~2 %, P ~1.5-2 % RMS, added in quadrature). The 1-cos <= 1e-3
+# 1-cos 0.9-1.1e-3 (K quantization ~3 %, Q ~2 %, P ~1.5-2 % RMS, added in quadrature). A 1-cos bound of 1e-3
 # sits inside that spread, so per case we bound 1-cos at 1.5e-3 and check the 1e-3-level mean over many seeds
 # in test_reference_error_budget_averaged. A single-key sequence's LSE carries one logit's error (std ~0.03), so
 # |dLSE| is bounded at 2e-2 on average and 0.12 at most.

@@ -275,8 +275,8 @@ def test_launchers_build_the_two_documented_server_commands(monkeypatch):
 
 
 def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
-    """serve_matrix.json is written after every workload: a run killed by the device call's limit keeps what it
-    measured, with the workloads of earlier calls, and --resume then runs only the rest."""
+    """serve_matrix.json is written after every workload: a run killed by a time limit keeps what it
+    measured, with the workloads of earlier runs, and --resume then runs only the rest."""
     import types
 
     model = "configs/models/deepseek-v2-lite-shape"

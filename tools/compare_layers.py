@@ -1,5 +1,5 @@
 """Layer by layer: snapmla's attention outputs against the flashmla backend's (BF16) on one fixed batch, through
-two real servers (issue 4).
+two real servers.
 
     python -m tools.compare_layers --model configs/models/deepseek-v2-lite-shape --out layers_out
     python -m tools.compare_layers --model /tmp/tiny-mla --load-format auto --out layers_out   # trained model
@@ -9,7 +9,7 @@ Each server runs eagerly (`--disable-cuda-graph`: SGLang's tensor-dump hooks onl
 greedy batch in one /generate call. For the forward passes whose inputs are identical in both runs (same token ids
 and positions: the prefill, and decode steps until the greedy outputs part), each layer's MLA attention output
 (`model.layers.<i>.self_attn.attn_mqa`: the latent output of the absorbed path, before W_UV) is compared, flashmla
-as the reference. Bounds (issue 4): rel-L2 <= 5e-2 and 1-cos <= 2e-3 per layer. Prints a table, writes JSON.
+as the reference. Bounds: rel-L2 <= 5e-2 and 1-cos <= 2e-3 per layer. Prints a table, writes JSON.
 """
 
 from __future__ import annotations

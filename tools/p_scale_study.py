@@ -4,7 +4,7 @@
 
 SnapMLA quantizes P' = P * sigma_k to FP8 per (row, 64-token block) with scale amax(P') / 448. A bound the kernel
 already has (max_j P_j x max_j sigma_kj, "SnapMLA-boundP") would save ~60 of the softmax warpgroup's ~430
-instructions per page (docs/KERNEL.md, session 11); "SnapMLA-pow2P" rounds the scale up to a power of two. FP8's
+instructions per page; "SnapMLA-pow2P" rounds the scale up to a power of two. FP8's
 relative precision does not depend on the scale for normal values, but only the amax maps the block's largest
 weight exactly onto 448: the problems test whether that matters (per-token content magnitudes spread over four
 decades, i.e. sigma_k far from its block maximum; peaked attention, where one weight dominates; RoPE outliers).

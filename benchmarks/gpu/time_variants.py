@@ -1,4 +1,4 @@
-"""Time the CUDA decode of several kernel source copies in one device call (GPU host, after
+"""Time the CUDA decode of several kernel source copies in one process (GPU host, after
 `source tools/gpu_host/env.sh`):
 
     python3 -m benchmarks.gpu.time_variants SHAPES NAME...

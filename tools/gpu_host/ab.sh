@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the H100 host (device tool, carry .gpu and ab): A/B of CUDA decode variants in one device call. A variant is a
+# On the H100 host (the runtime in .gpu, the variants in ab/): A/B of CUDA decode variants in one run. A variant is a
 # copy of kernels/cuda under ab/<name>/kernels/cuda (ab/ is gitignored; e.g. `git archive TAG kernels/cuda | tar -x
 # -C ab/NAME`). Each variant goes through tools/gpu_host/kernels.sh (build, debug_cuda, GPU tests, memcheck,
 # racecheck, benchmark) with its own OUT; then the default source (kernels/cuda) is benchmarked in the same call.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the H100 host (device tool, carry .gpu): train the small MLA model, then the accuracy evidence of issue 5.
+# On the H100 host (the runtime in .gpu): train the small MLA model, then the trained-model accuracy evaluation.
 #   usage: bash tools/gpu_host/accuracy.sh [train minutes, default 4]
 #          CHECK=1 bash tools/gpu_host/accuracy.sh 2   # instead of the evaluation: prefix-cache / chunked-prefill
 #                                                    # identity (tools/check_serving.py) on the trained model

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the Hopper host (device tool, carry .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) on the
+# On the Hopper host (the runtime in .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) on the
 # small trained checkpoint: flashmla BF16 (reference), snapmla, snapmla with the Triton decode, and snapmla with the
 # capture-view bug put back (tools/gpu_host/mutant.sh; the gate must fail it).
 #   usage: bash tools/gpu_host/accuracy_gate.sh [runs... | flashmla mutant]     (default: all four; results accumulate in .gpucache/gate,

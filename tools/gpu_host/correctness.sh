@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the Hopper host (device tool, carry .gpu): the serving-correctness checks of both decode implementations --
+# On the Hopper host (the runtime in .gpu): the serving-correctness checks of both decode implementations --
 # SGLang's CUDA-graph protocol with real graphs, SGLang's attention test kits, stale pool bytes, keyless rows, the non-finite policy, the kernel
 # tests -- then the same graph-protocol test with the capture-view bug put back (it must fail), then memcheck and
 # racecheck over a stale pool. Logs under $OUT.   usage: bash tools/gpu_host/correctness.sh

@@ -1,15 +1,15 @@
-# Sourced first by every tools/gpu_host/*.sh script (GPU host, device tool, carry .gpu): $OUT for the logs, the SGLang
+# Sourced first by every tools/gpu_host/*.sh script (GPU host, the runtime in .gpu): $OUT for the logs, the SGLang
 # runtime on the path, JIT caches in an ignored folder of the checkout (a warm machine reuses them), the plugin
 # installed into the runtime.
 OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
 source tools/gpu_host/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
 # bytecode of the runtime cached across processes: every `python -m sglang.bench_serving` and server start compiled
-# sglang's and torchao's sources again (~30 s per process, session 20; the SyntaxWarning torchao prints at compile
+# sglang's and torchao's sources again (~30 s per process; the SyntaxWarning torchao prints at compile
 # time showed up in every bench_serving output)
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$PWD/.gpucache/pycache
-export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off (device tool's KINDS.md)
+export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
   FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
   XDG_CACHE_HOME=$PWD/.gpucache

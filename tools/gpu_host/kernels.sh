@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the H100 host (device tool, carry .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
+# On the H100 host (the runtime in .gpu): kernel tests, memcheck, kernel benchmark. Logs under $OUT.
 #   usage: [PYTEST_PATHS=tests/...] [NO_BENCH=1] bash tools/gpu_host/kernels.sh [--cuda] [bench args...]
-# Another version of the CUDA decode (A/B in one device call): run it again with SNAPMLA_CUDA_SOURCE_DIR=<a copy of
+# Another version of the CUDA decode (A/B in one run): run it again with SNAPMLA_CUDA_SOURCE_DIR=<a copy of
 # kernels/cuda> and its own OUT=<folder>; it builds under its own extension name (sglang_snapmla/cuda_ext.py).
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed

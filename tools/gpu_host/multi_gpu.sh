@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a 2-GPU host (device tool kind nvidia-h200-x2, carry .gpu): the DeepSeek-V3-shaped config with
+# On a 2-GPU Hopper host (the runtime in .gpu): the DeepSeek-V3-shaped config with
 # --attention-backend snapmla vs flashmla BF16 under DP attention (--tp 2 --enable-dp-attention --dp 2) and tensor
 # parallelism (--tp 2): startup, endpoints, a fixed greedy batch generated twice, pool tokens, bench_serving.
 #   usage: [STARTUP_TIMEOUT=600] [WARMUP_ONLY=1] [GRAPH_BS=64] [SERVER_FLAGS="--mem-fraction-static 0.12"] \
@@ -7,7 +7,7 @@
 #          bash tools/gpu_host/multi_gpu.sh [NUM_PROMPTS, default 128] [layouts...]
 # SERVER_FLAGS go after the layout flags (the last value of a flag wins): a small --mem-fraction-static makes the
 # KV pools, not the prompt count, bound the batch (what DP attention's capacity comparison needs).
-# A cold 2-GPU machine spends ~6 min before its first answer (session 5: 3.5 min of FlashInfer all-reduce fusion JIT,
+# A cold 2-GPU machine spends ~6 min before its first answer (3.5 min of FlashInfer all-reduce fusion JIT,
 # then MoE Triton JIT during graph capture). So: first call WARMUP_ONLY=1 (one unmeasured snapmla server per layout
 # fills the JIT caches of the machine), then the measured call immediately after, on the still-warm machine (~2.5 min
 # per backend), one layout per call.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the H100 host (device tool, carry .gpu): install the plugin into the runtime, then serve + bench.
+# On the H100 host (the runtime in .gpu): install the plugin into the runtime, then serve + bench.
 #   usage: bash tools/gpu_host/serve.sh [serve_and_bench.py args...]
 #          bash tools/gpu_host/serve.sh --check [check_serving.py args...]
 #          bash tools/gpu_host/serve.sh --matrix [serve_matrix.py args...]   # the throughput matrix

@@ -1,10 +1,10 @@
 // How long does a warpgroup spend *issuing* the decode's QK (16 FP8 m64n64k32 + 4 BF16 m64n64k16 WGMMAs), and does
 // the issue wait for the tensor pipe? (GPU host; standalone, no torch.)
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -o /tmp/probe tools/kernel_dev/wgmma_issue_probe.cu && /tmp/probe
-// v19's profile (docs/KERNEL.md, session 17) puts ~26 % of the softmax warp's time in the QK issue, ~720 cycles per
+// A profile of the decode puts ~26 % of the softmax warp's time in the QK issue, ~720 cycles per
 // page against ~640 cycles of tensor work for that QK. If issuing an RS (A from registers) or SS WGMMA blocks until
 // the tensor pipe takes it, the warp that owns the scores cannot run its softmax while its next QK executes, which
-// is v19's whole schedule. One CTA of three warpgroups per SM, as in the decode; warpgroup 0 issues QK and reads
+// is the decode's whole schedule. One CTA of three warpgroups per SM, as in the decode; warpgroup 0 issues QK and reads
 // clock64 after the issue and after the wait; in the "busy" runs warpgroups 1 and 2 keep the tensor pipe loaded
 // with PV-sized WGMMAs (m64n256k32, 2 each) issued just before. Shared memory holds zeros (timing only).
 #include <cstdio>
