@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the Hopper host (the runtime in .gpu): the serving-correctness checks of both decode implementations --
-# SGLang's CUDA-graph protocol with real graphs, SGLang's attention test kits, stale pool bytes, keyless rows, the non-finite policy, the kernel
-# tests -- then the same graph-protocol test with the capture-view bug put back (it must fail), then memcheck and
+# SGLang's CUDA-graph protocol with real graphs, SGLang's attention test kits, stale pool bytes, keyless rows, the
+# non-finite policy, the kernel tests -- then the same graph-protocol test with the capture-view bug put back (it must fail), then memcheck and
 # racecheck over a stale pool. Logs under $OUT.   usage: bash tools/gpu_host/correctness.sh
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
