@@ -13,7 +13,7 @@ Shapes and dtypes:
 | fetch_dequant | loc [N] int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
 | decode | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
 
-Pool arrays of one layer: kv_fp8 [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
+Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
 = page * 64 + offset. Nothing here synchronises with the host, so every op can be captured in a CUDA graph.
 """
 
@@ -70,15 +70,15 @@ def _check(t: torch.Tensor, name: str, dtype: torch.dtype, last: int | None = No
         raise SnapMLAInputError(f"{name} must be contiguous in its last dim")
 
 
-def check_pool(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
+def check_pool(kv_content: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
     """The three per-layer arrays of a SnapMLA pool: [N, 512] fp8, [N] fp32, [N, 64] bf16, contiguous."""
-    _check(kv_fp8, "kv_fp8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 2)
+    _check(kv_content, "kv_content", nx.FP8_DTYPE, nx.KV_LORA_RANK, 2)
     _check(kv_scale, "kv_scale", torch.float32, None, 1)
     _check(kv_rope, "kv_rope", torch.bfloat16, nx.ROPE_DIM, 2)
-    n = kv_fp8.shape[0]
+    n = kv_content.shape[0]
     if kv_scale.shape[0] != n or kv_rope.shape[0] != n:
         raise SnapMLAInputError(f"pool arrays disagree on slots: {n}, {kv_scale.shape[0]}, {kv_rope.shape[0]}")
-    if not (kv_fp8.is_contiguous() and kv_scale.is_contiguous() and kv_rope.is_contiguous()):
+    if not (kv_content.is_contiguous() and kv_scale.is_contiguous() and kv_rope.is_contiguous()):
         raise SnapMLAInputError("pool arrays must be contiguous")
 
 
@@ -147,7 +147,7 @@ def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor):
     return q8, q_scale, q_rope_al
 
 
-def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_fp8: torch.Tensor,
+def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_content: torch.Tensor,
               kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
     """Fused K-append (one launch): quantize c_kv [T, 512] + k_rope [T, 64] (bf16; a middle singleton dim as in
     SGLang's [T, 1, D] is accepted) and write the three pool arrays at slots `loc` [T]."""
@@ -155,48 +155,48 @@ def append_kv(c_kv: torch.Tensor, k_rope: torch.Tensor, loc: torch.Tensor, kv_fp
     k_rope = k_rope.reshape(k_rope.shape[0], -1) if k_rope.dim() == 3 else k_rope
     _check(c_kv, "c_kv", torch.bfloat16, nx.KV_LORA_RANK, 2)
     _check(k_rope, "k_rope", torch.bfloat16, nx.ROPE_DIM, 2)
-    check_pool(kv_fp8, kv_scale, kv_rope)
+    check_pool(kv_content, kv_scale, kv_rope)
     T = c_kv.shape[0]
     _check_loc(loc, T)
     if k_rope.shape[0] != T:
         raise SnapMLAInputError(f"c_kv has {T} rows, k_rope {k_rope.shape[0]}")
-    _check_device(c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope)
+    _check_device(c_kv, k_rope, loc, kv_content, kv_scale, kv_rope)
     if index_checks_enabled():
-        _check_slot_ids(loc, kv_fp8.shape[0])
+        _check_slot_ids(loc, kv_content.shape[0])
     if T:
-        tquant.append_kv_kernel[(T,)](c_kv, k_rope, loc, kv_fp8, kv_scale, kv_rope, c_kv.stride(0), k_rope.stride(0),
-                                      FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
+        tquant.append_kv_kernel[(T,)](c_kv, k_rope, loc, kv_content, kv_scale, kv_rope, c_kv.stride(0),
+                                      k_rope.stride(0), FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, num_warps=4)
 
 
 def pool_from_rows(c_kv: torch.Tensor, k_rope: torch.Tensor):
     """A new pool holding row i of c_kv [N, 512] / k_rope [N, 64] (bf16) at slot i, written by `append_kv`
-    -> (kv_fp8 [N, 512], kv_scale [N], kv_rope [N, 64]). For benchmarks, tests and reports that need the
+    -> (kv_content [N, 512], kv_scale [N], kv_rope [N, 64]). For benchmarks, tests and reports that need the
     kernel-written cache of whole tensors (the serving pool is `pool.SnapMLATokenToKVPool`)."""
     n, dev = c_kv.shape[0], c_kv.device
-    kv_fp8 = torch.empty(n, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=dev)
+    kv_content = torch.empty(n, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=dev)
     kv_scale = torch.empty(n, dtype=torch.float32, device=dev)
     kv_rope = torch.empty(n, nx.ROPE_DIM, dtype=torch.bfloat16, device=dev)
-    append_kv(c_kv, k_rope, torch.arange(n, device=dev), kv_fp8, kv_scale, kv_rope)
-    return kv_fp8, kv_scale, kv_rope
+    append_kv(c_kv, k_rope, torch.arange(n, device=dev), kv_content, kv_scale, kv_rope)
+    return kv_content, kv_scale, kv_rope
 
 
-def fetch_dequant(loc: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor,
+def fetch_dequant(loc: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor,
                   out_c_kv: torch.Tensor | None = None, out_k_rope: torch.Tensor | None = None):
     """Fetch-dequant (one launch): true bf16 values (scale re-applied) of slots `loc` [N] ->
     (c_kv [N, 512], k_rope [N, 64]). Reads only the N requested rows, never the whole pool."""
-    check_pool(kv_fp8, kv_scale, kv_rope)
+    check_pool(kv_content, kv_scale, kv_rope)
     N = loc.shape[0]
     _check_loc(loc, N)
-    _check_device(loc, kv_fp8, kv_scale, kv_rope)
-    dev = kv_fp8.device
+    _check_device(loc, kv_content, kv_scale, kv_rope)
+    dev = kv_content.device
     c = out_c_kv if out_c_kv is not None else torch.empty(N, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
     r = out_k_rope if out_k_rope is not None else torch.empty(N, nx.ROPE_DIM, dtype=torch.bfloat16, device=dev)
     _check(c, "out_c_kv", torch.bfloat16, nx.KV_LORA_RANK, 2)
     _check(r, "out_k_rope", torch.bfloat16, nx.ROPE_DIM, 2)
     if index_checks_enabled():
-        _check_slot_ids(loc, kv_fp8.shape[0])
+        _check_slot_ids(loc, kv_content.shape[0])
     if N:
-        tquant.fetch_dequant_kernel[(N,)](loc, kv_fp8, kv_scale, kv_rope, c, r, c.stride(0), r.stride(0),
+        tquant.fetch_dequant_kernel[(N,)](loc, kv_content, kv_scale, kv_rope, c, r, c.stride(0), r.stride(0),
                                           num_warps=4)
     return c, r
 
@@ -319,7 +319,7 @@ def block_table_entries(block_table: torch.Tensor) -> int:
     return block_table.untyped_storage().nbytes() // block_table.element_size() - block_table.storage_offset()
 
 
-def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
+def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
     """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode` does both; a benchmark
     that times the kernel without the combine calls this): with splits > 1 it writes o_part [B, s_q * H, splits,
@@ -328,14 +328,14 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_tab
     from . import cuda_ext
 
     _, s_q, H, _ = q8.shape
-    cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part,
+    cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                  lse_part, out, lse, s_q * H, H, s_q, softmax_scale * math.log2(math.e), splits,
                                  block_table_entries(block_table),
                                  CUDA_LAUNCH_FLAGS["kLaunchPdl"] * pdl
                                  | CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] * follows_q_quant)
 
 
-def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor,
+def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
            impl: str | None = None, follows_q_quant: bool = False):
@@ -360,7 +360,7 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
     _check(q_scale, "q_scale", torch.float32, None, 3)
-    check_pool(kv_fp8, kv_scale, kv_rope)
+    check_pool(kv_content, kv_scale, kv_rope)
     B, s_q, H, _ = q8.shape
     if q_rope.shape[:3] != (B, s_q, H) or q_scale.shape != (B, s_q, H):
         raise SnapMLAInputError(f"q8 {tuple(q8.shape)}, q_scale {tuple(q_scale.shape)}, q_rope "
@@ -370,12 +370,12 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
                                 f"{tuple(block_table.shape)} {block_table.dtype}")
     if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,):
         raise SnapMLAInputError(f"seq_lens must be [B={B}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
-    _check_device(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens)
+    _check_device(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens)
     if block_table.stride(1) != 1:
         raise SnapMLAInputError("block_table must have unit stride in its last dim (a row-major table or a view of "
                                 "one, e.g. table[:, :n])")
     if index_checks_enabled():
-        _check_paging(block_table, seq_lens, kv_fp8.shape[0])
+        _check_paging(block_table, seq_lens, kv_content.shape[0])
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
     impl = decode_impl(impl)  # resolved once: the split heuristic below must see the same implementation
@@ -396,14 +396,14 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_fp8
         lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
     pdl = pdl_enabled(dev)
     if impl == "cuda":
-        launch_cuda_decode(q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+        launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                            out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
                            splits, pdl=pdl, follows_q_quant=follows_q_quant)
     else:
         block_m, warps, stages = tiling or decode_tiling(R)
         qk_scale_log2 = softmax_scale * math.log2(math.e)
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
-            q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
+            q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
             block_table.stride(0), R, H, s_q, qk_scale_log2,
             splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final_in_kernel,
             num_warps=warps, num_stages=stages)
@@ -423,7 +423,7 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
                                    SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
 
 
-def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Tensor, kv_scale: torch.Tensor,
+def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor,
                    kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
                    num_splits: int | None = None, impl: str | None = None):
     """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as `decode`."""
@@ -431,5 +431,5 @@ def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_fp8: torch.Ten
         raise SnapMLAInputError(f"q_nope must be [B, s_q, H, 512], got {tuple(q_nope.shape)}")
     B, s_q, H, _ = q_nope.shape
     q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
-    return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_fp8, kv_scale,
+    return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_content, kv_scale,
                   kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl, follows_q_quant=True)

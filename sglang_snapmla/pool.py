@@ -1,10 +1,12 @@
 """The SnapMLA KV pool: SGLang's MLA pool with the 644-byte per-token layout.
 
-Per layer three arrays over `size + page_size` slots (slot 0 is SGLang's dummy slot for padded tokens):
+Per layer three arrays over `size + page_size` slots (slot 0 is SGLang's dummy slot for padded tokens), named
+content, scale and rope as in the spec (`numerics.LatentCache`) and the kernels (`kv_content`, `kv_scale`, `kv_rope`):
 
-    kv_buffer[l]        [N, 512] float8_e4m3fn   content c_kv / scale
-    kv_scale_buffer[l]  [N]      float32         per-token scale
-    kv_rope_buffer[l]   [N, 64]  bfloat16        k_rope / scale (scale-domain aligned)
+    kv_buffer[l]        [N, 512] float8_e4m3fn   content: c_kv / scale (SGLang's attribute name, which its
+                                                 engine code reads, holds the content array)
+    kv_scale_buffer[l]  [N]      float32         scale: per token
+    kv_rope_buffer[l]   [N, 64]  bfloat16        rope: k_rope / scale (scale-domain aligned)
 
 Writes go through the fused K-append kernel, reads for MHA prefill / prefix reuse through fetch-dequant (only the
 requested rows). There is no single 576-wide tensor: `get_key_buffer` / `get_value_buffer` raise and name the
@@ -65,7 +67,7 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
 
     # ---- the engine's accessors ------------------------------------------------------------------------
     def snapmla_buffers(self, layer_id: int):
-        """(kv_fp8 [N, 512], kv_scale [N], kv_rope [N, 64]) of one layer, as the SnapMLA kernels take them."""
+        """(kv_content [N, 512], kv_scale [N], kv_rope [N, 64]) of one layer, as the SnapMLA kernels take them."""
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
         i = layer_id - self.start_layer

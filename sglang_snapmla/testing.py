@@ -104,11 +104,11 @@ def unwritten_slot_mask(num_slots: int, block_table: torch.Tensor, seq_lens: tor
     return ~written
 
 
-def poison_unwritten(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor,
+def poison_unwritten(kv_content: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, gen: torch.Generator) -> None:
     """Fill every unwritten slot of the pool arrays (in place) with stale, mostly non-finite bytes: FP8 NaN (0x7F /
     0xFF) and random codes, scales NaN / +-inf / 1e30 / random, RoPE NaN / inf / random."""
-    bad = unwritten_slot_mask(kv_fp8.shape[0], block_table, seq_lens).to(kv_fp8.device)
+    bad = unwritten_slot_mask(kv_content.shape[0], block_table, seq_lens).to(kv_content.device)
     n = int(bad.sum())
     content = torch.randint(0, 256, (n, KV_LORA_RANK), generator=gen, dtype=torch.uint8)
     content[torch.rand(n, KV_LORA_RANK, generator=gen) < 0.5] = 0x7F
@@ -116,7 +116,7 @@ def poison_unwritten(kv_fp8: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torc
     scale = scale_choices[torch.randint(0, 5, (n,), generator=gen)]
     rope_choices = torch.tensor([math.nan, math.inf, -math.inf, 3e38], dtype=torch.float32).to(torch.bfloat16)
     rope = rope_choices[torch.randint(0, 4, (n, ROPE_DIM), generator=gen)]
-    kv_fp8.view(torch.uint8)[bad] = content.to(kv_fp8.device)
+    kv_content.view(torch.uint8)[bad] = content.to(kv_content.device)
     kv_scale[bad] = scale.to(kv_scale.device)
     kv_rope[bad] = rope.to(kv_rope.device)
 

@@ -29,13 +29,13 @@ def main() -> int:
                 q_rope_out_ptr="*bf16", stride_nt="i32", stride_nh="i32", stride_rt="i32", stride_rh="i32", H="i32"),
            {**quant_consts, "PDL": pdl}, {}) for pdl in (False, True)),
         ("append_kv", quant.append_kv_kernel,
-         dict(c_kv_ptr="*bf16", k_rope_ptr="*bf16", loc_ptr="*i64", kv_fp8_ptr="*fp8e4nv", kv_scale_ptr="*fp32",
+         dict(c_kv_ptr="*bf16", k_rope_ptr="*bf16", loc_ptr="*i64", kv_content_ptr="*fp8e4nv", kv_scale_ptr="*fp32",
               kv_rope_ptr="*bf16", stride_c="i32", stride_r="i32"), quant_consts, {}),
         ("fetch_dequant", quant.fetch_dequant_kernel,
-         dict(loc_ptr="*i64", kv_fp8_ptr="*fp8e4nv", kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", c_kv_out_ptr="*bf16",
-              k_rope_out_ptr="*bf16", stride_co="i32", stride_ro="i32"), {}, {}),
+         dict(loc_ptr="*i64", kv_content_ptr="*fp8e4nv", kv_scale_ptr="*fp32", kv_rope_ptr="*bf16",
+              c_kv_out_ptr="*bf16", k_rope_out_ptr="*bf16", stride_co="i32", stride_ro="i32"), {}, {}),
     ]
-    dec_sig = dict(q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_ptr="*bf16", kv_fp8_ptr="*fp8e4nv",
+    dec_sig = dict(q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_ptr="*bf16", kv_content_ptr="*fp8e4nv",
                    kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", block_table_ptr="*i32", seq_lens_ptr="*i32",
                    o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", stride_bt="i32",
                    R="i32", H="i32", S_Q="i32", qk_scale_log2="fp32", NUM_SPLITS="i32")

@@ -34,7 +34,7 @@ if torch.cuda.is_available():
 
 
 def _problem(gen, seq_lens, heads, s_q):
-    """A paged problem on DEV with its kernel-written pool: (q8, q_scale, q_rope', [kv_fp8, kv_scale, kv_rope],
+    """A paged problem on DEV with its kernel-written pool: (q8, q_scale, q_rope', [kv_content, kv_scale, kv_rope],
     block_table, seq_lens)."""
     p = paged_problem(gen, seq_lens, heads, s_q=s_q)
     B = len(seq_lens)

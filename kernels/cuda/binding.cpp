@@ -11,12 +11,12 @@
 // [B, s_q, H, 512] bf16 / lse_out [B, H, s_q] fp32 (final outputs; o_part and lse_part empty).
 // launch_flags: snapmla::kLaunchPdl | snapmla::kLaunchKvBeforeWait (snapmla_decode_sm90.h; without kLaunchPdl the
 // kernel's wait is a no-op and the previous kernel has completed anyway).
-void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_fp8,
+void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope, torch::Tensor kv_content,
                   torch::Tensor kv_scale, torch::Tensor kv_rope, torch::Tensor block_table, torch::Tensor seq_lens,
                   torch::Tensor o_part, torch::Tensor lse_part, torch::Tensor out, torch::Tensor lse_out, int64_t R,
                   int64_t H, int64_t S_Q, double qk_scale_log2, int64_t num_splits, int64_t bt_entries,
                   int64_t launch_flags) {
-  for (const auto& t : {q8, q_scale, q_rope, kv_fp8, kv_scale, kv_rope, o_part, lse_part, out, lse_out})
+  for (const auto& t : {q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out})
     TORCH_CHECK(t.is_cuda() && t.is_contiguous(), "snapmla sm90 decode: CUDA, contiguous tensors expected");
   const bool final_out = out.numel() > 0;
   TORCH_CHECK(!final_out || (num_splits == 1 && lse_out.numel() > 0 && out.scalar_type() == torch::kBFloat16 &&
@@ -33,8 +33,8 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
                                                    block_table.storage_offset(),
               "snapmla sm90 decode: bt_entries exceeds the block table's storage");
   auto err = snapmla::launch_decode_split_sm90(
-      q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_fp8.data_ptr(), kv_scale.data_ptr<float>(),
-      kv_rope.data_ptr(), kv_fp8.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
+      q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_content.data_ptr(), kv_scale.data_ptr<float>(),
+      kv_rope.data_ptr(), kv_content.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
       final_out ? nullptr : o_part.data_ptr<float>(), final_out ? nullptr : lse_part.data_ptr<float>(),
       final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr,
       static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), bt_entries,

@@ -723,7 +723,7 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, int batch, int R
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
+cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_content,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
                                      void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
@@ -746,7 +746,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   // captured graph come from the graph's memory pool (fixed for every replay), as pointer arguments would. Without
   // final outputs the output map is unused (zeroed).
   CUtensorMap map_kv, map_rope, map_q8, map_qr, map_out = {};
-  if (!encode_pool_map(&map_kv, kv_fp8, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
+  if (!encode_pool_map(&map_kv, kv_content, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
       !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
       !encode_rows_map(&map_q8, q8, batch, R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||

@@ -15,14 +15,14 @@ constexpr int kLaunchKvBeforeWait = 2;  // the previous kernel is the Q quantiza
 
 // One launch of the split decode. Pointers are device pointers of contiguous arrays:
 //   q8 [batch, R, 512] fp8, q_scale [batch, R] fp32, q_rope [batch, R, 64] bf16 (R = S_Q x H query rows)
-//   kv_fp8 [pool_rows, 512] fp8, kv_scale [pool_rows] fp32, kv_rope [pool_rows, 64] bf16 (the pool of one layer)
+//   kv_content [pool_rows, 512] fp8, kv_scale [pool_rows] fp32, kv_rope [pool_rows, 64] bf16 (the pool of one layer)
 //   block_table: row b at block_table + b x stride_bt, int32 page ids; bt_entries = int32 entries from block_table
 //     to the end of its allocation (the bound of every block-table read, never the caller's view width)
 //   seq_lens [batch] int32
 //   either o_part [batch, R, num_splits, 512] fp32 + lse_part [batch, R, num_splits] (base 2), with out = lse_out =
 //   nullptr, or (num_splits == 1) out [batch, R, 512] bf16 + lse_out [batch, H, S_Q] (natural log), with the
 //   partials nullptr. Returns the launch's error (cudaErrorInvalidValue: a TMA descriptor could not be encoded).
-cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_fp8,
+cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_content,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
                                      void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,

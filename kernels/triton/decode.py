@@ -24,7 +24,7 @@ CHUNK = tl.constexpr(128)  # LATENT = 4 * CHUNK
 @triton.jit
 def decode_split_kernel(
     q8_ptr, q_scale_ptr, q_rope_ptr,  # [B, R, 512] fp8, [B, R] fp32, [B, R, 64] bf16 with R = s_q * H (contiguous)
-    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
+    kv_content_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
     block_table_ptr, seq_lens_ptr,  # [B, max_pages] int32, [B] int32
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
     out_ptr, lse_ptr,  # FINAL only: [B, R, 512] bf16, [B, H, s_q] fp32 (natural log), the combine's outputs
@@ -80,7 +80,7 @@ def decode_split_kernel(
         # them is replaced by -inf below; the scale and V, which meet P by multiplication, are not read there.
         key_pos = page_idx * PAGE + keys
         written = key_pos < seq_len
-        kt_base = kv_fp8_ptr + slots[None, :] * LATENT + dq[:, None]
+        kt_base = kv_content_ptr + slots[None, :] * LATENT + dq[:, None]
         k_rope_t = tl.load(kv_rope_ptr + slots[None, :] * ROPE + dr[:, None])
         k_scale = tl.load(kv_scale_ptr + slots, mask=written, other=0.0)
 
@@ -103,7 +103,7 @@ def decode_split_kernel(
         p_v = tl.where(visible, p * k_scale[None, :], 0.0)
         p_scale = tl.maximum(tl.max(p_v, axis=1) / FP8_MAX, P_SCALE_FLOOR)
         p8 = (p_v / p_scale[:, None]).to(tl.float8e4nv)
-        v_base = kv_fp8_ptr + slots[:, None] * LATENT + dq[None, :]
+        v_base = kv_content_ptr + slots[:, None] * LATENT + dq[None, :]
         v_ok, a, ps = written[:, None], alpha[:, None], p_scale[:, None]
         acc0 = acc0 * a + tl.dot(p8, tl.load(v_base + 0 * CHUNK, mask=v_ok, other=0.0)) * ps
         acc1 = acc1 * a + tl.dot(p8, tl.load(v_base + 1 * CHUNK, mask=v_ok, other=0.0)) * ps

@@ -57,7 +57,7 @@ def quantize_q_kernel(
 @triton.jit
 def append_kv_kernel(
     c_kv_ptr, k_rope_ptr, loc_ptr,  # [T, 512], [T, 64] bf16 (row strides given), [T] int64 slot ids
-    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer: [N, 512] fp8, [N] fp32, [N, 64] bf16
+    kv_content_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer: [N, 512] fp8, [N] fp32, [N, 64] bf16
     stride_c, stride_r,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
 ):
@@ -68,7 +68,7 @@ def append_kv_kernel(
     content = tl.load(c_kv_ptr + t * stride_c + dc).to(tl.float32)
     rope = tl.load(k_rope_ptr + t * stride_r + dr).to(tl.float32)
     k8, scale, rope_al = _quantize_row(content, rope, FP8_MAX, SCALE_FLOOR)
-    tl.store(kv_fp8_ptr + slot * LATENT + dc, k8)
+    tl.store(kv_content_ptr + slot * LATENT + dc, k8)
     tl.store(kv_scale_ptr + slot, scale)
     tl.store(kv_rope_ptr + slot * ROPE + dr, rope_al)
 
@@ -76,7 +76,7 @@ def append_kv_kernel(
 @triton.jit
 def fetch_dequant_kernel(
     loc_ptr,  # [N] int64 slot ids
-    kv_fp8_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer
+    kv_content_ptr, kv_scale_ptr, kv_rope_ptr,  # pool arrays of one layer
     c_kv_out_ptr, k_rope_out_ptr,  # [N, 512], [N, 64] bf16 (row strides given)
     stride_co, stride_ro,
 ):
@@ -85,7 +85,7 @@ def fetch_dequant_kernel(
     dr = tl.arange(0, ROPE)
     slot = tl.load(loc_ptr + i).to(tl.int64)
     scale = tl.load(kv_scale_ptr + slot)
-    content = tl.load(kv_fp8_ptr + slot * LATENT + dc).to(tl.float32)
+    content = tl.load(kv_content_ptr + slot * LATENT + dc).to(tl.float32)
     rope = tl.load(kv_rope_ptr + slot * ROPE + dr).to(tl.float32)
     tl.store(c_kv_out_ptr + i * stride_co + dc, (content * scale).to(tl.bfloat16))
     tl.store(k_rope_out_ptr + i * stride_ro + dr, (rope * scale).to(tl.bfloat16))
