@@ -9,8 +9,8 @@ Shapes and dtypes:
 | op | inputs | outputs |
 |---|---|---|
 | quantize_q | q_nope [T, H, 512], q_rope [T, H, 64] bf16 | q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16 |
-| append_kv | c_kv [T, 512], k_rope [T, 64] bf16, loc [T] int64, pool arrays (in place) | - |
-| fetch_dequant | loc [N] int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
+| append_kv | c_kv [T, 512], k_rope [T, 64] bf16, loc [T] int32 or int64, pool arrays (in place) | - |
+| fetch_dequant | loc [N] int32 or int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
 | decode | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
 
 Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
