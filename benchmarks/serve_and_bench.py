@@ -175,15 +175,16 @@ def stop_server(proc: subprocess.Popen, log) -> None:
 
 def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
                   seed: int = 1, max_concurrency: int | None = None, details: Path | None = None,
-                  stream: bool = True) -> tuple[dict, str]:
-    """`python -m sglang.bench_serving` (random-ids, range ratio 1.0) against the server -> (METRICS, raw output).
+                  stream: bool = True, range_ratio: float = 1.0) -> tuple[dict, str]:
+    """`python -m sglang.bench_serving` (random-ids) against the server -> (METRICS, raw output). Lengths are drawn
+    uniformly in [range_ratio x len, len] (1.0: every request the same).
     stream=False: `--disable-stream` (whole responses; no per-token client work, no TTFT / TPOT).
     With `details` (a JSONL path bench_serving appends to), the metrics also carry the per-request TTFTs (s) and
     input lengths, in the order bench_serving lists them: what a median hides (a few slow first requests)."""
     cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
            "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
-           str(output_len), "--random-range-ratio", "1.0", "--tokenizer", model, "--num-prompts", str(num_prompts),
-           "--seed", str(seed)]
+           str(output_len), "--random-range-ratio", str(range_ratio), "--tokenizer", model,
+           "--num-prompts", str(num_prompts), "--seed", str(seed)]
     if max_concurrency:
         cmd += ["--max-concurrency", str(max_concurrency)]
     if not stream:

@@ -27,6 +27,21 @@ def _field(line: str, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
+def decode_lines(text: str) -> list[dict]:
+    """The decode batches of a server log, in order -> [{"time", "running", "usage", "rate", "queue"}]: the line's
+    time (1 s resolution), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated
+    since the previous decode line over the wall time since it) and `#queue-req`."""
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(2) == "Decode":
+            out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"),
+                        "running": int(_field(line, "#running-req") or 0), "usage": _field(line, "token usage") or 0.0,
+                        "rate": _field(line, "gen throughput (token/s)") or 0.0,
+                        "queue": int(_field(line, "#queue-req") or 0)})
+    return out
+
+
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
     batches = []  # (time, kind, line)

@@ -1,0 +1,197 @@
+"""Sustained serving throughput with the KV pool full: the steady window of a long run, per backend, beside the
+whole run's (burst) numbers.
+
+    python -m benchmarks.serve_steady --model configs/models/deepseek-v2-lite-shape \\
+        --backends snapmla flashmla flashmla-fp8 --out steady_v2lite
+    python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --out steady_v3
+
+A burst of same-length requests ends with a tail in which the last requests run almost alone, so its average says
+little about a server that stays busy. Here every backend gets the same prompts of varied lengths (uniform in
+[range_ratio x len, len]), enough of them to fill the pool `--turnovers` times over, all sent at once. The server
+logs a decode line every `--decode-log-interval` steps; the **steady window** runs from the first to the last decode
+line that finds requests waiting (`#queue-req` > 0) with the pool at least `--usage-floor` of its largest use in
+the run. Its output rate is generated tokens over wall time: each line's `gen throughput` covers `interval` steps of
+its `#running-req` requests, so the window's rate is sum(running) / sum(running / rate) (non-speculative decoding:
+one token per request and step). Prefill batches inside the window count as the time they take.
+
+The prompt count is sized once, from the first backend's pool (`--prompts` fixes it), and recorded in the JSON so
+that every backend, also in a later `--resume` run, serves the same requests. Prints a table (steady output tok/s and
+its ratio to flashmla BF16's, the burst's total and output tok/s), writes serve_steady.json and serve_steady.png (each
+backend's decode rate over the run, its steady window marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+
+from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
+                                        start_server, stop_server, wait_healthy)
+from benchmarks.server_log_stats import decode_lines
+from benchmarks.serve_matrix import CONTEXT_LENGTH, CUDA_GRAPH_MAX_BS
+
+REFERENCE = "flashmla"
+DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
+
+
+def prompts_for_pool(pool: int, input_len: int, output_len: int, range_ratio: float, turnovers: float) -> int:
+    """Requests that fill a pool of `pool` tokens `turnovers` times: a request holds its prompt and, on average over
+    its life, half of its output; lengths average (1 + range_ratio) / 2 of the nominal ones."""
+    mean = (1 + range_ratio) / 2
+    held = mean * input_len + mean * output_len / 2
+    return max(1, math.ceil(turnovers * pool / held))
+
+
+def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
+    """The steady window of a run's decode lines (`server_log_stats.decode_lines`), or None when no line found the
+    server saturated -> {"first", "last" (line indices), "seconds", "lines", "output_tok_s", "mean_running",
+    "mean_usage"}."""
+    if not lines:
+        return None
+    top = max(line["usage"] for line in lines)
+    saturated = [i for i, line in enumerate(lines) if line["queue"] > 0 and line["usage"] >= usage_floor * top]
+    if not saturated:
+        return None
+    window = lines[saturated[0]: saturated[-1] + 1]
+    timed = [line for line in window if line["rate"] > 0 and line["running"] > 0]
+    if not timed:
+        return None
+    # each line covers `interval` steps of `running` requests in running * interval / rate seconds
+    rate = sum(line["running"] for line in timed) / sum(line["running"] / line["rate"] for line in timed)
+    return {"first": saturated[0], "last": saturated[-1], "lines": len(window),
+            "seconds": (window[-1]["time"] - window[0]["time"]).total_seconds(),
+            "output_tok_s": round(rate, 1),
+            "mean_running": round(sum(line["running"] for line in window) / len(window), 1),
+            "mean_usage": round(sum(line["usage"] for line in window) / len(window), 3)}
+
+
+def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, args) -> dict:
+    """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window, ...}.
+    workload["num_prompts"] is sized from this server's pool when it is not set yet."""
+    log_path = out / f"server_{Path(model).name}_{backend}.log"
+    flags = ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), "--decode-log-interval", str(args.decode_log_interval),
+             *RUNS[backend]]
+    proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
+    res: dict = {"cmd": proc.cmd}
+    try:
+        wait_healthy(port, proc, args.startup_timeout)
+        res["pool_tokens"] = pool_tokens(log_path.read_text(errors="replace"))
+        if not workload.get("num_prompts"):
+            workload["num_prompts"] = prompts_for_pool(res["pool_tokens"], workload["input_len"],
+                                                       workload["output_len"], workload["range_ratio"], args.turnovers)
+        # unmeasured warm-up of the same lengths (JIT builds, CUDA graph first replays), then an empty radix cache
+        bench_serving(port, model, workload["input_len"], 8, 16, args.bench_timeout, seed=2,
+                      range_ratio=workload["range_ratio"])
+        flush_cache(port)
+        start = len(log_path.read_text(errors="replace").splitlines())
+        res["burst"], text = bench_serving(port, model, workload["input_len"], workload["output_len"],
+                                           workload["num_prompts"], args.bench_timeout,
+                                           range_ratio=workload["range_ratio"])
+        (out / f"bench_{Path(model).name}_{backend}_steady.txt").write_text(text)
+        lines = decode_lines("\n".join(log_path.read_text(errors="replace").splitlines()[start:]))
+        res["decode_lines"] = [{**line, "time": line["time"].isoformat()} for line in lines]
+        res["steady"] = steady_window(lines, args.usage_floor)
+    except Exception as e:  # recorded in the table, never hidden
+        res["error"] = repr(e)[:300]
+    finally:
+        stop_server(proc, log)
+    return res
+
+
+def table(results: dict) -> str:
+    """Markdown: one row per backend; the steady rate's ratio to flashmla BF16's and the burst's."""
+    backends, ref = results["backends"], results["backends"].get(REFERENCE, {})
+    lines = ["| backend | pool tokens | steady output tok/s | vs flashmla BF16 | steady window s (lines) "
+             "| mean running | mean pool use | burst total tok/s | burst output tok/s | burst vs flashmla BF16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in backends.items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error']} | | | | | | | | |")
+            continue
+        s, burst = r.get("steady") or {}, r.get("burst") or {}
+        ratio = _ratio(s.get("output_tok_s"), (ref.get("steady") or {}).get("output_tok_s"))
+        burst_ratio = _ratio(burst.get("total_tok_s"), (ref.get("burst") or {}).get("total_tok_s"))
+        window = f"{s['seconds']:.0f} ({s['lines']})" if s else "no steady window"
+        lines.append(f"| {name} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
+                     f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {burst.get('total_tok_s')} "
+                     f"| {burst.get('output_tok_s')} | {burst_ratio} |")
+    return "\n".join(lines)
+
+
+def _ratio(value, base) -> str:
+    return f"{value / base:.2f}x" if value and base else "-"
+
+
+def plot(results: dict, path: Path) -> Path:
+    """Decode rate (gen throughput) over the run's seconds, one line per backend, steady windows shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for k, (name, r) in enumerate(results["backends"].items()):
+        lines = r.get("decode_lines") or []
+        if not lines:
+            continue
+        t0 = datetime.fromisoformat(lines[0]["time"])
+        xs = [(datetime.fromisoformat(line["time"]) - t0).total_seconds() for line in lines]
+        ax.plot(xs, [line["rate"] for line in lines], label=name, color=f"C{k}", lw=1)
+        s = r.get("steady")
+        if s:
+            ax.axvspan(xs[s["first"]], xs[s["last"]], color=f"C{k}", alpha=0.12)
+    ax.set_xlabel("seconds since the first decode line")
+    ax.set_ylabel("gen throughput (tok/s)")
+    ax.set_title(f"{Path(results['model']).name}: decode rate, steady windows shaded")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
+    ap.add_argument("--backends", nargs="+", default=["snapmla", "flashmla", "flashmla-fp8"], choices=list(RUNS))
+    ap.add_argument("--input-len", type=int, default=DEFAULTS["input_len"])
+    ap.add_argument("--output-len", type=int, default=DEFAULTS["output_len"])
+    ap.add_argument("--range-ratio", type=float, default=DEFAULTS["range_ratio"])
+    ap.add_argument("--prompts", type=int, help="the request count (default: sized from the first backend's pool)")
+    ap.add_argument("--turnovers", type=float, default=2.0, help="how many times the requests fill the pool")
+    ap.add_argument("--usage-floor", type=float, default=0.9,
+                    help="pool use of a steady line, relative to the run's peak")
+    ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
+    ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
+    ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--bench-timeout", type=float, default=1800)
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--out", type=Path, default=Path("steady_out"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "serve_steady.json"
+    workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
+                "num_prompts": args.prompts}
+    results = {"model": args.model, "workload": workload, "backends": {}}
+    if args.resume and path.exists():
+        results = json.loads(path.read_text())
+        if results["model"] != args.model:
+            raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
+        workload = results["workload"]  # the same requests for every backend
+    kill_servers_on_exit()
+    for backend in args.backends:
+        if backend in results["backends"] and "error" not in results["backends"][backend]:
+            continue
+        results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)
+        path.write_text(json.dumps(results, indent=1))
+    print(f"{Path(args.model).name}: {workload['num_prompts']} prompts, in {workload['input_len']} / out "
+          f"{workload['output_len']}, lengths from {workload['range_ratio']} x\n")
+    print(table(results))
+    print(f"\nJSON: {path}; plot: {plot(results, args.out / 'serve_steady.png')}")
+
+
+if __name__ == "__main__":
+    main()

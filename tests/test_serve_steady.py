@@ -1,0 +1,79 @@
+"""benchmarks/serve_steady.py: the steady window of a server log, the request count for a pool, and that every
+backend of a run (also one resumed later) serves the same requests."""
+
+import json
+
+import pytest
+
+from benchmarks import serve_steady
+from benchmarks.server_log_stats import decode_lines
+
+
+def _decode(t: int, running: int, usage: float, rate: float, queue: int) -> str:
+    return (f"[2026-11-22 10:{t // 60:02d}:{t % 60:02d}] Decode batch, #running-req: {running}, #token: 1, "
+            f"token usage: {usage:.2f}, cuda graph: True, gen throughput (token/s): {rate:.2f}, #queue-req: {queue}")
+
+
+def _prefill(t: int) -> str:
+    return (f"[2026-11-22 10:{t // 60:02d}:{t % 60:02d}] Prefill batch, #new-seq: 2, #new-token: 8192, "
+            f"#cached-token: 0, token usage: 0.50, #running-req: 2, #queue-req: 40, input throughput (token/s): 1.00")
+
+
+# a burst: ramp-up (requests waiting, pool filling), a full pool with requests waiting (rates and batch sizes vary,
+# prefill batches in between), then the tail (nothing waiting, the pool draining)
+RAMP = [(0, 64, 0.20, 9000.0, 500), (1, 128, 0.45, 10000.0, 400), (2, 200, 0.70, 11000.0, 300)]
+STEADY = [(3, 300, 0.95, 12000.0, 200), (4, 280, 0.97, 8000.0, 150), (6, 310, 0.96, 12400.0, 90),
+          (7, 290, 0.94, 11600.0, 10)]
+TAIL = [(8, 200, 0.60, 9000.0, 0), (9, 60, 0.20, 3000.0, 0), (10, 5, 0.02, 400.0, 0)]
+LOG = "\n".join([_decode(*r) for r in RAMP] + [_prefill(3)] + [_decode(*r) for r in STEADY[:2]] + [_prefill(5)]
+                + [_decode(*r) for r in STEADY[2:]] + [_decode(*r) for r in TAIL])
+
+
+def test_the_steady_window_is_the_full_pool_with_requests_waiting():
+    lines = decode_lines(LOG)
+    assert len(lines) == len(RAMP) + len(STEADY) + len(TAIL)  # prefill lines are not decode lines
+    w = serve_steady.steady_window(lines, usage_floor=0.9)
+    assert (w["first"], w["last"], w["lines"], w["seconds"]) == (3, 6, 4, 4.0)
+    # tokens over time: each line's tokens are running x interval, its time running x interval / rate
+    expected = sum(r[1] for r in STEADY) / sum(r[1] / r[3] for r in STEADY)
+    assert w["output_tok_s"] == pytest.approx(expected, abs=0.1)
+    assert w["output_tok_s"] != pytest.approx(sum(r[3] for r in STEADY) / len(STEADY), abs=1.0)
+    assert w["mean_running"] == pytest.approx(sum(r[1] for r in STEADY) / len(STEADY), abs=0.1)
+
+
+def test_no_steady_window_without_requests_waiting():
+    assert serve_steady.steady_window(decode_lines("\n".join(_decode(*r) for r in TAIL))) is None
+    assert serve_steady.steady_window([]) is None
+
+
+def test_prompts_fill_the_pool_the_asked_number_of_times():
+    # lengths uniform in [0.5, 1] x 2048: a request holds 1 536 prompt tokens and on average 768 output tokens
+    assert serve_steady.prompts_for_pool(2_304_000, 2048, 2048, 0.5, 2.0) == 2000
+    assert serve_steady.prompts_for_pool(100, 2048, 2048, 1.0, 1.0) == 1
+
+
+def test_every_backend_serves_the_requests_sized_from_the_first_pool(monkeypatch, tmp_path):
+    pools = {"snapmla": 2_304_000, "flashmla": 1_167_680, "flashmla-fp8": 2_335_360}
+    served = []
+
+    def fake_run(model, backend, workload, out, port, args):
+        if not workload.get("num_prompts"):
+            workload["num_prompts"] = serve_steady.prompts_for_pool(pools[backend], workload["input_len"],
+                                                                   workload["output_len"], workload["range_ratio"],
+                                                                   args.turnovers)
+        served.append((backend, workload["num_prompts"]))
+        lines = decode_lines(LOG)
+        return {"pool_tokens": pools[backend], "burst": {"total_tok_s": 1000.0, "output_tok_s": 500.0},
+                "decode_lines": [{**x, "time": x["time"].isoformat()} for x in lines],
+                "steady": serve_steady.steady_window(lines)}
+
+    monkeypatch.setattr(serve_steady, "run_backend", fake_run)
+    monkeypatch.setattr(serve_steady, "kill_servers_on_exit", lambda: None)
+    serve_steady.main(["--backends", "snapmla", "flashmla", "--out", str(tmp_path)])
+    serve_steady.main(["--backends", "snapmla", "flashmla", "flashmla-fp8", "--resume", "--out", str(tmp_path)])
+    assert served == [("snapmla", 2000), ("flashmla", 2000), ("flashmla-fp8", 2000)]  # resume ran only the new one
+    saved = json.loads((tmp_path / "serve_steady.json").read_text())
+    assert saved["workload"]["num_prompts"] == 2000 and set(saved["backends"]) == set(pools)
+    assert (tmp_path / "serve_steady.png").stat().st_size > 0
+    table = serve_steady.table(saved)
+    assert table.count("| 1.00x |") >= 3  # the same made-up rates: every steady and burst ratio is 1.00x
