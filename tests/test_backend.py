@@ -113,3 +113,8 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads):
                         backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
         assert_close(out[rows].float().view(1, ext[b], H, 512), ref, rel_l2=1e-2, what=f"request {b}")
         start += ext[b]
+    # the absorbed MQA layer (head dim 576) called with q as latent + RoPE concatenated (no q_rope, as SGLang's
+    # attention kits and concatenating model paths do) takes the same path, not MHA prefill
+    mqa = SimpleNamespace(**vars(layer), head_dim=512 + 64)
+    again = backend.forward_extend(torch.cat([q, qr], -1), None, None, mqa, fb, save_kv_cache=False)
+    assert torch.equal(again, out)
