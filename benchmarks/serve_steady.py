@@ -56,7 +56,7 @@ def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
     if not saturated:
         return None
     window = lines[saturated[0]: saturated[-1] + 1]
-    timed = [line for line in window if line["rate"] > 0 and line["running"] > 0]
+    timed = [line for line in window if line["rate"] and line["running"] > 0]
     if not timed:
         return None
     # each line covers `interval` steps of `running` requests in running * interval / rate seconds
@@ -139,7 +139,7 @@ def plot(results: dict, path: Path) -> Path:
             continue
         t0 = datetime.fromisoformat(lines[0]["time"])
         xs = [(datetime.fromisoformat(line["time"]) - t0).total_seconds() for line in lines]
-        ax.plot(xs, [line["rate"] for line in lines], label=name, color=f"C{k}", lw=1)
+        ax.plot(xs, [line["rate"] or 0.0 for line in lines], label=name, color=f"C{k}", lw=1)
         s = r.get("steady")
         if s:
             ax.axvspan(xs[s["first"]], xs[s["last"]], color=f"C{k}", alpha=0.12)

@@ -30,14 +30,14 @@ def _field(line: str, name: str) -> float | None:
 def decode_lines(text: str) -> list[dict]:
     """The decode batches of a server log, in order -> [{"time", "running", "usage", "rate", "queue"}]: the line's
     time (1 s resolution), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated
-    since the previous decode line over the wall time since it) and `#queue-req`."""
+    since the previous decode line over the wall time since it; None where the line has none) and `#queue-req`."""
     out = []
     for line in text.splitlines():
         m = _LINE.match(line)
         if m and m.group(2) == "Decode":
             out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"),
                         "running": int(_field(line, "#running-req") or 0), "usage": _field(line, "token usage") or 0.0,
-                        "rate": _field(line, "gen throughput (token/s)") or 0.0,
+                        "rate": _field(line, "gen throughput (token/s)"),
                         "queue": int(_field(line, "#queue-req") or 0)})
     return out
 
@@ -49,8 +49,7 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
         m = _LINE.match(line)
         if m:
             batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2), line))
-    decode_rates = sorted(r for _, kind, line in batches if kind == "Decode"
-                          for r in [_field(line, "gen throughput (token/s)")] if r is not None)
+    decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)
     usage = [u for _, _, line in batches for u in [_field(line, "token usage")] if u is not None]
     prefill = [(t, _field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
     first = next((i for i, (_, queued) in enumerate(prefill) if queued >= min_queue), None)
