@@ -31,10 +31,13 @@ from pathlib import Path
 from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
                                         start_server, stop_server, wait_healthy)
 from benchmarks.server_log_stats import decode_lines
-from benchmarks.serve_matrix import CONTEXT_LENGTH, CUDA_GRAPH_MAX_BS
+from benchmarks.serve_matrix import CONTEXT_LENGTH
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
+# A full FP8 pool admits ~900 running requests on the V2-Lite shape (H100, 80 % of memory): batches above the largest
+# captured one decode eagerly at about half the rate, so the graphs reach past the largest running batch.
+CUDA_GRAPH_MAX_BS = 1024
 
 
 def prompts_for_pool(pool: int, input_len: int, output_len: int, range_ratio: float, turnovers: float) -> int:
@@ -72,7 +75,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window, ...}.
     workload["num_prompts"] is sized from this server's pool when it is not set yet."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
-    flags = ["--cuda-graph-max-bs", str(CUDA_GRAPH_MAX_BS), "--decode-log-interval", str(args.decode_log_interval),
+    flags = ["--cuda-graph-max-bs", str(workload["cuda_graph_max_bs"]), "--decode-log-interval", str(args.decode_log_interval),
              *RUNS[backend]]
     proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
     res: dict = {"cmd": proc.cmd}
@@ -164,6 +167,8 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--turnovers", type=float, default=2.0, help="how many times the requests fill the pool")
     ap.add_argument("--usage-floor", type=float, default=0.9,
                     help="pool use of a steady line, relative to the run's peak")
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=CUDA_GRAPH_MAX_BS,
+                    help="largest captured decode batch, the same for every backend (above the largest running batch)")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
     ap.add_argument("--startup-timeout", type=float, default=600)
@@ -174,7 +179,7 @@ def main(argv: list[str] | None = None):
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "serve_steady.json"
     workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
-                "num_prompts": args.prompts}
+                "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs}
     results = {"model": args.model, "workload": workload, "backends": {}}
     if args.resume and path.exists():
         results = json.loads(path.read_text())
