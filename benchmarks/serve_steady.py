@@ -16,7 +16,8 @@ one token per request and step). Prefill batches inside the window count as the 
 
 The prompt count is sized once, from the first backend's pool (`--prompts` fixes it), and recorded in the JSON so
 that every backend, also in a later `--resume` run, serves the same requests. Prints a table (steady output tok/s and
-its ratio to flashmla BF16's, the burst's total and output tok/s), writes serve_steady.json and serve_steady.png (each
+its ratio to flashmla BF16's, the burst's total and output tok/s as the client saw them, and the engine's output
+rate over its own span from first to last decode line, `engine_rate`), writes serve_steady.json and serve_steady.png (each
 backend's decode rate over the run, its steady window marked).
 """
 
@@ -71,6 +72,25 @@ def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
             "mean_usage": round(sum(line["usage"] for line in window) / len(window), 3)}
 
 
+def engine_rate(result: dict) -> dict | None:
+    """The engine's side of the whole run: from its first to its last decode line (1 s resolution; the first comes
+    from bench_serving's single test request, a few seconds before the burst), and the client's output tokens
+    (bench_serving's output tok/s x its duration) over that span -> {"seconds", "output_tok_s"}, or None without
+    both. A streaming client that cannot keep up with the engine reports a longer duration than the engine took: the
+    two rates tell the attention backend's effect from the frontend's."""
+    lines, burst = result.get("decode_lines") or [], result.get("burst") or {}
+    if len(lines) < 2 or not burst.get("output_tok_s") or not burst.get("duration_s"):
+        return None
+    seconds = (_time(lines[-1]) - _time(lines[0])).total_seconds()
+    if seconds <= 0:
+        return None
+    return {"seconds": seconds, "output_tok_s": round(burst["output_tok_s"] * burst["duration_s"] / seconds, 1)}
+
+
+def _time(line: dict) -> datetime:
+    return line["time"] if isinstance(line["time"], datetime) else datetime.fromisoformat(line["time"])
+
+
 def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, args) -> dict:
     """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window, ...}.
     workload["num_prompts"] is sized from this server's pool when it is not set yet."""
@@ -105,22 +125,26 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
 
 
 def table(results: dict) -> str:
-    """Markdown: one row per backend; the steady rate's ratio to flashmla BF16's and the burst's."""
+    """Markdown: one row per backend; the steady, burst and engine rates' ratios to flashmla BF16's."""
     backends, ref = results["backends"], results["backends"].get(REFERENCE, {})
     lines = ["| backend | pool tokens | steady output tok/s | vs flashmla BF16 | steady window s (lines) "
-             "| mean running | mean pool use | burst total tok/s | burst output tok/s | burst vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mean running | mean pool use | burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
+             "| engine s | engine output tok/s | engine vs flashmla BF16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ref_engine = engine_rate(ref) or {}
     for name, r in backends.items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} | | | | | | | | |")
+            lines.append(f"| {name} | error: {r['error']} |" + " |" * 11)
             continue
-        s, burst = r.get("steady") or {}, r.get("burst") or {}
+        s, burst, engine = r.get("steady") or {}, r.get("burst") or {}, engine_rate(r) or {}
         ratio = _ratio(s.get("output_tok_s"), (ref.get("steady") or {}).get("output_tok_s"))
         burst_ratio = _ratio(burst.get("total_tok_s"), (ref.get("burst") or {}).get("total_tok_s"))
+        engine_ratio = _ratio(engine.get("output_tok_s"), ref_engine.get("output_tok_s"))
         window = f"{s['seconds']:.0f} ({s['lines']})" if s else "no steady window"
         lines.append(f"| {name} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
                      f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {burst.get('total_tok_s')} "
-                     f"| {burst.get('output_tok_s')} | {burst_ratio} |")
+                     f"| {burst.get('output_tok_s')} | {burst_ratio} | {engine.get('seconds', '-')} "
+                     f"| {engine.get('output_tok_s', '-')} | {engine_ratio} |")
     return "\n".join(lines)
 
 

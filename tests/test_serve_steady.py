@@ -46,6 +46,16 @@ def test_no_steady_window_without_requests_waiting():
     assert serve_steady.steady_window([]) is None
 
 
+def test_the_engine_rate_counts_the_engine_span_not_the_client_duration():
+    lines = decode_lines(LOG)  # decode lines from 10:00:00 to 10:00:10
+    # the client counted 10 000 output tokens over 20 s; the engine produced them in 10 s
+    r = {"decode_lines": [{**x, "time": x["time"].isoformat()} for x in lines],
+         "burst": {"output_tok_s": 500.0, "duration_s": 20.0}}
+    assert serve_steady.engine_rate(r) == {"seconds": 10.0, "output_tok_s": 1000.0}
+    assert serve_steady.engine_rate({**r, "burst": {}}) is None
+    assert serve_steady.engine_rate({**r, "decode_lines": r["decode_lines"][:1]}) is None
+
+
 def test_prompts_fill_the_pool_the_asked_number_of_times():
     # lengths uniform in [0.5, 1] x 2048: a request holds 1 536 prompt tokens and on average 768 output tokens
     assert serve_steady.prompts_for_pool(2_304_000, 2048, 2048, 0.5, 2.0) == 2000
