@@ -3,7 +3,7 @@ whole run's (burst) numbers.
 
     python -m benchmarks.serve_steady --model configs/models/deepseek-v2-lite-shape \\
         --backends snapmla flashmla flashmla-fp8 --out steady_v2lite
-    python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --out steady_v3
+    python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --max-running-requests 1024 --out steady_v3
 
 A burst of same-length requests ends with a tail in which the last requests run almost alone, so its average says
 little about a server that stays busy. Here every backend gets the same prompts of varied lengths (uniform in
@@ -95,8 +95,10 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window, ...}.
     workload["num_prompts"] is sized from this server's pool when it is not set yet."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
-    flags = ["--cuda-graph-max-bs", str(workload["cuda_graph_max_bs"]), "--decode-log-interval", str(args.decode_log_interval),
-             *RUNS[backend]]
+    flags = ["--cuda-graph-max-bs", str(workload["cuda_graph_max_bs"]),
+             "--decode-log-interval", str(args.decode_log_interval), *RUNS[backend]]
+    if workload.get("max_running_requests"):  # pools larger than a graph covers (the V3 shape's ~10M tokens)
+        flags += ["--max-running-requests", str(workload["max_running_requests"])]
     proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
     res: dict = {"cmd": proc.cmd}
     try:
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None):
                     help="pool use of a steady line, relative to the run's peak")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=CUDA_GRAPH_MAX_BS,
                     help="largest captured decode batch, the same for every backend (above the largest running batch)")
+    ap.add_argument("--max-running-requests", type=int,
+                    help="cap on running requests, the same for every backend (default: SGLang's, from the pool)")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
     ap.add_argument("--startup-timeout", type=float, default=600)
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None):
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "serve_steady.json"
     workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
-                "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs}
+                "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs,
+                "max_running_requests": args.max_running_requests}
     results = {"model": args.model, "workload": workload, "backends": {}}
     if args.resume and path.exists():
         results = json.loads(path.read_text())

@@ -87,3 +87,29 @@ def test_every_backend_serves_the_requests_sized_from_the_first_pool(monkeypatch
     assert (tmp_path / "serve_steady.png").stat().st_size > 0
     table = serve_steady.table(saved)
     assert table.count("| 1.00x |") >= 3  # the same made-up rates: every steady and burst ratio is 1.00x
+
+
+@pytest.mark.parametrize("cap", [None, 1024])
+def test_every_server_gets_the_workloads_graph_size_and_running_cap(monkeypatch, tmp_path, cap):
+    started = []
+
+    class Server:
+        cmd = "server"
+
+    def fake_start(model, port, flags, log_path, **kw):
+        started.append(flags)
+        return Server(), None
+
+    def not_healthy(*a):
+        raise RuntimeError("stop after the start")
+
+    monkeypatch.setattr(serve_steady, "start_server", fake_start)
+    monkeypatch.setattr(serve_steady, "wait_healthy", not_healthy)
+    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
+    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1)
+    workload = {"cuda_graph_max_bs": 768, "max_running_requests": cap}
+    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    assert "stop after the start" in res["error"]
+    flags = started[0]
+    assert flags[flags.index("--cuda-graph-max-bs") + 1] == "768"
+    assert (flags[flags.index("--max-running-requests") + 1] == "1024") if cap else "--max-running-requests" not in flags
