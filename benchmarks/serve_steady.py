@@ -73,22 +73,18 @@ def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
 
 
 def engine_rate(result: dict) -> dict | None:
-    """The engine's side of the whole run: from its first to its last decode line (1 s resolution; the first comes
-    from bench_serving's single test request, a few seconds before the burst), and the client's output tokens
-    (bench_serving's output tok/s x its duration) over that span -> {"seconds", "output_tok_s"}, or None without
-    both. A streaming client that cannot keep up with the engine reports a longer duration than the engine took: the
+    """A backend's entry of serve_steady.json -> the engine's side of the whole run: from its first to its last
+    decode line (1 s resolution; the first comes from bench_serving's single test request, a few seconds before the
+    burst), and the client's output tokens (bench_serving's output tok/s x its duration) over that span ->
+    {"seconds", "output_tok_s"}, or None without both. A streaming client that cannot keep up with the engine reports a longer duration than the engine took: the
     two rates tell the attention backend's effect from the frontend's."""
     lines, burst = result.get("decode_lines") or [], result.get("burst") or {}
     if len(lines) < 2 or not burst.get("output_tok_s") or not burst.get("duration_s"):
         return None
-    seconds = (_time(lines[-1]) - _time(lines[0])).total_seconds()
+    seconds = (datetime.fromisoformat(lines[-1]["time"]) - datetime.fromisoformat(lines[0]["time"])).total_seconds()
     if seconds <= 0:
         return None
     return {"seconds": seconds, "output_tok_s": round(burst["output_tok_s"] * burst["duration_s"] / seconds, 1)}
-
-
-def _time(line: dict) -> datetime:
-    return line["time"] if isinstance(line["time"], datetime) else datetime.fromisoformat(line["time"])
 
 
 def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, args) -> dict:

@@ -21,12 +21,12 @@ CUDA_DIR = ROOT / "kernels" / "cuda"
 
 
 def _nvcc():
-    from shutil import which
+    from tools.kernel_dev.sass_schedule import find_tool
 
-    nvcc = which("nvcc") or (Path("/usr/local/cuda/bin/nvcc") if Path("/usr/local/cuda/bin/nvcc").exists() else None)
-    if nvcc is None:
+    try:
+        return find_tool("nvcc")
+    except SystemExit:
         pytest.skip("nvcc not installed")
-    return str(nvcc)
 
 
 def test_cuda_decode_compiles_for_sm90a(tmp_path):

@@ -1,11 +1,9 @@
 """tools/kernel_dev/sass_schedule.py: the run-length instruction sequence of cuobjdump's SASS and the SFU work placed
 before each group of WGMMAs."""
 
-import shutil
-from pathlib import Path
-
 import pytest
 
+from sglang_snapmla.cuda_ext import SOURCE_DIR
 from tools.kernel_dev import sass_schedule as ss
 
 
@@ -44,13 +42,12 @@ def test_each_tensor_group_counts_the_sfu_work_placed_before_it():
 def test_the_compiled_decode_has_the_softmax_loops_two_qk_parts(tmp_path):
     """On the shipped source (needs nvcc and a cuobjdump, Triton's bundled one will do): the page loop's QK part 1
     (8 FP8 WGMMAs) and part 2 (8 FP8 + 4 BF16 RoPE WGMMAs, after pass 1's 16 LG2 per thread) are found."""
-    if not (shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").exists()):
-        pytest.skip("nvcc not installed")
-    try:
-        ss.find_tool("cuobjdump")
-    except SystemExit:
-        pytest.skip("no cuobjdump")
-    cubin, registers = ss.build_cubin(ss.ROOT / "kernels" / "cuda", tmp_path)
+    for tool in ("nvcc", "cuobjdump"):
+        try:
+            ss.find_tool(tool)
+        except SystemExit:
+            pytest.skip(f"{tool} not installed")
+    cubin, registers = ss.build_cubin(SOURCE_DIR, tmp_path)
     assert "Used" in registers
     functions = ss.sequence(ss.disassemble(cubin))
     assert len(functions) == 2  # with and without programmatic dependent launch

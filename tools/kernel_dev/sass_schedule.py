@@ -23,7 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from sglang_snapmla.cuda_ext import NVCC_FLAGS, SOURCE_DIR
+
 KINDS = ("QGMMA", "HGMMA", "MUFU.EX2", "MUFU.LG2", "MUFU.RCP", "SHFL.BFLY", "WARPGROUP.DEPBAR", "SYNCS.PHASECHK")
 TENSOR = ("QGMMA", "HGMMA")
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -94,11 +95,10 @@ def find_tool(name: str) -> str:
 
 
 def build_cubin(source_dir: Path, out: Path, defines: list[str] = ()) -> tuple[Path, str]:
-    """The decode compiled for sm_90a with the extension's optimization flags (no torch headers needed) ->
-    (cubin, ptxas's register and spill lines)."""
+    """The decode compiled for sm_90a with the extension's flags (no torch headers needed) -> (cubin, ptxas's
+    register and spill lines)."""
     cubin = out / "snapmla_decode_sm90.cubin"
-    res = subprocess.run([find_tool("nvcc"), "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
-                          "-Xptxas=-v", *(f"-D{d}" for d in defines), "-o", str(cubin),
+    res = subprocess.run([find_tool("nvcc"), *NVCC_FLAGS, "-cubin", *(f"-D{d}" for d in defines), "-o", str(cubin),
                           str(source_dir / "snapmla_decode_sm90.cu")], capture_output=True, text=True, timeout=900)
     if res.returncode:
         raise SystemExit(res.stderr[-3000:])
@@ -114,7 +114,7 @@ def disassemble(cubin: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source-dir", type=Path, default=ROOT / "kernels" / "cuda")
+    ap.add_argument("--source-dir", type=Path, default=SOURCE_DIR)
     ap.add_argument("-D", dest="defines", action="append", default=[],
                     help="a macro for the build, e.g. SNAPMLA_SOFTMAX_REGS=200")
     ap.add_argument("--cubin", type=Path, help="an already built cubin (default: build one from --source-dir)")
