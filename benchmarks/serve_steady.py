@@ -3,7 +3,8 @@ whole run's (burst) numbers.
 
     python -m benchmarks.serve_steady --model configs/models/deepseek-v2-lite-shape \\
         --backends snapmla flashmla flashmla-fp8 --out steady_v2lite
-    python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --max-running-requests 1024 --out steady_v3
+    python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --max-running-requests 1024 \\
+        --out steady_v3
 
 A burst of same-length requests ends with a tail in which the last requests run almost alone, so its average says
 little about a server that stays busy. Here every backend gets the same prompts of varied lengths (uniform in
@@ -17,8 +18,8 @@ one token per request and step). Prefill batches inside the window count as the 
 The prompt count is sized once, from the first backend's pool (`--prompts` fixes it), and recorded in the JSON so
 that every backend, also in a later `--resume` run, serves the same requests. Prints a table (steady output tok/s and
 its ratio to flashmla BF16's, the burst's total and output tok/s as the client saw them, and the engine's output
-rate over its own span from first to last decode line, `engine_rate`), writes serve_steady.json and serve_steady.png (each
-backend's decode rate over the run, its steady window marked).
+rate over its own span from first to last decode line, `engine_rate`), writes serve_steady.json and
+serve_steady.png (each backend's decode rate over the run, its steady window marked).
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def engine_rate(result: dict) -> dict | None:
     """A backend's entry of serve_steady.json -> the engine's side of the whole run: from its first to its last
     decode line (1 s resolution; the first comes from bench_serving's single test request, a few seconds before the
     burst), and the client's output tokens (bench_serving's output tok/s x its duration) over that span ->
-    {"seconds", "output_tok_s"}, or None without both. A streaming client that cannot keep up with the engine reports a longer duration than the engine took: the
-    two rates tell the attention backend's effect from the frontend's."""
+    {"seconds", "output_tok_s"}, or None without both. A streaming client that cannot keep up with the engine
+    reports a longer duration than the engine took: the two rates tell the attention backend's effect from the
+    frontend's."""
     lines, burst = result.get("decode_lines") or [], result.get("burst") or {}
     if len(lines) < 2 or not burst.get("output_tok_s") or not burst.get("duration_s"):
         return None

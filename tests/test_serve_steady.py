@@ -112,4 +112,7 @@ def test_every_server_gets_the_workloads_graph_size_and_running_cap(monkeypatch,
     assert "stop after the start" in res["error"]
     flags = started[0]
     assert flags[flags.index("--cuda-graph-max-bs") + 1] == "768"
-    assert (flags[flags.index("--max-running-requests") + 1] == "1024") if cap else "--max-running-requests" not in flags
+    if cap:
+        assert flags[flags.index("--max-running-requests") + 1] == "1024"
+    else:
+        assert "--max-running-requests" not in flags
