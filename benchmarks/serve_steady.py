@@ -97,6 +97,8 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
              "--decode-log-interval", str(args.decode_log_interval), *RUNS[backend]]
     if workload.get("max_running_requests"):  # pools larger than a graph covers (the V3 shape's ~10M tokens)
         flags += ["--max-running-requests", str(workload["max_running_requests"])]
+    if workload.get("mem_fraction_static"):  # after server_command's 0.80: SGLang takes a flag's last value
+        flags += ["--mem-fraction-static", str(workload["mem_fraction_static"])]
     proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
     res: dict = {"cmd": proc.cmd}
     try:
@@ -195,6 +197,10 @@ def main(argv: list[str] | None = None):
                     help="largest captured decode batch, the same for every backend (above the largest running batch)")
     ap.add_argument("--max-running-requests", type=int,
                     help="cap on running requests, the same for every backend (default: SGLang's, from the pool)")
+    ap.add_argument("--mem-fraction-static", type=float,
+                    help="GPU memory for weights and the KV pool, the same bytes for every backend (default 0.80); "
+                         "a smaller one makes the pool bind on the 8-layer V3 shape, whose ~10M-token pool at "
+                         "0.80 stands for what 61 layers leave on a GPU")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
     ap.add_argument("--startup-timeout", type=float, default=600)
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None):
     path = args.out / "serve_steady.json"
     workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
                 "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs,
-                "max_running_requests": args.max_running_requests}
+                "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static}
     results = {"model": args.model, "workload": workload, "backends": {}}
     if args.resume and path.exists():
         results = json.loads(path.read_text())
