@@ -4,14 +4,16 @@ whole run's (burst) numbers.
     python -m benchmarks.serve_steady --model configs/models/deepseek-v2-lite-shape \\
         --backends snapmla flashmla flashmla-fp8 --out steady_v2lite
     python -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape --max-running-requests 1024 \\
-        --out steady_v3
+        --mem-fraction-static 0.26 --out steady_v3
 
 A burst of same-length requests ends with a tail in which the last requests run almost alone, so its average says
 little about a server that stays busy. Here every backend gets the same prompts of varied lengths (uniform in
 [range_ratio x len, len]), enough of them to fill the pool `--turnovers` times over, all sent at once. The server
-logs a decode line every `--decode-log-interval` steps; the **steady window** runs from the first to the last decode
-line that finds requests waiting (`#queue-req` > 0) with the pool at least `--usage-floor` of its largest use in
-the run. Its output rate is generated tokens over wall time: each line's `gen throughput` covers `interval` steps of
+logs a decode line every `--decode-log-interval` steps. The **steady window** leaves out the first fill of the pool
+and the bunched wave of finishes that follows it (`steady_window`): it starts once one pool's worth of requests has
+been admitted after the first fill and ends at the last decode line that finds requests waiting (`#queue-req` > 0),
+the pool at least `--usage-floor` of its largest use in the run; fewer than ~2 turnovers leave no window. Its
+output rate is generated tokens over wall time: each line's `gen throughput` covers `interval` steps of
 its `#running-req` requests, so the window's rate is sum(running) / sum(running / rate) (non-speculative decoding:
 one token per request and step). Prefill batches inside the window count as the time they take.
 
@@ -51,22 +53,36 @@ def prompts_for_pool(pool: int, input_len: int, output_len: int, range_ratio: fl
 
 
 def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
-    """The steady window of a run's decode lines (`server_log_stats.decode_lines`), or None when no line found the
-    server saturated -> {"first", "last" (line indices), "seconds", "lines", "output_tok_s", "mean_running",
-    "mean_usage"}."""
+    """The steady window of a run's decode lines (`server_log_stats.decode_lines`), or None when the run never
+    reaches it -> {"first", "last" (line indices), "seconds", "lines", "output_tok_s", "mean_running",
+    "mean_usage"}.
+
+    The server first fills its pool from the queue and decodes that first fill alone until its shortest requests
+    finish; then the first wave of finishes and admissions follows, bunched because the first fill started together.
+    Neither is a steady state (the first is decode only, the second admits more prompt tokens per output token than
+    a steady server does). The window therefore starts once one pool's worth of requests (the running count of the
+    first fill) has been admitted after the fill, and runs to the last line that still finds requests waiting, with
+    the pool at least `usage_floor` of its largest use in the run. A run too short for that (too few --turnovers)
+    has no window."""
     if not lines:
         return None
+    # SGLang runs prefill while it can admit, so its first decode line with requests waiting is the first fill
+    fill = next((line for line in lines if line["queue"] > 0), None)
+    if fill is None:
+        return None
+    refilled = fill["queue"] - fill["running"]  # the queue once the first fill's worth has been admitted again
     top = max(line["usage"] for line in lines)
     saturated = [i for i, line in enumerate(lines) if line["queue"] > 0 and line["usage"] >= usage_floor * top]
-    if not saturated:
+    start = next((i for i in saturated if lines[i]["queue"] <= refilled), None)
+    if start is None:
         return None
-    window = lines[saturated[0]: saturated[-1] + 1]
+    window = lines[start: saturated[-1] + 1]
     timed = [line for line in window if line["rate"] and line["running"] > 0]
     if not timed:
         return None
     # each line covers `interval` steps of `running` requests in running * interval / rate seconds
     rate = sum(line["running"] for line in timed) / sum(line["running"] / line["rate"] for line in timed)
-    return {"first": saturated[0], "last": saturated[-1], "lines": len(window),
+    return {"first": start, "last": saturated[-1], "lines": len(window),
             "seconds": (window[-1]["time"] - window[0]["time"]).total_seconds(),
             "output_tok_s": round(rate, 1),
             "mean_running": round(sum(line["running"] for line in window) / len(window), 1),
@@ -190,7 +206,8 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--output-len", type=int, default=DEFAULTS["output_len"])
     ap.add_argument("--range-ratio", type=float, default=DEFAULTS["range_ratio"])
     ap.add_argument("--prompts", type=int, help="the request count (default: sized from the first backend's pool)")
-    ap.add_argument("--turnovers", type=float, default=2.0, help="how many times the requests fill the pool")
+    ap.add_argument("--turnovers", type=float, default=3.0,
+                    help="how many times the requests fill the pool (the steady window needs more than ~2)")
     ap.add_argument("--usage-floor", type=float, default=0.9,
                     help="pool use of a steady line, relative to the run's peak")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=CUDA_GRAPH_MAX_BS,

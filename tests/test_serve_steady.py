@@ -19,21 +19,25 @@ def _prefill(t: int) -> str:
             f"#cached-token: 0, token usage: 0.50, #running-req: 2, #queue-req: 40, input throughput (token/s): 1.00")
 
 
-# a burst: ramp-up (requests waiting, pool filling), a full pool with requests waiting (rates and batch sizes vary,
-# prefill batches in between), then the tail (nothing waiting, the pool draining)
-RAMP = [(0, 64, 0.20, 9000.0, 500), (1, 128, 0.45, 10000.0, 400), (2, 200, 0.70, 11000.0, 300)]
-STEADY = [(3, 300, 0.95, 12000.0, 200), (4, 280, 0.97, 8000.0, 150), (6, 310, 0.96, 12400.0, 90),
-          (7, 290, 0.94, 11600.0, 10)]
-TAIL = [(8, 200, 0.60, 9000.0, 0), (9, 60, 0.20, 3000.0, 0), (10, 5, 0.02, 400.0, 0)]
-LOG = "\n".join([_decode(*r) for r in RAMP] + [_prefill(3)] + [_decode(*r) for r in STEADY[:2]] + [_prefill(5)]
-                + [_decode(*r) for r in STEADY[2:]] + [_decode(*r) for r in TAIL])
+# a burst: ramp-up (prefill batches only: SGLang prefills while it can admit), the first fill decoding alone (pool full, 600 waiting, nobody admitted: the
+# fastest lines of the run), the first wave of finishes and admissions, then a full pool with requests waiting once a
+# pool's worth (300) has been admitted again (rates and batch sizes vary, prefill batches in between), then the tail
+# (nothing waiting, the pool draining)
+FILL = [(2, 300, 0.88, 13000.0, 600), (3, 300, 0.96, 13000.0, 600)]
+WAVE = [(4, 290, 0.95, 9000.0, 500), (5, 300, 0.96, 9500.0, 380)]
+STEADY = [(6, 300, 0.95, 12000.0, 300), (7, 280, 0.97, 8000.0, 200), (9, 310, 0.96, 12400.0, 90),
+          (10, 290, 0.94, 11600.0, 10)]
+TAIL = [(11, 200, 0.60, 9000.0, 0), (12, 60, 0.20, 3000.0, 0), (13, 5, 0.02, 400.0, 0)]
+LOG = "\n".join([_prefill(0), _prefill(1)] + [_decode(*r) for r in FILL + WAVE] + [_prefill(6)] + [_decode(*r) for r in STEADY[:2]]
+                + [_prefill(8)] + [_decode(*r) for r in STEADY[2:]] + [_decode(*r) for r in TAIL])
 
 
-def test_the_steady_window_is_the_full_pool_with_requests_waiting():
+def test_the_steady_window_is_the_full_pool_with_requests_waiting_after_the_first_fill_and_wave():
     lines = decode_lines(LOG)
-    assert len(lines) == len(RAMP) + len(STEADY) + len(TAIL)  # prefill lines are not decode lines
+    assert len(lines) == len(FILL + WAVE + STEADY + TAIL)  # prefill lines are not decode lines
     w = serve_steady.steady_window(lines, usage_floor=0.9)
-    assert (w["first"], w["last"], w["lines"], w["seconds"]) == (3, 6, 4, 4.0)
+    first = len(FILL + WAVE)
+    assert (w["first"], w["last"], w["lines"], w["seconds"]) == (first, first + 3, 4, 4.0)
     # tokens over time: each line's tokens are running x interval, its time running x interval / rate
     expected = sum(r[1] for r in STEADY) / sum(r[1] / r[3] for r in STEADY)
     assert w["output_tok_s"] == pytest.approx(expected, abs=0.1)
@@ -41,17 +45,20 @@ def test_the_steady_window_is_the_full_pool_with_requests_waiting():
     assert w["mean_running"] == pytest.approx(sum(r[1] for r in STEADY) / len(STEADY), abs=0.1)
 
 
-def test_no_steady_window_without_requests_waiting():
+def test_no_steady_window_without_requests_waiting_or_before_a_pools_worth_is_admitted_again():
     assert serve_steady.steady_window(decode_lines("\n".join(_decode(*r) for r in TAIL))) is None
     assert serve_steady.steady_window([]) is None
+    # too few requests: the queue empties before a pool's worth has been admitted after the first fill
+    short = FILL + WAVE + [(6, 300, 0.95, 12000.0, 320), (7, 280, 0.97, 8000.0, 0)] + TAIL
+    assert serve_steady.steady_window(decode_lines("\n".join(_decode(*r) for r in short))) is None
 
 
 def test_the_engine_rate_counts_the_engine_span_not_the_client_duration():
-    lines = decode_lines(LOG)  # decode lines from 10:00:00 to 10:00:10
-    # the client counted 10 000 output tokens over 20 s; the engine produced them in 10 s
+    lines = decode_lines(LOG)  # decode lines from 10:00:02 to 10:00:13
+    # the client counted 11 000 output tokens over 22 s; the engine produced them in 11 s
     r = {"decode_lines": [{**x, "time": x["time"].isoformat()} for x in lines],
-         "burst": {"output_tok_s": 500.0, "duration_s": 20.0}}
-    assert serve_steady.engine_rate(r) == {"seconds": 10.0, "output_tok_s": 1000.0}
+         "burst": {"output_tok_s": 500.0, "duration_s": 22.0}}
+    assert serve_steady.engine_rate(r) == {"seconds": 11.0, "output_tok_s": 1000.0}
     assert serve_steady.engine_rate({**r, "burst": {}}) is None
     assert serve_steady.engine_rate({**r, "decode_lines": r["decode_lines"][:1]}) is None
 
@@ -81,9 +88,10 @@ def test_every_backend_serves_the_requests_sized_from_the_first_pool(monkeypatch
     monkeypatch.setattr(serve_steady, "kill_servers_on_exit", lambda: None)
     serve_steady.main(["--backends", "snapmla", "flashmla", "--out", str(tmp_path)])
     serve_steady.main(["--backends", "snapmla", "flashmla", "flashmla-fp8", "--resume", "--out", str(tmp_path)])
-    assert served == [("snapmla", 2000), ("flashmla", 2000), ("flashmla-fp8", 2000)]  # resume ran only the new one
+    # three turnovers by default, sized from the first pool; resume ran only the new backend
+    assert served == [("snapmla", 3000), ("flashmla", 3000), ("flashmla-fp8", 3000)]
     saved = json.loads((tmp_path / "serve_steady.json").read_text())
-    assert saved["workload"]["num_prompts"] == 2000 and set(saved["backends"]) == set(pools)
+    assert saved["workload"]["num_prompts"] == 3000 and set(saved["backends"]) == set(pools)
     assert (tmp_path / "serve_steady.png").stat().st_size > 0
     table = serve_steady.table(saved)
     assert table.count("| 1.00x |") >= 3  # the same made-up rates: every steady and burst ratio is 1.00x
