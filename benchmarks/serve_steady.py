@@ -142,6 +142,22 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     return res
 
 
+def entry_from_log(text: str) -> dict:
+    """A backend's entry rebuilt from its server log alone -> {"pool_tokens", "decode_lines", "steady", "from_log"}:
+    the measured run is what follows the last cache flush (run_backend flushes after the warm-up). The steady window
+    is the server's own measure, so it survives a client that did not finish (bench_serving streams every response
+    and falls behind the engine above ~8.7k output tok/s); the client's burst numbers and the engine span need the
+    client's totals and are left out."""
+    lines = text.splitlines()
+    flushes = [i for i, line in enumerate(lines) if "POST /flush_cache" in line]
+    if not flushes:
+        raise ValueError("no cache flush in the log: not a serve_steady server log")
+    decoded = decode_lines("\n".join(lines[flushes[-1] + 1:]))
+    return {"pool_tokens": pool_tokens(text), "from_log": True,
+            "decode_lines": [{**line, "time": line["time"].isoformat()} for line in decoded],
+            "steady": steady_window(decoded)}
+
+
 def table(results: dict) -> str:
     """Markdown: one row per backend; the steady, burst and engine rates' ratios to flashmla BF16's."""
     backends, ref = results["backends"], results["backends"].get(REFERENCE, {})
@@ -159,9 +175,10 @@ def table(results: dict) -> str:
         burst_ratio = _ratio(burst.get("total_tok_s"), (ref.get("burst") or {}).get("total_tok_s"))
         engine_ratio = _ratio(engine.get("output_tok_s"), ref_engine.get("output_tok_s"))
         window = f"{s['seconds']:.0f} ({s['lines']})" if s else "no steady window"
-        lines.append(f"| {name} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
-                     f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {burst.get('total_tok_s')} "
-                     f"| {burst.get('output_tok_s')} | {burst_ratio} | {engine.get('seconds', '-')} "
+        label = f"{name} (server log)" if r.get("from_log") else name
+        lines.append(f"| {label} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
+                     f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {burst.get('total_tok_s', '-')} "
+                     f"| {burst.get('output_tok_s', '-')} | {burst_ratio} | {engine.get('seconds', '-')} "
                      f"| {engine.get('output_tok_s', '-')} | {engine_ratio} |")
     return "\n".join(lines)
 
@@ -220,6 +237,9 @@ def main(argv: list[str] | None = None):
                          "0.80 stands for what 61 layers leave on a GPU")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
+    ap.add_argument("--from-log", nargs=2, action="append", default=[], metavar=("BACKEND", "LOG"),
+                    help="add BACKEND's entry from its server log (entry_from_log) instead of serving it; with "
+                         "--resume, to the requests of --out's JSON (the log must come from that workload)")
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--bench-timeout", type=float, default=1800)
     ap.add_argument("--port", type=int, default=30000)
@@ -236,8 +256,11 @@ def main(argv: list[str] | None = None):
         if results["model"] != args.model:
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
         workload = results["workload"]  # the same requests for every backend
+    for backend, log in args.from_log:
+        results["backends"][backend] = entry_from_log(Path(log).read_text(errors="replace"))
+        path.write_text(json.dumps(results, indent=1))
     kill_servers_on_exit()
-    for backend in args.backends:
+    for backend in [] if args.from_log else args.backends:
         if backend in results["backends"] and "error" not in results["backends"][backend]:
             continue
         results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)

@@ -125,3 +125,32 @@ def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monke
         assert flags[flags.index("--mem-fraction-static") + 1] == "0.3"
     else:
         assert "--max-running-requests" not in flags and "--mem-fraction-static" not in flags
+
+
+def test_an_entry_from_the_server_log_reads_the_run_after_the_last_cache_flush(tmp_path):
+    warmup = _decode(0, 16, 0.01, 900.0, 8)  # the warm-up's own burst: 8 of its 16 requests waiting
+    text = "\n".join(["[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192",
+                      warmup, '[2026-11-22 09:59:58] INFO:     127.0.0.1:1 - "POST /flush_cache HTTP/1.1" 200 OK',
+                      LOG])
+    entry = serve_steady.entry_from_log(text)
+    assert entry["pool_tokens"] == 1120320 and entry["from_log"]
+    assert len(entry["decode_lines"]) == len(decode_lines(LOG))  # the warm-up's line is not part of the run
+    assert entry["steady"] == serve_steady.steady_window(decode_lines(LOG))
+    with pytest.raises(ValueError, match="no cache flush"):
+        serve_steady.entry_from_log(LOG)
+    # added to a measured run's JSON without serving anything
+    log = tmp_path / "server.log"
+    log.write_text(text)
+    out = tmp_path / "run"
+    out.mkdir()
+    measured = {"model": "m", "workload": {"num_prompts": 3000, "input_len": 2048, "output_len": 2048,
+                                           "range_ratio": 0.5},
+                "backends": {"flashmla": {"pool_tokens": 626304, "steady": {"output_tok_s": 5000.0, "seconds": 9.0,
+                                                                           "lines": 9}}}}
+    (out / "serve_steady.json").write_text(json.dumps(measured))
+    serve_steady.main(["--model", "m", "--resume", "--from-log", "snapmla", str(log), "--out", str(out)])
+    saved = json.loads((out / "serve_steady.json").read_text())
+    assert set(saved["backends"]) == {"flashmla", "snapmla"}
+    ratio = entry["steady"]["output_tok_s"] / 5000.0
+    assert f"| snapmla (server log) | 1120320 | {entry['steady']['output_tok_s']} | {ratio:.2f}x |" in \
+        serve_steady.table(saved)
