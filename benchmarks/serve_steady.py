@@ -34,7 +34,7 @@ from pathlib import Path
 
 from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
                                         start_server, stop_server, wait_healthy)
-from benchmarks.server_log_stats import decode_lines
+from benchmarks.server_log_stats import decode_lines, read_log
 from benchmarks.serve_matrix import CONTEXT_LENGTH
 
 REFERENCE = "flashmla"
@@ -52,10 +52,38 @@ def prompts_for_pool(pool: int, input_len: int, output_len: int, range_ratio: fl
     return max(1, math.ceil(turnovers * pool / held))
 
 
-def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
-    """The steady window of a run's decode lines (`server_log_stats.decode_lines`), or None when the run never
-    reaches it -> {"first", "last" (line indices), "seconds", "lines", "output_tok_s", "mean_running",
-    "mean_usage"}.
+def _line_rate(lines: list[dict]) -> float:
+    """Output tok/s over decode lines: each covers `interval` steps of `running` requests in running * interval / rate
+    seconds, so the rate is sum(running) / sum(running / rate) (non-speculative decoding: one token per request and
+    step)."""
+    return sum(line["running"] for line in lines) / sum(line["running"] / line["rate"] for line in lines)
+
+
+def window_breakdown(window: list[dict], interval: int) -> dict:
+    """Where a steady window's time goes, from its decode lines (`prefill_tokens`: prefill batches logged since the
+    previous line) -> {"prefill_tokens_per_output", "decode_alone_tok_s", "prefill_us_per_token"}: prompt tokens
+    prefilled per generated token, the rate of the lines with no prefill batch in between (decoding alone at the
+    window's batch and lengths), and the time of the other lines beyond decoding at that rate, per prompt token
+    (the prefill batches and whatever the server does around them). {} for lines without prefill counts."""
+    timed = [line for line in window if line["rate"] and line["running"] > 0]
+    if not timed or any("prefill_tokens" not in line for line in timed):
+        return {}
+    out = {"prefill_tokens_per_output": round(sum(line["prefill_tokens"] for line in timed)
+                                              / sum(line["running"] * interval for line in timed), 3)}
+    alone = [line for line in timed if line["prefill_tokens"] == 0]
+    mixed = [line for line in timed if line["prefill_tokens"] > 0]
+    if alone and mixed:
+        rate = _line_rate(alone)
+        extra = sum(line["running"] * interval * (1 / line["rate"] - 1 / rate) for line in mixed)
+        out["decode_alone_tok_s"] = round(rate, 1)
+        out["prefill_us_per_token"] = round(1e6 * extra / sum(line["prefill_tokens"] for line in mixed), 1)
+    return out
+
+
+def steady_window(lines: list[dict], usage_floor: float = 0.9, interval: int = 10) -> dict | None:
+    """The steady window of a run's decode lines (`server_log_stats.decode_lines`, logged every `interval` decode
+    steps), or None when the run never reaches it -> {"first", "last" (line indices), "seconds", "lines",
+    "output_tok_s", "mean_running", "mean_usage"} and `window_breakdown`'s fields.
 
     The server first fills its pool from the queue and decodes that first fill alone until its shortest requests
     finish; then the first wave of finishes and admissions follows, bunched because the first fill started together.
@@ -80,13 +108,12 @@ def steady_window(lines: list[dict], usage_floor: float = 0.9) -> dict | None:
     timed = [line for line in window if line["rate"] and line["running"] > 0]
     if not timed:
         return None
-    # each line covers `interval` steps of `running` requests in running * interval / rate seconds
-    rate = sum(line["running"] for line in timed) / sum(line["running"] / line["rate"] for line in timed)
     return {"first": start, "last": saturated[-1], "lines": len(window),
             "seconds": (window[-1]["time"] - window[0]["time"]).total_seconds(),
-            "output_tok_s": round(rate, 1),
+            "output_tok_s": round(_line_rate(timed), 1),
             "mean_running": round(sum(line["running"] for line in window) / len(window), 1),
-            "mean_usage": round(sum(line["usage"] for line in window) / len(window), 3)}
+            "mean_usage": round(sum(line["usage"] for line in window) / len(window), 3),
+            **window_breakdown(window, interval)}
 
 
 def engine_rate(result: dict) -> dict | None:
@@ -134,7 +161,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
         (out / f"bench_{Path(model).name}_{backend}_steady.txt").write_text(text)
         lines = decode_lines("\n".join(log_path.read_text(errors="replace").splitlines()[start:]))
         res["decode_lines"] = [{**line, "time": line["time"].isoformat()} for line in lines]
-        res["steady"] = steady_window(lines, args.usage_floor)
+        res["steady"] = steady_window(lines, args.usage_floor, args.decode_log_interval)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -142,7 +169,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     return res
 
 
-def entry_from_log(text: str) -> dict:
+def entry_from_log(text: str, usage_floor: float = 0.9, interval: int = 10) -> dict:
     """A backend's entry rebuilt from its server log alone -> {"pool_tokens", "decode_lines", "steady", "from_log"}:
     the measured run is what follows the last cache flush (run_backend flushes after the warm-up). The steady window
     is the server's own measure, so it survives a client that did not finish (bench_serving streams every response
@@ -155,29 +182,34 @@ def entry_from_log(text: str) -> dict:
     decoded = decode_lines("\n".join(lines[flushes[-1] + 1:]))
     return {"pool_tokens": pool_tokens(text), "from_log": True,
             "decode_lines": [{**line, "time": line["time"].isoformat()} for line in decoded],
-            "steady": steady_window(decoded)}
+            "steady": steady_window(decoded, usage_floor, interval)}
 
 
 def table(results: dict) -> str:
     """Markdown: one row per backend; the steady, burst and engine rates' ratios to flashmla BF16's."""
     backends, ref = results["backends"], results["backends"].get(REFERENCE, {})
     lines = ["| backend | pool tokens | steady output tok/s | vs flashmla BF16 | steady window s (lines) "
-             "| mean running | mean pool use | burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
+             "| mean running | mean pool use | decode alone tok/s (vs flashmla BF16) | prompt tokens per output "
+             "| prefill µs per prompt token | burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
              "| engine s | engine output tok/s | engine vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ref_engine = engine_rate(ref) or {}
     for name, r in backends.items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} |" + " |" * 11)
+            lines.append(f"| {name} | error: {r['error']} |" + " |" * 14)
             continue
         s, burst, engine = r.get("steady") or {}, r.get("burst") or {}, engine_rate(r) or {}
         ratio = _ratio(s.get("output_tok_s"), (ref.get("steady") or {}).get("output_tok_s"))
         burst_ratio = _ratio(burst.get("total_tok_s"), (ref.get("burst") or {}).get("total_tok_s"))
         engine_ratio = _ratio(engine.get("output_tok_s"), ref_engine.get("output_tok_s"))
         window = f"{s['seconds']:.0f} ({s['lines']})" if s else "no steady window"
+        alone = s.get("decode_alone_tok_s")
+        alone_ratio = _ratio(alone, (ref.get("steady") or {}).get("decode_alone_tok_s"))
         label = f"{name} (server log)" if r.get("from_log") else name
         lines.append(f"| {label} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
-                     f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {burst.get('total_tok_s', '-')} "
+                     f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {alone or '-'} ({alone_ratio}) "
+                     f"| {s.get('prefill_tokens_per_output', '-')} | {s.get('prefill_us_per_token', '-')} "
+                     f"| {burst.get('total_tok_s', '-')} "
                      f"| {burst.get('output_tok_s', '-')} | {burst_ratio} | {engine.get('seconds', '-')} "
                      f"| {engine.get('output_tok_s', '-')} | {engine_ratio} |")
     return "\n".join(lines)
@@ -257,7 +289,11 @@ def main(argv: list[str] | None = None):
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
         workload = results["workload"]  # the same requests for every backend
     for backend, log in args.from_log:
-        results["backends"][backend] = entry_from_log(Path(log).read_text(errors="replace"))
+        entry = entry_from_log(read_log(Path(log)), args.usage_floor, args.decode_log_interval)
+        measured = results["backends"].get(backend, {})
+        if measured.get("burst"):  # a measured backend's log read again: its client numbers stay
+            entry = {**measured, **entry, "from_log": False}
+        results["backends"][backend] = entry
         path.write_text(json.dumps(results, indent=1))
     kill_servers_on_exit()
     for backend in [] if args.from_log else args.backends:

@@ -28,17 +28,23 @@ def _field(line: str, name: str) -> float | None:
 
 
 def decode_lines(text: str) -> list[dict]:
-    """The decode batches of a server log, in order -> [{"time", "running", "usage", "rate", "queue"}]: the line's
-    time (1 s resolution), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated
-    since the previous decode line over the wall time since it; None where the line has none) and `#queue-req`."""
+    """The decode batches of a server log, in order -> [{"time", "running", "usage", "rate", "queue",
+    "prefill_tokens"}]: the line's time (1 s resolution), `#running-req`, `token usage` (of the pool), `gen throughput
+    (token/s)` (tokens generated since the previous decode line over the wall time since it, prefill batches in
+    between included; None where the line has none), `#queue-req`, and the `#new-token` of the prefill batches logged
+    since the previous decode line (0: the line's time is decoding alone)."""
     out = []
+    prefill_tokens = 0
     for line in text.splitlines():
         m = _LINE.match(line)
-        if m and m.group(2) == "Decode":
+        if m and m.group(2) == "Prefill":
+            prefill_tokens += int(_field(line, "#new-token") or 0)
+        elif m:
             out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"),
                         "running": int(_field(line, "#running-req") or 0), "usage": _field(line, "token usage") or 0.0,
                         "rate": _field(line, "gen throughput (token/s)"),
-                        "queue": int(_field(line, "#queue-req") or 0)})
+                        "queue": int(_field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens})
+            prefill_tokens = 0
     return out
 
 
@@ -63,6 +69,12 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
     }
 
 
+def read_log(path: Path) -> str:
+    """A server log's text, plain or xz-compressed (the logs kept under docs/serve are)."""
+    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    return raw.decode(errors="replace")
+
+
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser()
     ap.add_argument("logs", nargs="+", type=Path)
@@ -71,8 +83,7 @@ def main(argv: list[str] | None = None):
     print("| log | peak running | decode tok/s near the peak | max token usage | prefill phase s | prefill batches |")
     print("|---|---:|---:|---:|---:|---:|")
     for path in args.logs:
-        raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
-        s = log_stats(raw.decode(errors="replace"), args.min_queue)
+        s = log_stats(read_log(path), args.min_queue)
         print(f"| {path.name} | {s['peak_running']} | {s['decode_tok_s_near_peak']} | {s['max_token_usage']} "
               f"| {s['prefill_span_s']} | {s['prefill_batches']} |")
 

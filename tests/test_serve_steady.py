@@ -45,6 +45,22 @@ def test_the_steady_window_is_the_full_pool_with_requests_waiting_after_the_firs
     assert w["mean_running"] == pytest.approx(sum(r[1] for r in STEADY) / len(STEADY), abs=0.1)
 
 
+def test_the_window_breakdown_tells_decoding_alone_from_the_time_around_prefill_batches():
+    # the steady lines' prefill batches: STEADY[0] and STEADY[2] follow one of 8192 tokens (LOG), the others none
+    w = serve_steady.steady_window(decode_lines(LOG), usage_floor=0.9, interval=10)
+    alone = [STEADY[1], STEADY[3]]
+    alone_rate = sum(r[1] for r in alone) / sum(r[1] / r[3] for r in alone)
+    assert w["decode_alone_tok_s"] == pytest.approx(alone_rate, abs=0.1)
+    # the lines after a prefill take running x 10 / rate seconds; decoding alone would take running x 10 / alone_rate
+    extra = sum(r[1] * 10 * (1 / r[3] - 1 / alone_rate) for r in (STEADY[0], STEADY[2]))
+    assert w["prefill_us_per_token"] == pytest.approx(1e6 * extra / (2 * 8192), abs=0.1)
+    assert w["prefill_tokens_per_output"] == pytest.approx(2 * 8192 / sum(r[1] * 10 for r in STEADY), abs=1e-3)
+    # lines without prefill counts (a JSON written before they were logged): no breakdown, the window stays
+    bare = [{k: v for k, v in line.items() if k != "prefill_tokens"} for line in decode_lines(LOG)]
+    assert "decode_alone_tok_s" not in serve_steady.steady_window(bare)
+    assert serve_steady.steady_window(bare)["output_tok_s"] == w["output_tok_s"]
+
+
 def test_no_steady_window_without_requests_waiting_or_before_a_pools_worth_is_admitted_again():
     assert serve_steady.steady_window(decode_lines("\n".join(_decode(*r) for r in TAIL))) is None
     assert serve_steady.steady_window([]) is None
