@@ -151,13 +151,14 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
             workload["num_prompts"] = prompts_for_pool(res["pool_tokens"], workload["input_len"],
                                                        workload["output_len"], workload["range_ratio"], args.turnovers)
         # unmeasured warm-up of the same lengths (JIT builds, CUDA graph first replays), then an empty radix cache
+        stream = workload.get("stream", True)
         bench_serving(port, model, workload["input_len"], 8, 16, args.bench_timeout, seed=2,
-                      range_ratio=workload["range_ratio"])
+                      range_ratio=workload["range_ratio"], stream=stream)
         flush_cache(port)
         start = len(log_path.read_text(errors="replace").splitlines())
         res["burst"], text = bench_serving(port, model, workload["input_len"], workload["output_len"],
                                            workload["num_prompts"], args.bench_timeout,
-                                           range_ratio=workload["range_ratio"])
+                                           range_ratio=workload["range_ratio"], stream=stream)
         (out / f"bench_{Path(model).name}_{backend}_steady.txt").write_text(text)
         lines = decode_lines("\n".join(log_path.read_text(errors="replace").splitlines()[start:]))
         res["decode_lines"] = [{**line, "time": line["time"].isoformat()} for line in lines]
@@ -267,6 +268,10 @@ def main(argv: list[str] | None = None):
                     help="GPU memory for weights and the KV pool, the same bytes for every backend (default 0.80); "
                          "a smaller one makes the pool bind on the 8-layer V3 shape, whose ~10M-token pool at "
                          "0.80 stands for what 61 layers leave on a GPU")
+    ap.add_argument("--no-stream", action="store_true",
+                    help="whole responses (bench_serving --disable-stream): no per-token work in the client and the "
+                         "server's frontend, which a single streaming client cannot keep up with above ~8.7k tok/s; "
+                         "the steady window is the server's measure either way")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
     ap.add_argument("--from-log", nargs=2, action="append", default=[], metavar=("BACKEND", "LOG"),
@@ -281,7 +286,8 @@ def main(argv: list[str] | None = None):
     path = args.out / "serve_steady.json"
     workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
                 "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs,
-                "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static}
+                "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static,
+                "stream": not args.no_stream}
     results = {"model": args.model, "workload": workload, "backends": {}}
     if args.resume and path.exists():
         results = json.loads(path.read_text())

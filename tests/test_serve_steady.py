@@ -19,17 +19,18 @@ def _prefill(t: int) -> str:
             f"#cached-token: 0, token usage: 0.50, #running-req: 2, #queue-req: 40, input throughput (token/s): 1.00")
 
 
-# a burst: ramp-up (prefill batches only: SGLang prefills while it can admit), the first fill decoding alone (pool full, 600 waiting, nobody admitted: the
-# fastest lines of the run), the first wave of finishes and admissions, then a full pool with requests waiting once a
-# pool's worth (300) has been admitted again (rates and batch sizes vary, prefill batches in between), then the tail
-# (nothing waiting, the pool draining)
+# a burst: ramp-up (prefill batches only: SGLang prefills while it can admit), the first fill decoding alone (pool
+# full, 600 waiting, nobody admitted: the fastest lines of the run), the first wave of finishes and admissions, then a
+# full pool with requests waiting once a pool's worth (300) has been admitted again (rates and batch sizes vary,
+# prefill batches in between), then the tail (nothing waiting, the pool draining)
 FILL = [(2, 300, 0.88, 13000.0, 600), (3, 300, 0.96, 13000.0, 600)]
 WAVE = [(4, 290, 0.95, 9000.0, 500), (5, 300, 0.96, 9500.0, 380)]
 STEADY = [(6, 300, 0.95, 12000.0, 300), (7, 280, 0.97, 8000.0, 200), (9, 310, 0.96, 12400.0, 90),
           (10, 290, 0.94, 11600.0, 10)]
 TAIL = [(11, 200, 0.60, 9000.0, 0), (12, 60, 0.20, 3000.0, 0), (13, 5, 0.02, 400.0, 0)]
-LOG = "\n".join([_prefill(0), _prefill(1)] + [_decode(*r) for r in FILL + WAVE] + [_prefill(6)] + [_decode(*r) for r in STEADY[:2]]
-                + [_prefill(8)] + [_decode(*r) for r in STEADY[2:]] + [_decode(*r) for r in TAIL])
+LOG = "\n".join([_prefill(0), _prefill(1)] + [_decode(*r) for r in FILL + WAVE] + [_prefill(6)]
+                + [_decode(*r) for r in STEADY[:2]] + [_prefill(8)] + [_decode(*r) for r in STEADY[2:]]
+                + [_decode(*r) for r in TAIL])
 
 
 def test_the_steady_window_is_the_full_pool_with_requests_waiting_after_the_first_fill_and_wave():
@@ -170,3 +171,40 @@ def test_an_entry_from_the_server_log_reads_the_run_after_the_last_cache_flush(t
     ratio = entry["steady"]["output_tok_s"] / 5000.0
     assert f"| snapmla (server log) | 1120320 | {entry['steady']['output_tok_s']} | {ratio:.2f}x |" in \
         serve_steady.table(saved)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_run_sends_every_request_as_the_workload_says_and_reads_its_log_after_the_flush(monkeypatch, tmp_path,
+                                                                                           stream):
+    calls = []
+
+    class Server:
+        cmd = "server"
+
+    def fake_start(model, port, flags, log_path, **kw):
+        log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
+        return Server(), None
+
+    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, **kw):
+        calls.append((num_prompts, kw["stream"]))
+        log = tmp_path / "server_m_snapmla.log"
+        if num_prompts == 16:  # the warm-up: its own decode line, then the harness flushes the cache
+            log.write_text(log.read_text() + _decode(0, 16, 0.01, 900.0, 8) + "\n")
+        else:
+            log.write_text(log.read_text() + LOG + "\n")
+        return {"output_tok_s": 500.0, "duration_s": 22.0}, "bench output"
+
+    monkeypatch.setattr(serve_steady, "start_server", fake_start)
+    monkeypatch.setattr(serve_steady, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
+    monkeypatch.setattr(serve_steady, "bench_serving", fake_bench)
+    monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
+    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=1,
+                                           usage_floor=0.9, turnovers=3.0)
+    workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5,
+                "num_prompts": None, "stream": stream}
+    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    assert "error" not in res, res.get("error")
+    prompts = serve_steady.prompts_for_pool(1120320, 2048, 2048, 0.5, 3.0)
+    assert calls == [(16, stream), (prompts, stream)] and workload["num_prompts"] == prompts
+    assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))  # the warm-up's line is not in the run
