@@ -208,3 +208,34 @@ def test_a_run_sends_every_request_as_the_workload_says_and_reads_its_log_after_
     prompts = serve_steady.prompts_for_pool(1120320, 2048, 2048, 0.5, 3.0)
     assert calls == [(16, stream), (prompts, stream)] and workload["num_prompts"] == prompts
     assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))  # the warm-up's line is not in the run
+
+
+def test_a_client_past_its_timeout_leaves_the_steady_window_from_the_server_log(monkeypatch, tmp_path):
+    class Server:
+        cmd = "server"
+
+    def fake_start(model, port, flags, log_path, **kw):
+        log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
+        return Server(), None
+
+    def slow_client(port, model, input_len, output_len, num_prompts, timeout, **kw):
+        if num_prompts == 16:
+            return {}, ""
+        log = tmp_path / "server_m_snapmla.log"
+        log.write_text(log.read_text() + LOG + "\n")  # the server ran the burst; the client did not return in time
+        raise serve_steady.subprocess.TimeoutExpired("bench_serving", timeout)
+
+    monkeypatch.setattr(serve_steady, "start_server", fake_start)
+    monkeypatch.setattr(serve_steady, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
+    monkeypatch.setattr(serve_steady, "bench_serving", slow_client)
+    monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
+    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=300.0,
+                                           usage_floor=0.9, turnovers=3.0)
+    workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5,
+                "num_prompts": 1216}
+    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    assert "error" not in res and "burst" not in res and res["client_timeout_s"] == 300.0
+    assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))
+    table = serve_steady.table({"backends": {"snapmla": res}})
+    assert "| snapmla (client stopped at 300 s) | 1120320 |" in table
