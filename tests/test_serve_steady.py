@@ -173,68 +173,60 @@ def test_an_entry_from_the_server_log_reads_the_run_after_the_last_cache_flush(t
         serve_steady.table(saved)
 
 
+def _serve_faked(monkeypatch, tmp_path, client, bench_timeout: float = 1.0, **workload) -> dict:
+    """run_backend of backend "snapmla" for model "m" with the server faked (its log gets the pool line at start)
+    and `client(num_prompts, stream, timeout, log_path)` as bench_serving -> the backend's entry."""
+    class Server:
+        cmd = "server"
+
+    def fake_start(model, port, flags, log_path, **kw):
+        log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
+        return Server(), None
+
+    def bench(port, model, input_len, output_len, num_prompts, timeout, **kw):
+        return client(num_prompts, kw["stream"], timeout, tmp_path / "server_m_snapmla.log")
+
+    monkeypatch.setattr(serve_steady, "start_server", fake_start)
+    monkeypatch.setattr(serve_steady, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
+    monkeypatch.setattr(serve_steady, "bench_serving", bench)
+    monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
+    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=bench_timeout,
+                                           usage_floor=0.9, turnovers=3.0)
+    workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5, **workload}
+    return serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+
+
+def _append(log_path, text: str) -> None:
+    log_path.write_text(log_path.read_text() + text + "\n")
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_run_sends_every_request_as_the_workload_says_and_reads_its_log_after_the_flush(monkeypatch, tmp_path,
                                                                                            stream):
     calls = []
 
-    class Server:
-        cmd = "server"
-
-    def fake_start(model, port, flags, log_path, **kw):
-        log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
-        return Server(), None
-
-    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, **kw):
-        calls.append((num_prompts, kw["stream"]))
-        log = tmp_path / "server_m_snapmla.log"
-        if num_prompts == 16:  # the warm-up: its own decode line, then the harness flushes the cache
-            log.write_text(log.read_text() + _decode(0, 16, 0.01, 900.0, 8) + "\n")
-        else:
-            log.write_text(log.read_text() + LOG + "\n")
+    def client(num_prompts, stream_flag, timeout, log_path):
+        calls.append((num_prompts, stream_flag))
+        # the warm-up (16 requests) logs its own decode line before the harness flushes the cache
+        _append(log_path, _decode(0, 16, 0.01, 900.0, 8) if num_prompts == 16 else LOG)
         return {"output_tok_s": 500.0, "duration_s": 22.0}, "bench output"
 
-    monkeypatch.setattr(serve_steady, "start_server", fake_start)
-    monkeypatch.setattr(serve_steady, "wait_healthy", lambda *a: None)
-    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
-    monkeypatch.setattr(serve_steady, "bench_serving", fake_bench)
-    monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
-    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=1,
-                                           usage_floor=0.9, turnovers=3.0)
-    workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5,
-                "num_prompts": None, "stream": stream}
-    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    res = _serve_faked(monkeypatch, tmp_path, client, num_prompts=None, stream=stream)
     assert "error" not in res, res.get("error")
     prompts = serve_steady.prompts_for_pool(1120320, 2048, 2048, 0.5, 3.0)
-    assert calls == [(16, stream), (prompts, stream)] and workload["num_prompts"] == prompts
+    assert calls == [(16, stream), (prompts, stream)]
     assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))  # the warm-up's line is not in the run
 
 
 def test_a_client_past_its_timeout_leaves_the_steady_window_from_the_server_log(monkeypatch, tmp_path):
-    class Server:
-        cmd = "server"
-
-    def fake_start(model, port, flags, log_path, **kw):
-        log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
-        return Server(), None
-
-    def slow_client(port, model, input_len, output_len, num_prompts, timeout, **kw):
+    def slow_client(num_prompts, stream, timeout, log_path):
         if num_prompts == 16:
             return {}, ""
-        log = tmp_path / "server_m_snapmla.log"
-        log.write_text(log.read_text() + LOG + "\n")  # the server ran the burst; the client did not return in time
+        _append(log_path, LOG)  # the server ran the burst; the client did not return in time
         raise serve_steady.subprocess.TimeoutExpired("bench_serving", timeout)
 
-    monkeypatch.setattr(serve_steady, "start_server", fake_start)
-    monkeypatch.setattr(serve_steady, "wait_healthy", lambda *a: None)
-    monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
-    monkeypatch.setattr(serve_steady, "bench_serving", slow_client)
-    monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
-    args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=300.0,
-                                           usage_floor=0.9, turnovers=3.0)
-    workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5,
-                "num_prompts": 1216}
-    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    res = _serve_faked(monkeypatch, tmp_path, slow_client, bench_timeout=300.0, num_prompts=1216)
     assert "error" not in res and "burst" not in res and res["client_timeout_s"] == 300.0
     assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))
     table = serve_steady.table({"backends": {"snapmla": res}})
