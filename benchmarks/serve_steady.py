@@ -15,13 +15,15 @@ been admitted after the first fill and ends at the last decode line that finds r
 the pool at least `--usage-floor` of its largest use in the run; fewer than ~2 turnovers leave no window. Its
 output rate is generated tokens over wall time: each line's `gen throughput` covers `interval` steps of
 its `#running-req` requests, so the window's rate is sum(running) / sum(running / rate) (non-speculative decoding:
-one token per request and step). Prefill batches inside the window count as the time they take.
+one token per request and step). Prefill batches inside the window count as the time they take; `window_breakdown`
+splits the window into decoding alone and the time around prefill batches.
 
 The prompt count is sized once, from the first backend's pool (`--prompts` fixes it), and recorded in the JSON so
 that every backend, also in a later `--resume` run, serves the same requests. Prints a table (steady output tok/s and
 its ratio to flashmla BF16's, the burst's total and output tok/s as the client saw them, and the engine's output
 rate over its own span from first to last decode line, `engine_rate`), writes serve_steady.json and
-serve_steady.png (each backend's decode rate over the run, its steady window marked).
+serve_steady.png (each backend's decode rate over the run, its steady window marked). `--from-log BACKEND LOG`
+adds a backend's row from its server log alone (`entry_from_log`), e.g. when its client did not finish.
 """
 
 from __future__ import annotations
