@@ -168,14 +168,20 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
             # a client slower than the engine (or a short --bench-timeout): the server's log still holds the run
             # so far, and the steady window is the server's measure; no burst numbers
             res["client_timeout_s"] = args.bench_timeout
-        lines = decode_lines("\n".join(log_path.read_text(errors="replace").splitlines()[start:]))
-        res["decode_lines"] = [{**line, "time": line["time"].isoformat()} for line in lines]
-        res["steady"] = steady_window(lines, args.usage_floor, args.decode_log_interval)
+        res.update(measured_run("\n".join(log_path.read_text(errors="replace").splitlines()[start:]),
+                                args.usage_floor, args.decode_log_interval))
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
         stop_server(proc, log)
     return res
+
+
+def measured_run(log_text: str, usage_floor: float, interval: int) -> dict:
+    """The server log of the measured run alone -> {"decode_lines" (JSON-ready), "steady"}."""
+    lines = decode_lines(log_text)
+    return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines],
+            "steady": steady_window(lines, usage_floor, interval)}
 
 
 def entry_from_log(text: str, usage_floor: float = 0.9, interval: int = 10) -> dict:
@@ -188,10 +194,8 @@ def entry_from_log(text: str, usage_floor: float = 0.9, interval: int = 10) -> d
     flushes = [i for i, line in enumerate(lines) if "POST /flush_cache" in line]
     if not flushes:
         raise ValueError("no cache flush in the log: not a serve_steady server log")
-    decoded = decode_lines("\n".join(lines[flushes[-1] + 1:]))
     return {"pool_tokens": pool_tokens(text), "from_log": True,
-            "decode_lines": [{**line, "time": line["time"].isoformat()} for line in decoded],
-            "steady": steady_window(decoded, usage_floor, interval)}
+            **measured_run("\n".join(lines[flushes[-1] + 1:]), usage_floor, interval)}
 
 
 def table(results: dict) -> str:
