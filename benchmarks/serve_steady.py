@@ -16,7 +16,8 @@ the pool at least `--usage-floor` of its largest use in the run; fewer than ~2 t
 output rate is generated tokens over wall time: each line's `gen throughput` covers `interval` steps of
 its `#running-req` requests, so the window's rate is sum(running) / sum(running / rate) (non-speculative decoding:
 one token per request and step). Prefill batches inside the window count as the time they take; `window_breakdown`
-splits the window into decoding alone and the time around prefill batches.
+splits the window into decoding alone and the time around prefill batches, and `gpu_breakdown` into the GPU's time
+in decode forwards, in prefill forwards and outside every forward (the server's device timer, `gpu_time`).
 
 The prompt count is sized once, from the first backend's pool (`--prompts` fixes it), and recorded in the JSON so
 that every backend, also in a later `--resume` run, serves the same requests. Prints a table (steady output tok/s and
@@ -32,13 +33,17 @@ import argparse
 import json
 import math
 import subprocess
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
+
+from benchmarks import gpu_time
 
 from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
                                         start_server, stop_server, wait_healthy)
 from benchmarks.server_log_stats import decode_lines, read_log
 from benchmarks.serve_matrix import CONTEXT_LENGTH
+
+GpuTimeSampler = gpu_time.GpuTimeSampler  # module attribute: tests replace the sampler of a faked server
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
@@ -80,6 +85,27 @@ def window_breakdown(window: list[dict], interval: int) -> dict:
         extra = sum(line["running"] * interval * (1 / line["rate"] - 1 / rate) for line in mixed)
         out["decode_alone_tok_s"] = round(rate, 1)
         out["prefill_us_per_token"] = round(1e6 * extra / sum(line["prefill_tokens"] for line in mixed), 1)
+    return out
+
+
+def gpu_breakdown(window: list[dict], samples: list[dict], interval: int) -> dict:
+    """Where the GPU time of a steady window goes, from the server's forward-time counters (`gpu_time`) sampled
+    during the run -> {"gpu_decode_share", "gpu_prefill_share", "gpu_outside_share" (shares of the window's wall
+    time: in decode forwards, in extend forwards, in neither: scheduling, the frontend, gaps between launches),
+    "decode_gpu_ms_per_step", "prefill_gpu_us_per_token"}; {} when the samples do not cover the window.
+    Log times are whole seconds (floored), so each line's time is taken as the middle of its second."""
+    start, end = (line["time"] + timedelta(seconds=0.5) for line in (window[0], window[-1]))
+    gpu = gpu_time.window_seconds(samples, start, end) if samples and len(window) > 1 else None
+    if not gpu:
+        return {}
+    wall = (end - start).total_seconds()
+    decode, prefill = gpu.get("decode", 0.0), gpu.get("extend", 0.0)
+    tokens = sum(line.get("prefill_tokens", 0) for line in window[1:])  # logged after the window's first line
+    out = {"gpu_decode_share": round(decode / wall, 3), "gpu_prefill_share": round(prefill / wall, 3),
+           "gpu_outside_share": round(1 - sum(gpu.values()) / wall, 3),
+           "decode_gpu_ms_per_step": round(1e3 * decode / (interval * (len(window) - 1)), 2)}
+    if tokens:
+        out["prefill_gpu_us_per_token"] = round(1e6 * prefill / tokens, 1)
     return out
 
 
@@ -136,16 +162,18 @@ def engine_rate(result: dict) -> dict | None:
 
 
 def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, args) -> dict:
-    """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window, ...}.
-    workload["num_prompts"] is sized from this server's pool when it is not set yet."""
+    """One server, the steady workload against it -> {"pool_tokens", "burst": metrics, "steady": window,
+    "gpu_time_samples", ...}. workload["num_prompts"] is sized from this server's pool when it is not set yet. The
+    server times its forwards on the GPU (`gpu_time`), sampled every second of the measured run."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
     flags = ["--cuda-graph-max-bs", str(workload["cuda_graph_max_bs"]),
-             "--decode-log-interval", str(args.decode_log_interval), *RUNS[backend]]
+             "--decode-log-interval", str(args.decode_log_interval), *gpu_time.SERVER_FLAGS, *RUNS[backend]]
     if workload.get("max_running_requests"):  # pools larger than a graph covers (the V3 shape's ~10M tokens)
         flags += ["--max-running-requests", str(workload["max_running_requests"])]
     if workload.get("mem_fraction_static"):  # after server_command's 0.80: SGLang takes a flag's last value
         flags += ["--mem-fraction-static", str(workload["mem_fraction_static"])]
-    proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH, env=RUN_ENV.get(backend))
+    proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH,
+                             env={**RUN_ENV.get(backend, {}), **gpu_time.SERVER_ENV})
     res: dict = {"cmd": proc.cmd}
     try:
         wait_healthy(port, proc, args.startup_timeout)
@@ -159,6 +187,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
                       range_ratio=workload["range_ratio"], stream=stream)
         flush_cache(port)
         start = len(log_path.read_text(errors="replace").splitlines())
+        sampler = GpuTimeSampler(port).start()
         try:
             res["burst"], text = bench_serving(port, model, workload["input_len"], workload["output_len"],
                                                workload["num_prompts"], args.bench_timeout,
@@ -168,8 +197,10 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
             # a client slower than the engine (or a short --bench-timeout): the server's log still holds the run
             # so far, and the steady window is the server's measure; no burst numbers
             res["client_timeout_s"] = args.bench_timeout
+        finally:
+            res["gpu_time_samples"] = sampler.stop()
         res.update(measured_run("\n".join(log_path.read_text(errors="replace").splitlines()[start:]),
-                                args.usage_floor, args.decode_log_interval))
+                                args.usage_floor, args.decode_log_interval, res["gpu_time_samples"]))
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -177,11 +208,14 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     return res
 
 
-def measured_run(log_text: str, usage_floor: float, interval: int) -> dict:
-    """The server log of the measured run alone -> {"decode_lines" (JSON-ready), "steady"}."""
+def measured_run(log_text: str, usage_floor: float, interval: int, gpu_time_samples: list[dict] = ()) -> dict:
+    """The server log of the measured run alone (and the GPU-time samples taken during it) -> {"decode_lines"
+    (JSON-ready), "steady" (with `gpu_breakdown`'s fields where the samples cover it)}."""
     lines = decode_lines(log_text)
-    return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines],
-            "steady": steady_window(lines, usage_floor, interval)}
+    steady = steady_window(lines, usage_floor, interval)
+    if steady:
+        steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], list(gpu_time_samples), interval))
+    return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines], "steady": steady}
 
 
 def entry_from_log(text: str, usage_floor: float = 0.9, interval: int = 10) -> dict:
@@ -203,13 +237,15 @@ def table(results: dict) -> str:
     backends, ref = results["backends"], results["backends"].get(REFERENCE, {})
     lines = ["| backend | pool tokens | steady output tok/s | vs flashmla BF16 | steady window s (lines) "
              "| mean running | mean pool use | decode alone tok/s (vs flashmla BF16) | prompt tokens per output "
-             "| prefill µs per prompt token | burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
+             "| prefill µs per prompt token | GPU % decode / prefill / outside forwards "
+             "| decode GPU ms per step | prefill GPU µs per prompt token "
+             "| burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
              "| engine s | engine output tok/s | engine vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     ref_engine = engine_rate(ref) or {}
     for name, r in backends.items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} |" + " |" * 14)
+            lines.append(f"| {name} | error: {r['error']} |" + " |" * 17)
             continue
         s, burst, engine = r.get("steady") or {}, r.get("burst") or {}, engine_rate(r) or {}
         ratio = _ratio(s.get("output_tok_s"), (ref.get("steady") or {}).get("output_tok_s"))
@@ -224,10 +260,17 @@ def table(results: dict) -> str:
         lines.append(f"| {label} | {r.get('pool_tokens')} | {s.get('output_tok_s', '-')} | {ratio} | {window} "
                      f"| {s.get('mean_running', '-')} | {s.get('mean_usage', '-')} | {alone or '-'} ({alone_ratio}) "
                      f"| {s.get('prefill_tokens_per_output', '-')} | {s.get('prefill_us_per_token', '-')} "
+                     f"| {_gpu_shares(s)} | {s.get('decode_gpu_ms_per_step', '-')} "
+                     f"| {s.get('prefill_gpu_us_per_token', '-')} "
                      f"| {burst.get('total_tok_s', '-')} "
                      f"| {burst.get('output_tok_s', '-')} | {burst_ratio} | {engine.get('seconds', '-')} "
                      f"| {engine.get('output_tok_s', '-')} | {engine_ratio} |")
     return "\n".join(lines)
+
+
+def _gpu_shares(steady: dict) -> str:
+    keys = ("gpu_decode_share", "gpu_prefill_share", "gpu_outside_share")
+    return " / ".join(f"{100 * steady[k]:.0f}" for k in keys) if all(k in steady for k in keys) else "-"
 
 
 def _ratio(value, base) -> str:

@@ -2,6 +2,7 @@
 backend of a run (also one resumed later) serves the same requests."""
 
 import json
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -60,6 +61,30 @@ def test_the_window_breakdown_tells_decoding_alone_from_the_time_around_prefill_
     bare = [{k: v for k, v in line.items() if k != "prefill_tokens"} for line in decode_lines(LOG)]
     assert "decode_alone_tok_s" not in serve_steady.steady_window(bare)
     assert serve_steady.steady_window(bare)["output_tok_s"] == w["output_tok_s"]
+
+
+def _gpu_samples(decode_per_s: float, extend_per_s: float, seconds: int = 14) -> list[dict]:
+    """GPU-time samples every second of LOG's minute (10:00:00 on), the counters growing at the given rates."""
+    t0 = datetime(2026, 11, 22, 10, 0, 0)
+    return [{"time": (t0 + timedelta(seconds=t)).isoformat(),
+             "seconds": {"decode": decode_per_s * t, "extend": extend_per_s * t, "idle": 0.0}}
+            for t in range(seconds + 1)]
+
+
+def test_the_gpu_breakdown_splits_the_window_into_decode_prefill_and_outside_forwards():
+    # the steady window runs from the line at 10:00:06 to the one at 10:00:10, each taken at its second's middle
+    run = serve_steady.measured_run(LOG, 0.9, 10, _gpu_samples(0.6, 0.3))
+    s = run["steady"]
+    assert (s["gpu_decode_share"], s["gpu_prefill_share"], s["gpu_outside_share"]) == (0.6, 0.3, 0.1)
+    # 4 s of which 2.4 s in decode forwards over the 3 lines x 10 steps after the window's first line; 1.2 s in
+    # extend forwards for the one prefill batch (8192 tokens) logged inside the window (the one at 10:00:06 is not)
+    assert s["decode_gpu_ms_per_step"] == pytest.approx(2400 / 30, abs=0.01)
+    assert s["prefill_gpu_us_per_token"] == pytest.approx(1.2e6 / 8192, abs=0.1)
+    assert "| 60 / 30 / 10 | 80.0 | 146.5 |" in serve_steady.table({"backends": {"snapmla": {**run, "steady": s}}})
+    # samples that stop before the window ends (or none): the window without the breakdown
+    short = serve_steady.measured_run(LOG, 0.9, 10, _gpu_samples(0.6, 0.3, seconds=9))["steady"]
+    assert "gpu_decode_share" not in short and short["output_tok_s"] == s["output_tok_s"]
+    assert "gpu_decode_share" not in serve_steady.measured_run(LOG, 0.9, 10)["steady"]
 
 
 def test_no_steady_window_without_requests_waiting_or_before_a_pools_worth_is_admitted_again():
@@ -179,11 +204,27 @@ def _serve_faked(monkeypatch, tmp_path, client, bench_timeout: float = 1.0, **wo
     class Server:
         cmd = "server"
 
+    started, sampling = {}, []
+
     def fake_start(model, port, flags, log_path, **kw):
+        started.update(flags=flags, env=kw.get("env"))
         log_path.write_text("[2026-11-22 09:59:00] max_total_num_tokens=1120320, chunked_prefill_size=8192\n")
         return Server(), None
 
+    class Sampler:
+        def __init__(self, port):
+            sampling.append("constructed")
+
+        def start(self):
+            sampling.append("start")
+            return self
+
+        def stop(self):
+            sampling.append("stop")
+            return _gpu_samples(0.6, 0.3)
+
     def bench(port, model, input_len, output_len, num_prompts, timeout, **kw):
+        sampling.append(f"client {num_prompts}")
         return client(num_prompts, kw["stream"], timeout, tmp_path / "server_m_snapmla.log")
 
     monkeypatch.setattr(serve_steady, "start_server", fake_start)
@@ -191,10 +232,16 @@ def _serve_faked(monkeypatch, tmp_path, client, bench_timeout: float = 1.0, **wo
     monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
     monkeypatch.setattr(serve_steady, "bench_serving", bench)
     monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
+    monkeypatch.setattr(serve_steady, "GpuTimeSampler", Sampler)
     args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=bench_timeout,
                                            usage_floor=0.9, turnovers=3.0)
     workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5, **workload}
-    return serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
+    # the server times its forwards on the GPU, sampled around the measured client alone (not the warm-up)
+    assert "--enable-metrics" in started["flags"] and started["env"]["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    assert sampling[0] == "client 16" and sampling[1:3] == ["constructed", "start"] and sampling[-1] == "stop"
+    assert len(sampling) == 5 and sampling[3].startswith("client ")
+    return res
 
 
 def _append(log_path, text: str) -> None:
@@ -216,7 +263,9 @@ def test_a_run_sends_every_request_as_the_workload_says_and_reads_its_log_after_
     assert "error" not in res, res.get("error")
     prompts = serve_steady.prompts_for_pool(1120320, 2048, 2048, 0.5, 3.0)
     assert calls == [(16, stream), (prompts, stream)]
-    assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))  # the warm-up's line is not in the run
+    # the warm-up's line is not in the run; the window has the GPU breakdown of the samples taken during the run
+    assert res["steady"] == serve_steady.measured_run(LOG, 0.9, 10, _gpu_samples(0.6, 0.3))["steady"]
+    assert res["steady"]["gpu_prefill_share"] == 0.3 and res["gpu_time_samples"] == _gpu_samples(0.6, 0.3)
 
 
 def test_a_client_past_its_timeout_leaves_the_steady_window_from_the_server_log(monkeypatch, tmp_path):
@@ -228,6 +277,6 @@ def test_a_client_past_its_timeout_leaves_the_steady_window_from_the_server_log(
 
     res = _serve_faked(monkeypatch, tmp_path, slow_client, bench_timeout=300.0, num_prompts=1216)
     assert "error" not in res and "burst" not in res and res["client_timeout_s"] == 300.0
-    assert res["steady"] == serve_steady.steady_window(decode_lines(LOG))
+    assert res["steady"] == serve_steady.measured_run(LOG, 0.9, 10, _gpu_samples(0.6, 0.3))["steady"]
     table = serve_steady.table({"backends": {"snapmla": res}})
     assert "| snapmla (client stopped at 300 s) | 1120320 |" in table
