@@ -331,6 +331,8 @@ def main(argv: list[str] | None = None):
                          "the steady window is the server's measure either way")
     ap.add_argument("--decode-log-interval", type=int, default=10, help="decode steps per server log line")
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
+    ap.add_argument("--redraw", action="store_true",
+                    help="print the table and draw the plot of --out's JSON; serve nothing")
     ap.add_argument("--from-log", nargs=2, action="append", default=[], metavar=("BACKEND", "LOG"),
                     help="add BACKEND's entry from its server log (entry_from_log) instead of serving it; with "
                          "--resume, to the requests of --out's JSON (the log must come from that workload)")
@@ -347,7 +349,9 @@ def main(argv: list[str] | None = None):
                 "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static,
                 "stream": not args.no_stream}
     results = {"model": args.model, "workload": workload, "backends": {}}
-    if args.resume and path.exists():
+    if args.redraw and not path.exists():
+        raise SystemExit(f"--redraw: no {path}")
+    if (args.resume or args.redraw) and path.exists():
         results = json.loads(path.read_text())
         if results["model"] != args.model:
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None):
         results["backends"][backend] = entry
         path.write_text(json.dumps(results, indent=1))
     kill_servers_on_exit()
-    for backend in [] if args.from_log else args.backends:
+    for backend in [] if args.from_log or args.redraw else args.backends:
         if backend in results["backends"] and "error" not in results["backends"][backend]:
             continue
         results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)

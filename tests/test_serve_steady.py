@@ -137,6 +137,13 @@ def test_every_backend_serves_the_requests_sized_from_the_first_pool(monkeypatch
     assert (tmp_path / "serve_steady.png").stat().st_size > 0
     table = serve_steady.table(saved)
     assert table.count("| 1.00x |") >= 3  # the same made-up rates: every steady and burst ratio is 1.00x
+    # --redraw: the table and plot of the JSON as it is, whatever --backends names; nothing served
+    (tmp_path / "serve_steady.png").unlink()
+    serve_steady.main(["--backends", "snapmla", "triton", "--redraw", "--out", str(tmp_path)])
+    assert len(served) == 3 and json.loads((tmp_path / "serve_steady.json").read_text()) == saved
+    assert (tmp_path / "serve_steady.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="no .*serve_steady.json"):
+        serve_steady.main(["--redraw", "--out", str(tmp_path / "elsewhere")])
 
 
 @pytest.mark.parametrize("cap", [None, 1024])
