@@ -166,7 +166,8 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     "gpu_time_samples", ...}. workload["num_prompts"] is sized from this server's pool when it is not set yet. The
     server times its forwards on the GPU (`gpu_time`), sampled every second of the measured run."""
     log_path = out / f"server_{Path(model).name}_{backend}.log"
-    flags = ["--cuda-graph-max-bs", str(workload["cuda_graph_max_bs"]),
+    graphs = workload["cuda_graph_max_bs"]  # 0: the server's own default (what a user who sets none gets)
+    flags = [*(["--cuda-graph-max-bs", str(graphs)] if graphs else []),
              "--decode-log-interval", str(args.decode_log_interval), *gpu_time.SERVER_FLAGS, *RUNS[backend]]
     if workload.get("max_running_requests"):  # pools larger than a graph covers (the V3 shape's ~10M tokens)
         flags += ["--max-running-requests", str(workload["max_running_requests"])]
@@ -318,7 +319,8 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--usage-floor", type=float, default=0.9,
                     help="pool use of a steady line, relative to the run's peak")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=CUDA_GRAPH_MAX_BS,
-                    help="largest captured decode batch, the same for every backend (above the largest running batch)")
+                    help="largest captured decode batch, the same for every backend (above the largest running "
+                         "batch); 0: each server's default, as a user who sets none gets it")
     ap.add_argument("--max-running-requests", type=int,
                     help="cap on running requests, the same for every backend (default: SGLang's, from the pool)")
     ap.add_argument("--mem-fraction-static", type=float,

@@ -16,6 +16,10 @@ What is registered:
 * MTP (NEXTN/EAGLE) draft backends: SGLang picks them from hard-coded maps (`speculative/draft_utils.py`), so the
   factory's two methods are wrapped to build SnapMLA's (the multi-step draft decode and the draft extend) when
   snapmla is selected;
+* decode CUDA graphs for the larger batches the pool admits: where the user sets no decode graph size, SGLang's
+  default (256 on an H100 at TP < 4, sized for a BF16 pool) grows by the pool's token ratio, 1152 / 644
+  (`snapmla_decode_graph_max_bs`), before SGLang reserves memory for the graphs; batches above the largest captured
+  graph decode eagerly at about half the rate;
 * a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
   kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, the
   hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the MTP draft (before
@@ -77,6 +81,7 @@ def _hooks(HookType) -> dict:
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
         "sglang.srt.server_args.ServerArgs._handle_page_size": (_page_size_hook, HookType.AFTER),
+        "sglang.srt.server_args.ServerArgs._handle_gpu_memory_settings": (_graph_size_hook, HookType.AROUND),
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
@@ -214,6 +219,45 @@ def _draft_extend_backend_hook(original, factory, *args, **kwargs):
 
     runner = factory.draft_model_runner
     return attn_backend_wrapper_for_draft_extend(runner, _create_backend(runner))
+
+
+def snapmla_decode_graph_max_bs(default_max_bs: int) -> int:
+    """The largest decode batch to capture when SGLang's default would capture `default_max_bs`: that default grown by
+    the tokens a pool of the same bytes holds (1152 / 644 ~ 1.79x), in SGLang's capture steps of 32."""
+    from .numerics import BF16_BYTES_PER_TOKEN, BYTES_PER_TOKEN
+
+    return 32 * math.ceil(default_max_bs * BF16_BYTES_PER_TOKEN / BYTES_PER_TOKEN / 32)
+
+
+def _graph_size_hook(original, server_args, *args, **kwargs):
+    """ServerArgs._handle_gpu_memory_settings (defaults for chunked prefill, the decode graph sizes and the memory
+    fraction): where snapmla is selected and the user set no decode graph size, run it again with the decode graph
+    size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
+    the memory fraction, unless the user set one) follow the larger size."""
+    if not is_selected(server_args) or _decode_graph_size_set_by_user(server_args):
+        return original(server_args, *args, **kwargs)
+    fraction_unset = server_args.mem_fraction_static is None
+    result = original(server_args, *args, **kwargs)
+    decode = server_args.cuda_graph_config.decode
+    if not decode.max_bs or decode.backend == "disabled":
+        return result
+    default = decode.max_bs
+    decode.max_bs, decode.bs = snapmla_decode_graph_max_bs(default), None
+    if fraction_unset:
+        server_args.mem_fraction_static = None
+    result = original(server_args, *args, **kwargs)
+    logger.info("snapmla: decode CUDA graphs up to batch %d (SGLang's default for a BF16 pool: %d); "
+                "--cuda-graph-max-bs sets another size", decode.max_bs, default)
+    return result
+
+
+def _decode_graph_size_set_by_user(server_args) -> bool:
+    """Whether a flag or --cuda-graph-config fixed the decode graph sizes (SGLang records them as locked)."""
+    locked = getattr(server_args, "_cuda_graph_config_locked", None)
+    if locked is None:
+        raise RuntimeError("--attention-backend snapmla: SGLang's server args have no _cuda_graph_config_locked (the "
+                           f"decode graph flags this plugin reads); pip install sglang=={SUPPORTED_SGLANG}")
+    return any(phase == "decode" and key in ("max_bs", "bs") for phase, key in locked)
 
 
 def _page_size_hook(result, server_args, *args, **kwargs):

@@ -58,6 +58,35 @@ def test_server_args_parse_and_pin_page_size(plugin):
     assert args.page_size == 64 and args.kv_cache_dtype == "fp8_e4m3"
 
 
+def _parse_on_an_h100(monkeypatch, *argv):
+    """Server args as SGLang resolves them on an 80 GiB GPU (its defaults depend on the GPU's memory)."""
+    from sglang.srt import server_args as sa
+
+    monkeypatch.setattr(sa, "get_device_memory_capacity", lambda device=None: 80 * 1024)
+    return parse("--model-path", str(V2_LITE), "--load-format", "dummy", "--device", "cuda", *argv)
+
+
+def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_sizes_them(plugin, monkeypatch):
+    bf16 = _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla")
+    args = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
+    # SGLang's default on an 80 GiB GPU at TP 1 is 256, sized for a BF16 pool; snapmla's holds 1152 / 644 x the tokens
+    assert bf16.cuda_graph_config.decode.max_bs == 256
+    assert plugin.snapmla_decode_graph_max_bs(256) == 480 == args.cuda_graph_config.decode.max_bs
+    assert args.cuda_graph_config.decode.bs == bf16.cuda_graph_config.decode.bs + list(range(272, 481, 16))
+    # SGLang reserves 2 MB per captured batch size of memory for the graphs: the memory fraction leaves room for them
+    assert args.mem_fraction_static == pytest.approx(bf16.mem_fraction_static - (480 - 256) * 2 / (80 * 1024),
+                                                     abs=1e-3)
+    # what the user sets stays: a graph size, a list of sizes, a memory fraction, graphs off
+    sized = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--cuda-graph-max-bs", "128")
+    assert sized.cuda_graph_config.decode.max_bs == 128 and sized.mem_fraction_static == 0.82
+    listed = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--cuda-graph-bs-decode", "1", "2", "4")
+    assert listed.cuda_graph_config.decode.bs == [1, 2, 4]
+    fixed = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--mem-fraction-static", "0.6")
+    assert fixed.mem_fraction_static == 0.6 and fixed.cuda_graph_config.decode.max_bs == 480
+    off = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--disable-cuda-graph")
+    assert off.cuda_graph_config.decode.backend == "disabled"
+
+
 @pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("name", ["deepseek-v2-lite-shape", "deepseek-v3-shape", "longcat-flash-shape"])
 def test_bundled_configs_are_accepted(plugin, name):

@@ -146,8 +146,8 @@ def test_every_backend_serves_the_requests_sized_from_the_first_pool(monkeypatch
         serve_steady.main(["--redraw", "--out", str(tmp_path / "elsewhere")])
 
 
-@pytest.mark.parametrize("cap", [None, 1024])
-def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monkeypatch, tmp_path, cap):
+@pytest.mark.parametrize("cap,graphs", [(None, 768), (1024, 768), (None, 0)])
+def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monkeypatch, tmp_path, cap, graphs):
     started = []
 
     class Server:
@@ -164,11 +164,14 @@ def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monke
     monkeypatch.setattr(serve_steady, "wait_healthy", not_healthy)
     monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
     args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1)
-    workload = {"cuda_graph_max_bs": 768, "max_running_requests": cap, "mem_fraction_static": 0.3 if cap else None}
+    workload = {"cuda_graph_max_bs": graphs, "max_running_requests": cap, "mem_fraction_static": 0.3 if cap else None}
     res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
     assert "stop after the start" in res["error"]
     flags = started[0]
-    assert flags[flags.index("--cuda-graph-max-bs") + 1] == "768"
+    if graphs:
+        assert flags[flags.index("--cuda-graph-max-bs") + 1] == "768"
+    else:  # the server's default graph size
+        assert not any(f.startswith("--cuda-graph") for f in flags)
     if cap:
         assert flags[flags.index("--max-running-requests") + 1] == "1024"
         assert flags[flags.index("--mem-fraction-static") + 1] == "0.3"
