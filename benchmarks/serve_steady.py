@@ -30,6 +30,7 @@ adds a backend's row from its server log alone (`entry_from_log`), e.g. when its
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import subprocess
@@ -366,7 +367,12 @@ def main(argv: list[str] | None = None):
         results["backends"][backend] = entry
         path.write_text(json.dumps(results, indent=1))
     kill_servers_on_exit()
-    for backend in [] if args.from_log or args.redraw else args.backends:
+    to_serve = [] if args.from_log or args.redraw else args.backends
+    if to_serve and importlib.util.find_spec("prometheus_client") is None:
+        raise SystemExit("serve_steady starts servers with --enable-metrics (their GPU time per forward), which needs "
+                         "prometheus-client: pip install prometheus-client (tools/gpu_host/build-runtime.sh's bundle "
+                         "has it)")
+    for backend in to_serve:
         if backend in results["backends"] and "error" not in results["backends"][backend]:
             continue
         results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)

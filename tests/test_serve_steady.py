@@ -290,3 +290,13 @@ def test_a_client_past_its_timeout_leaves_the_steady_window_from_the_server_log(
     assert res["steady"] == serve_steady.measured_run(LOG, 0.9, 10, _gpu_samples(0.6, 0.3))["steady"]
     table = serve_steady.table({"backends": {"snapmla": res}})
     assert "| snapmla (client stopped at 300 s) | 1120320 |" in table
+
+
+def test_serving_without_prometheus_client_stops_with_the_fix(monkeypatch, tmp_path):
+    real = serve_steady.importlib.util.find_spec
+    monkeypatch.setattr(serve_steady.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "prometheus_client" else real(name, *a))
+    monkeypatch.setattr(serve_steady, "kill_servers_on_exit", lambda: None)
+    monkeypatch.setattr(serve_steady, "run_backend", lambda *a: pytest.fail("served without prometheus-client"))
+    with pytest.raises(SystemExit, match="pip install prometheus-client"):
+        serve_steady.main(["--backends", "snapmla", "--out", str(tmp_path)])
