@@ -19,7 +19,8 @@ What is registered:
 * decode CUDA graphs for the larger batches the pool admits: where the user sets no decode graph size, SGLang's
   default (256 on an H100 at TP < 4, sized for a BF16 pool) grows by the pool's token ratio, 1152 / 644
   (`snapmla_decode_graph_max_bs`), before SGLang reserves memory for the graphs; batches above the largest captured
-  graph decode eagerly at about half the rate;
+  graph decode eagerly at about half the rate. Not with DP attention, where SGLang's reserve for the graphs grows
+  with the DP size;
 * a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
   kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, the
   hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the MTP draft (before
@@ -235,6 +236,12 @@ def _graph_size_hook(original, server_args, *args, **kwargs):
     size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
     the memory fraction, unless the user set one) follow the larger size."""
     if not is_selected(server_args) or _decode_graph_size_set_by_user(server_args):
+        return original(server_args, *args, **kwargs)
+    if getattr(server_args, "enable_dp_attention", False):
+        # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
+        # from the pool (memory fraction 0.59 -> 0.40 on an H100); each rank's batch is a DP share of the requests
+        logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; --cuda-graph-max-bs "
+                    "sets another")
         return original(server_args, *args, **kwargs)
     fraction_unset = server_args.mem_fraction_static is None
     result = original(server_args, *args, **kwargs)

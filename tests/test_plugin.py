@@ -85,6 +85,12 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     assert fixed.mem_fraction_static == 0.6 and fixed.cuda_graph_config.decode.max_bs == 480
     off = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--disable-cuda-graph")
     assert off.cuda_graph_config.decode.backend == "disabled"
+    # DP attention: SGLang reserves graph memory per DP rank; larger graphs would shrink every rank's pool
+    dp = ("--tp", "8", "--dp", "8", "--enable-dp-attention")
+    dp_bf16 = _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla", *dp)
+    dp_snap = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", *dp)
+    assert dp_snap.cuda_graph_config.decode.max_bs == dp_bf16.cuda_graph_config.decode.max_bs == 512
+    assert dp_snap.mem_fraction_static == dp_bf16.mem_fraction_static
 
 
 @pytest.mark.cpu_interpreter
