@@ -38,13 +38,10 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from benchmarks import gpu_time
-
 from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
                                         start_server, stop_server, wait_healthy)
 from benchmarks.server_log_stats import decode_lines, read_log
 from benchmarks.serve_matrix import CONTEXT_LENGTH
-
-GpuTimeSampler = gpu_time.GpuTimeSampler  # module attribute: tests replace the sampler of a faked server
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
@@ -96,7 +93,7 @@ def gpu_breakdown(window: list[dict], samples: list[dict], interval: int) -> dic
     "decode_gpu_ms_per_step", "prefill_gpu_us_per_token"}; {} when the samples do not cover the window.
     Log times are whole seconds (floored), so each line's time is taken as the middle of its second."""
     start, end = (line["time"] + timedelta(seconds=0.5) for line in (window[0], window[-1]))
-    gpu = gpu_time.window_seconds(samples, start, end) if samples and len(window) > 1 else None
+    gpu = gpu_time.window_seconds(samples, start, end) if len(window) > 1 else None
     if not gpu:
         return {}
     wall = (end - start).total_seconds()
@@ -189,7 +186,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
                       range_ratio=workload["range_ratio"], stream=stream)
         flush_cache(port)
         start = len(log_path.read_text(errors="replace").splitlines())
-        sampler = GpuTimeSampler(port).start()
+        sampler = gpu_time.GpuTimeSampler(port).start()
         try:
             res["burst"], text = bench_serving(port, model, workload["input_len"], workload["output_len"],
                                                workload["num_prompts"], args.bench_timeout,
@@ -210,13 +207,13 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
     return res
 
 
-def measured_run(log_text: str, usage_floor: float, interval: int, gpu_time_samples: list[dict] = ()) -> dict:
+def measured_run(log_text: str, usage_floor: float, interval: int, gpu_time_samples: tuple | list = ()) -> dict:
     """The server log of the measured run alone (and the GPU-time samples taken during it) -> {"decode_lines"
     (JSON-ready), "steady" (with `gpu_breakdown`'s fields where the samples cover it)}."""
     lines = decode_lines(log_text)
     steady = steady_window(lines, usage_floor, interval)
     if steady:
-        steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], list(gpu_time_samples), interval))
+        steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], gpu_time_samples, interval))
     return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines], "steady": steady}
 
 
@@ -243,11 +240,13 @@ def table(results: dict) -> str:
              "| decode GPU ms per step | prefill GPU µs per prompt token "
              "| burst total tok/s | burst output tok/s | burst vs flashmla BF16 "
              "| engine s | engine output tok/s | engine vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             ""]
+    columns = lines[0].count("|") - 1
+    lines[1] = "|---" + "|---:" * (columns - 1) + "|"
     ref_engine = engine_rate(ref) or {}
     for name, r in backends.items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error']} |" + " |" * 17)
+            lines.append(f"| {name} | error: {r['error']} |" + " |" * (columns - 2))
             continue
         s, burst, engine = r.get("steady") or {}, r.get("burst") or {}, engine_rate(r) or {}
         ratio = _ratio(s.get("output_tok_s"), (ref.get("steady") or {}).get("output_tok_s"))

@@ -242,7 +242,7 @@ def _serve_faked(monkeypatch, tmp_path, client, bench_timeout: float = 1.0, **wo
     monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
     monkeypatch.setattr(serve_steady, "bench_serving", bench)
     monkeypatch.setattr(serve_steady, "flush_cache", lambda port: None)
-    monkeypatch.setattr(serve_steady, "GpuTimeSampler", Sampler)
+    monkeypatch.setattr(serve_steady.gpu_time, "GpuTimeSampler", Sampler)
     args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1, bench_timeout=bench_timeout,
                                            usage_floor=0.9, turnovers=3.0)
     workload = {"cuda_graph_max_bs": 1024, "input_len": 2048, "output_len": 2048, "range_ratio": 0.5, **workload}
