@@ -2,15 +2,14 @@
 plain completion and the stream (server-sent events) come back as the client prints them."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from examples import client as example
+from local_http import QuietHandler, local_http_server
 
 
-class ChatEndpoint(BaseHTTPRequestHandler):
+class ChatEndpoint(QuietHandler):
     """POST /v1/chat/completions: the answer 'fp8 pages' whole, or in two SSE chunks when "stream" is set."""
 
     seen: list = []
@@ -22,33 +21,20 @@ class ChatEndpoint(BaseHTTPRequestHandler):
         if not body.get("stream"):
             payload = json.dumps({**base, "object": "chat.completion", "choices": [
                 {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "fp8 pages"}}]})
-            self._send("application/json", payload.encode())
+            self.reply("application/json", payload.encode())
             return
         events = [{"role": "assistant", "content": "fp8"}, {"content": " pages"}, {}]
         lines = [json.dumps({**base, "object": "chat.completion.chunk",
                              "choices": [{"index": 0, "delta": d, "finish_reason": None if d else "stop"}]})
                  for d in events]
-        self._send("text/event-stream", "".join(f"data: {x}\n\n" for x in [*lines, "[DONE]"]).encode())
-
-    def _send(self, content_type, data):
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.reply("text/event-stream", "".join(f"data: {x}\n\n" for x in [*lines, "[DONE]"]).encode())
 
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ChatEndpoint)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
     ChatEndpoint.seen = []
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    httpd.shutdown()
+    with local_http_server(ChatEndpoint) as httpd:
+        yield f"http://127.0.0.1:{httpd.server_port}/v1"
 
 
 def test_chat_and_streamed_chat(server, capsys):

@@ -3,11 +3,11 @@ growth over a window of wall time."""
 
 import threading
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
 from benchmarks import gpu_time
+from local_http import QuietHandler, local_http_server
 
 # as SGLang's /metrics shows them (multiprocess mode): HELP/TYPE lines, a `_created` sample per label set, two ranks,
 # and another counter whose labels also carry a category
@@ -49,28 +49,19 @@ def test_the_window_takes_each_counters_growth_between_its_ends_interpolated_bet
     assert gpu_time.window_seconds([], t0, t0 + timedelta(seconds=1)) is None
 
 
-class _Metrics(BaseHTTPRequestHandler):
+class _Metrics(QuietHandler):
     body = ""
     scrapes = 0
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         type(self).scrapes += 1
-        text = self.body.replace("{n}", str(type(self).scrapes)).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.end_headers()
-        self.wfile.write(text)
-
-    def log_message(self, *args):
-        pass
+        self.reply("text/plain", self.body.replace("{n}", str(type(self).scrapes)).encode())
 
 
 @pytest.fixture
 def metrics_server():
-    server = HTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    with local_http_server(_Metrics) as server:
+        yield server
 
 
 def test_the_sampler_reads_the_counters_over_http_until_stopped(metrics_server):
