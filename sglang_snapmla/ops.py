@@ -413,14 +413,20 @@ def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_con
     return out, lse
 
 
+# partial rows per load in the combine: 16 x 512 fp32 is 64 registers per thread of its 4 warps
+COMBINE_SPLIT_CHUNK = 16
+
+
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads: int,
             s_q: int, pdl: bool = False) -> None:
     """Merge split partials into the outputs, in place: o_part [B, R, splits, 512] fp32 and lse_part [B, R, splits]
     fp32 (base 2, -inf for a split without keys) -> out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 (natural log),
     R = s_q * H. `pdl`: launched as a programmatic dependent of the split kernel (it waits for the partials)."""
     B, R, splits, _ = o_part.shape
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, heads, s_q, splits,
-                                   SPLITS_P2=1 << (splits - 1).bit_length(), PDL=pdl, launch_pdl=pdl, num_warps=4)
+    splits_p2 = 1 << (splits - 1).bit_length()
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, heads, s_q, splits, SPLITS_P2=splits_p2,
+                                   SPLIT_CHUNK=min(splits_p2, COMBINE_SPLIT_CHUNK), PDL=pdl, launch_pdl=pdl,
+                                   num_warps=4)
 
 
 def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor,

@@ -47,7 +47,7 @@ def main() -> int:
     for pdl in (False, True):  # PDL: the programmatic dependent launch of ops.pdl_enabled (griddepcontrol.wait)
         variants.append((f"combine PDL={pdl}", decode.combine_kernel,
                          dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
-                              H="i32", S_Q="i32", NUM_SPLITS="i32"), {"SPLITS_P2": 64, "PDL": pdl},
+                              H="i32", S_Q="i32", NUM_SPLITS="i32"), {"SPLITS_P2": 64, "SPLIT_CHUNK": 16, "PDL": pdl},
                          dict(launch_pdl=pdl)))
     for name, fn, sig, consts, opts in variants:
         k = compile_one(fn, sig, consts, **opts)

@@ -137,16 +137,19 @@ def test_one_split_writes_what_the_combine_would(gen):
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
-def test_combine_skips_splits_without_keys(gen):
+@pytest.mark.parametrize("splits", [5, 3 * ops.COMBINE_SPLIT_CHUNK - 4])
+def test_combine_skips_splits_without_keys(gen, splits):
     """The combine merges split partials by their base-2 LSEs; a split with LSE -inf (past the end of a short sequence,
-    or every key masked for that row) has weight 0 and its partial row is never read: NaN there must not leak."""
-    B, s_q, H, splits = 2, 2, 3, 5
+    or every key masked for that row) has weight 0 and its partial row is never used: NaN there must not leak.
+    Within the first chunk of rows (read together with the LSEs) and in the chunks after it (read behind them)."""
+    B, s_q, H = 2, 2, 3
     R = s_q * H
     o_part = torch.randn(B, R, splits, 512, generator=gen)
     lse_part = 4 * torch.randn(B, R, splits, generator=gen)
     empty = torch.zeros(B, R, splits, dtype=torch.bool)
-    empty[0, :, 3:] = True  # sequence 0 is short: its last two splits hold no page
+    empty[0, :, splits - 2:] = True  # sequence 0 is short: its last two splits hold no page
     empty[1, 1, 1] = True  # one row of sequence 1 sees no key in split 1 (causal mask)
+    empty[1, 2, splits - 3] = True  # ... and one row in a split of the last chunk
     lse_part[empty] = float("-inf")
     o_part[empty] = float("nan")  # never written by the split kernel
     out = torch.empty(B, R, 512, dtype=torch.bfloat16)
@@ -163,7 +166,7 @@ def test_combine_skips_splits_without_keys(gen):
 def test_decode_reads_no_partial_it_did_not_write(gen, monkeypatch):
     """More splits than a sequence has pages (as in serving, where the count is set for the longest sequence a CUDA
     graph holds): the split kernel leaves the partial rows of splits without keys unwritten and the combine does not
-    read them. With every buffer `decode` allocates filled with NaN the result is the same as with zeros."""
+    use them. With every buffer `decode` allocates filled with NaN the result is the same as with zeros."""
     p = paged_problem(gen, [70, 300, 2], 16, s_q=2)  # 2, 5 and 1 pages over 8 splits
     results = []
     for fill in (0.0, float("nan")):

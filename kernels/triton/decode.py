@@ -141,8 +141,9 @@ def combine_kernel(
     o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
     out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
     R, H, S_Q,
-    NUM_SPLITS,  # runtime: the loop below keeps one [512] row in registers whatever the split count
+    NUM_SPLITS,  # runtime: the loop below keeps one chunk of rows in registers whatever the split count
     SPLITS_P2: tl.constexpr,  # next power of two >= NUM_SPLITS: all LSEs of a row are read as one vector
+    SPLIT_CHUNK: tl.constexpr,  # partial rows read by one load (a power of two <= SPLITS_P2)
     PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel: wait for its partials
 ):
     if PDL:
@@ -151,9 +152,16 @@ def combine_kernel(
     b = tl.program_id(1)
     dc = tl.arange(0, LATENT)
     base = (b * R + r).to(tl.int64) * NUM_SPLITS
-    # One vector load of the row's LSEs, not a loop of dependent scalar loads: serving sizes the split count for the
-    # longest sequence a CUDA graph holds (57 splits for a 640-token sequence at a 32k context), and a serial scan
-    # of 57 loads cost microseconds at batch 1. Splits without a key for this row carry -inf (weight 0).
+    # The first SPLIT_CHUNK partial rows are loaded in the same round trip as the LSEs, not behind them: at batch 1
+    # the combine is two dependent round trips long, and this removes one (H100, combine alone at 10 splits: 2.4
+    # instead of 3.2 us; docs/BENCHMARKS.md). Rows of splits without a key (past a short sequence's end, possibly
+    # never written) are discarded by a select on their LSE, so whatever bytes they hold never reach the output.
+    sc = tl.arange(0, SPLIT_CHUNK)
+    o_first = tl.load(o_part_ptr + (base + sc)[:, None] * LATENT + dc[None, :], mask=(sc < NUM_SPLITS)[:, None],
+                      other=0.0)
+    # one vector load of the row's LSEs, not a loop of dependent scalar loads (serving sizes the split count for the
+    # longest sequence a CUDA graph holds: 57 splits for a 640-token sequence at a 32k context). Splits without a
+    # key for this row carry -inf (weight 0).
     sp = tl.arange(0, SPLITS_P2)
     lse_all = tl.load(lse_part_ptr + base + sp, mask=sp < NUM_SPLITS, other=float("-inf"))
     m = tl.max(lse_all, axis=0)  # (a max may skip NaN operands: a NaN split is detected on its own below)
@@ -164,14 +172,17 @@ def combine_kernel(
     empty = (m == float("-inf")) & (not nan_row)
     m = tl.where(m == float("-inf"), 0.0, m)
     denom = tl.sum(tl.exp2(lse_all - m), axis=0)  # 0 for an empty row
-    # ... and only splits up to the last one with a key are visited (the others are past a short sequence's end and
-    # may be unwritten); a keyless split inside that range is masked and costs 4 bytes instead of 2 KB
+    lse_first = tl.load(lse_part_ptr + base + sc, mask=sc < NUM_SPLITS, other=float("-inf"))
+    keyed = lse_first > float("-inf")
+    out = tl.sum(tl.exp2(lse_first - m)[:, None] * tl.where(keyed[:, None], o_first, 0.0), axis=0)
+    # Beyond the first chunk, only splits up to the last one with a key are visited, SPLIT_CHUNK rows per load, and
+    # a keyless split's row is not read at all (masked: 4 bytes instead of 2 KB)
     n_visit = tl.max(tl.where(lse_all > float("-inf"), sp + 1, 0), axis=0)
-    out = tl.zeros([LATENT], tl.float32)
-    for i in range(0, n_visit):
-        lse_sp = tl.load(lse_part_ptr + base + i)
-        width = tl.where(lse_sp > float("-inf"), LATENT, 0)
-        out += tl.exp2(lse_sp - m) * tl.load(o_part_ptr + (base + i) * LATENT + dc, mask=dc < width, other=0.0)
+    for first in range(SPLIT_CHUNK, n_visit, SPLIT_CHUNK):
+        lse_c = tl.load(lse_part_ptr + base + first + sc, mask=first + sc < n_visit, other=float("-inf"))
+        o_c = tl.load(o_part_ptr + (base + first + sc)[:, None] * LATENT + dc[None, :],
+                      mask=(lse_c > float("-inf"))[:, None], other=0.0)
+        out += tl.sum(tl.exp2(lse_c - m)[:, None] * o_c, axis=0)
     out = tl.where(nan_row, float("nan"), out / tl.where(empty, 1.0, denom))
     tl.store(out_ptr + (b * R + r).to(tl.int64) * LATENT + dc, out.to(tl.bfloat16))
     token = r // H
