@@ -4,8 +4,8 @@ With `--enable-metrics` and SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 (`SERVER_FLAGS`
 every forward pass with CUDA events and adds the elapsed GPU seconds to
 `sglang:forward_execution_seconds_total{category=...}` (decode, extend, target_verify, idle, ...). Sampling that
 counter while a benchmark runs (`GpuTimeSampler`) and taking its growth over a window of wall time
-(`window_seconds`) tells how much of the window the GPU spent in decode forwards, in prefill (extend) forwards, and
-outside every forward (scheduling, the frontend, gaps between launches).
+(`window_seconds`) tells how much of the window the GPU spent in decode forwards (`DECODE_CATEGORIES`), in prefill
+forwards (`PREFILL_CATEGORIES`), and outside every forward (scheduling, the frontend, gaps between launches).
 
 An interval starts when the scheduler launches a forward: where the GPU is still busy with the previous one, the
 start event waits for it, so the intervals do not overlap; a forward whose kernels the CPU launches more slowly than
@@ -19,6 +19,12 @@ import sys
 import threading
 import urllib.request
 from datetime import datetime
+
+# The forward categories of one decode step, and of prefill. With speculative decoding (MTP / EAGLE) a step is a
+# draft pass, the target's verify pass and the draft's extend pass, and no forward is labelled "decode"; SGLang 0.5.17
+# names the categories after the forward mode or the graph runner (ForwardMode.name.lower(), "eagle_draft", ...).
+DECODE_CATEGORIES = ("decode", "target_verify", "eagle_draft", "eagle_draft_extend", "draft_extend", "draft_extend_v2")
+PREFILL_CATEGORIES = ("extend", "mixed", "split_prefill")
 
 SERVER_FLAGS = ["--enable-metrics"]
 SERVER_ENV = {"SGLANG_ENABLE_METRICS_DEVICE_TIMER": "1"}

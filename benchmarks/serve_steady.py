@@ -89,7 +89,8 @@ def window_breakdown(window: list[dict], interval: int) -> dict:
 def gpu_breakdown(window: list[dict], samples: list[dict], interval: int) -> dict:
     """Where the GPU time of a steady window goes, from the server's forward-time counters (`gpu_time`) sampled
     during the run -> {"gpu_decode_share", "gpu_prefill_share", "gpu_outside_share" (shares of the window's wall
-    time: in decode forwards, in extend forwards, in neither: scheduling, the frontend, gaps between launches),
+    time: in decode forwards (with speculative decoding: draft, verify and draft-extend forwards), in prefill
+    forwards, in neither: scheduling, the frontend, gaps between launches),
     "decode_gpu_ms_per_step", "prefill_gpu_us_per_token"}; {} when the samples do not cover the window.
     Log times are whole seconds (floored), so each line's time is taken as the middle of its second."""
     start, end = (line["time"] + timedelta(seconds=0.5) for line in (window[0], window[-1]))
@@ -97,7 +98,8 @@ def gpu_breakdown(window: list[dict], samples: list[dict], interval: int) -> dic
     if not gpu:
         return {}
     wall = (end - start).total_seconds()
-    decode, prefill = gpu.get("decode", 0.0), gpu.get("extend", 0.0)
+    decode = sum(gpu.get(c, 0.0) for c in gpu_time.DECODE_CATEGORIES)
+    prefill = sum(gpu.get(c, 0.0) for c in gpu_time.PREFILL_CATEGORIES)
     tokens = sum(line.get("prefill_tokens", 0) for line in window[1:])  # logged after the window's first line
     out = {"gpu_decode_share": round(decode / wall, 3), "gpu_prefill_share": round(prefill / wall, 3),
            "gpu_outside_share": round(1 - sum(gpu.values()) / wall, 3),
