@@ -233,9 +233,9 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
 
 # Cost model of the sm_90a decode + combine at small batches, fitted to benchmarks/gpu/split_sweep.py on the H100
 # (docs/BENCHMARKS.md): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
-# adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and ~0.1 us to each combine
-# program's serial read. Below one wave, more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits
-# (one page each) and 16.2 with 16.
+# adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and up to ~0.1 us to the combine
+# (alone at h128 b1: 1.6 us at 2 splits, 2.4 at 16, whose partial rows it reads in one round trip). Below one wave,
+# more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits (one page each) and 16.2 with 16.
 CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT = 1.56, 0.42, 0.1
 
 
