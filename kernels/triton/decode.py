@@ -153,9 +153,10 @@ def combine_kernel(
     dc = tl.arange(0, LATENT)
     base = (b * R + r).to(tl.int64) * NUM_SPLITS
     # The first SPLIT_CHUNK partial rows are loaded in the same round trip as the LSEs, not behind them: at batch 1
-    # the combine is two dependent round trips long, and this removes one (H100, combine alone at 10 splits: 2.4
-    # instead of 3.2 us; docs/BENCHMARKS.md). Rows of splits without a key (past a short sequence's end, possibly
-    # never written) are discarded by a select on their LSE, so whatever bytes they hold never reach the output.
+    # the combine is two dependent round trips long, and this removes one (H100, the combine alone at 10 splits:
+    # 2.4 us, against 3.2 with every row read behind the LSEs; docs/KERNEL.md). Rows of splits without a key (past a
+    # short sequence's end, possibly never written) are discarded by a select on their LSE, so whatever bytes they
+    # hold never reach the output.
     sc = tl.arange(0, SPLIT_CHUNK)
     o_first = tl.load(o_part_ptr + (base + sc)[:, None] * LATENT + dc[None, :], mask=(sc < NUM_SPLITS)[:, None],
                       other=0.0)
