@@ -89,8 +89,8 @@ def test_the_gpu_breakdown_splits_the_window_into_decode_prefill_and_outside_for
 
 def test_speculative_decoding_steps_count_as_decode_gpu_time():
     """With MTP no forward is labelled "decode": a step is a draft, a verify and a draft-extend forward, and each of
-    them is decode time of the window (counted as "decode" alone, an MTP run's decode time would show as outside
-    every forward)."""
+    them is decode time of the window (with "decode" alone, an MTP run shows 0 % decode and shares that do not add
+    up to the window)."""
     samples = [{**x, "seconds": {"extend": x["seconds"]["extend"], "eagle_draft": 0.1 / 0.6 * x["seconds"]["decode"],
                                  "target_verify": 0.4 / 0.6 * x["seconds"]["decode"],
                                  "eagle_draft_extend": 0.1 / 0.6 * x["seconds"]["decode"]}}
