@@ -36,6 +36,9 @@ RUNS = {
     "flashmla": ["--attention-backend", "flashmla", "--page-size", "64"],
     "flashmla-fp8": ["--attention-backend", "flashmla", "--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
     "triton": ["--attention-backend", "triton", "--page-size", "64"],
+    # FlashInfer's MLA over an FP8 pool: SGLang 0.5.17's backend casts the layer's whole pool to BF16 on every decode
+    # step and prefix extend (flashinfer_mla_backend.py), a BF16 decode over a per-step copy of FP8-rounded keys
+    "flashinfer-fp8": ["--attention-backend", "flashinfer", "--kv-cache-dtype", "fp8_e4m3"],
 }
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
        "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3

@@ -1,6 +1,6 @@
 """Serving-scale accuracy gate: does a backend's output depend on how many requests share its decode batch?
 
-    python -m tools.accuracy_gate --model CKPT --runs flashmla snapmla snapmla-triton --out gate_out
+    python -m tools.accuracy_gate --model CKPT --runs flashmla flashmla-fp8 snapmla snapmla-triton --out gate_out
 
 CKPT is a checkpoint of tools/train_tiny_mla.py (a trained model: its outputs depend on what attention reads).
 One server per run, CUDA graphs up to batch 512 (every level below decodes inside captured graphs). The same probe
@@ -39,6 +39,13 @@ LEVELS = (1, 8, 64, 160, 512)
 # from the radix cache (snapmla: fetch-dequant of the cached rows into the MHA prefill), compared like a level
 RADIX = "radix"
 PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
+# The pool is capped (the same for every run) because SGLang 0.5.17's FP8 paths for MLA dequantize a layer's whole pool
+# at once: flashmla's prefix extend (the radix level, chunked prefill) and FlashInfer MLA's every step cast
+# get_key_buffer(layer) to BF16. At SGLang's default memory fraction that copy of the small trained model's per-layer
+# pool (4 layers) asks for 31 GiB and the server dies of CUDA OOM (docs/ACCURACY.md). 600k tokens hold the largest
+# level (512 requests of up to 1 120 tokens).
+POOL_TOKENS = 600_000
+POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
 # Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
 GATE_FACTOR, GATE_SLACK = 1.5, 0.01
 RUN_ENV = {**RUN_ENV, "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
@@ -122,7 +129,7 @@ def max_running(log_path: Path) -> int:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
-    ap.add_argument("--runs", nargs="+", default=["flashmla", "snapmla"],
+    ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla"],
                     help="RUNS names or name=base:KEY=VALUE;...; the first is the reference")
     ap.add_argument("--startup-timeout", type=float, default=400)
     ap.add_argument("--out", type=Path, default=Path("gate_out"))
@@ -141,7 +148,7 @@ def main():
         # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
         graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
         proc, log = start_server(args.model, 33000 + i, [*flags, "--cuda-graph-bs", *map(str, graph_bs),
-                                                          "--max-running-requests", str(max(LEVELS))],
+                                                          "--max-running-requests", str(max(LEVELS)), *POOL_FLAGS],
                                  log_path, load_format="auto", context_length=4096, env=env)
         try:
             wait_healthy(33000 + i, proc, args.startup_timeout)

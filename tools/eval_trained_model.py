@@ -1,7 +1,7 @@
 """Accuracy of snapmla on a trained model, through the server: perplexity, greedy agreement, long-generation drift.
 
     python -m tools.train_tiny_mla --out /tmp/tiny-mla --minutes 8
-    python -m tools.eval_trained_model --model /tmp/tiny-mla --runs flashmla snapmla triton --out eval_out
+    python -m tools.eval_trained_model --model /tmp/tiny-mla --runs flashmla flashmla-fp8 snapmla triton --out eval_out
 
 One server per backend (the first run is the reference, flashmla BF16), each given the same requests built from
 the checkpoint's heldout.json (files never trained on):
@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks.serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from tools.accuracy_gate import POOL_FLAGS
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
 NEAR_TIE = 0.1  # nats between the reference's best and second-best token
@@ -109,7 +110,7 @@ def evaluate(port: int, held: dict, ref_drift: list[list[int]] | None = None, wo
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
-    ap.add_argument("--runs", nargs="+", default=["flashmla", "snapmla", "triton"], choices=list(RUNS))
+    ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla", "triton"], choices=list(RUNS))
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--out", type=Path, default=Path("eval_out"))
     ap.add_argument("--resume", action="store_true",
@@ -125,7 +126,7 @@ def main():
         if name in results:
             print(f"{name}: kept from {saved}", flush=True)
             continue
-        flags = [*RUNS[name], "--cuda-graph-max-bs", "64", "--chunked-prefill-size", "128"]
+        flags = [*RUNS[name], "--cuda-graph-max-bs", "64", "--chunked-prefill-size", "128", *POOL_FLAGS]
         proc, log = start_server(args.model, 32000 + i, flags, args.out / f"server_eval_{name}.log",
                                  load_format="auto", context_length=4096)
         try:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the Hopper host (the runtime in .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) on the
-# small trained checkpoint: flashmla BF16 (reference), snapmla, snapmla with the Triton decode, and snapmla with the
+# small trained checkpoint: flashmla BF16 (reference), SGLang's FP8 flashmla, snapmla, snapmla with the Triton decode, and snapmla with the
 # capture-view bug put back (tools/gpu_host/mutant.sh; the gate must fail it).
-#   usage: bash tools/gpu_host/accuracy_gate.sh [runs... | flashmla mutant]     (default: all four; results accumulate in .gpucache/gate,
+#   usage: bash tools/gpu_host/accuracy_gate.sh [runs... | flashmla mutant]     (default: all five; results accumulate in .gpucache/gate,
 #          so a call cut by the time limit is continued by the next call on the same warm machine)
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
@@ -20,7 +20,7 @@ RUNS=("$@")
 # the mutant's server: PYTHONSAFEPATH=1, or `python -m sglang.launch_server` would import the plugin from the working
 # directory (this checkout) before PYTHONPATH
 MUTANT_RUN="snapmla-capture-view-bug=snapmla:PYTHONSAFEPATH=1;PYTHONPATH=$MUTANT_PYTHONPATH"
-[ ${#RUNS[@]} -gt 0 ] || RUNS=(flashmla snapmla "$MUTANT_RUN" snapmla-triton)
+[ ${#RUNS[@]} -gt 0 ] || RUNS=(flashmla flashmla-fp8 snapmla "$MUTANT_RUN" snapmla-triton)
 [ "${RUNS[*]}" = "flashmla mutant" ] && RUNS=(flashmla "$MUTANT_RUN")
 python3 -m tools.accuracy_gate --model $CKPT --runs "${RUNS[@]}" --out .gpucache/gate 2>&1 | tail -12
 cp .gpucache/gate/accuracy_gate.json "$OUT/"
