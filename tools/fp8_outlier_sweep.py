@@ -54,6 +54,7 @@ FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
 CONCURRENT = 512
 TORCH_FP8_NAN_ABOVE = 464.0  # torch's float8_e4m3fn cast: |x| >= 464 (past 448's rounding range) becomes NaN
 FP8_MIN_NORMAL = 2.0**-6
+FLOOR_DRAWN = 1e-5  # a zero error on the log axis
 PATHS = ("flashmla-bf16", "flashmla-fp8", "snapmla-spec", "snapmla-kernels")
 
 
@@ -292,15 +293,17 @@ def plot(rows: list[dict], kernel: dict, path: Path) -> None:
         mine = {r["point"]: r for r in rows if r["run"] == name}
         cap = lambda v: min(v, 1e3)  # noqa: E731  (an infinite error is drawn at the top of the axis)
         axes[0].plot(x, [cap(mine[p]["ppl_ratio"]) if p in mine else math.nan for p in points], marker="o", label=name)
-        axes[1].plot(x, [cap(mine[p][f"dlogprob_c{CONCURRENT}"]) + 1e-5 if p in mine else math.nan for p in points],
-                     marker="o", label=name)
+        axes[1].plot(x, [max(cap(mine[p][f"dlogprob_c{CONCURRENT}"]), FLOOR_DRAWN) if p in mine else math.nan
+                         for p in points], marker="o", label=name)
     for p in PATHS:
-        if kernel:
-            axes[2].plot(x, [min(statistics.fmean(l["rel_l2"] for l in kernel[pt]["errors"][p]), 1e3)
-                             if pt in kernel else math.nan for pt in points], marker="o", label=p)
+        if kernel:  # a NaN output (rel-L2 NaN) is drawn at the top, like an infinite error
+            errs = [statistics.fmean(l["rel_l2"] for l in kernel[pt]["errors"][p]) if pt in kernel else math.inf
+                    for pt in points]
+            axes[2].plot(x, [1.0 if math.isnan(e) else e for e in errs], marker="o", label=p)
     for ax, title in zip(axes, ("perplexity / flashmla BF16 (inf drawn at 1e3)",
-                                f"mean |dlogprob| of the probes in {CONCURRENT} requests (inf at 1e3)",
-                                "decode rel-L2 vs float64 golden (NaN not drawn)")):
+                                f"mean |dlogprob| vs BF16, probes in {CONCURRENT} requests\n(inf drawn at 1e3, "
+                                f"0 at {FLOOR_DRAWN:g})",
+                                "decode rel-L2 vs float64 golden (NaN output drawn at 1)")):
         ax.set_xticks(list(x), points, rotation=20)
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
@@ -313,7 +316,8 @@ def plot(rows: list[dict], kernel: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", type=Path, required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
+    ap.add_argument("--model", type=Path, help="checkpoint dir written by tools/train_tiny_mla.py (required unless "
+                    "--redraw)")
     ap.add_argument("--out", type=Path, default=Path("sweep_out"))
     ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla", "snapmla-triton"],
                     choices=list(RUNS), help="the first is the reference")
@@ -323,7 +327,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernel-windows", type=int, default=8)
     ap.add_argument("--port", type=int, default=34000)
     ap.add_argument("--startup-timeout", type=float, default=600)
+    ap.add_argument("--redraw", type=Path, default=None,
+                    help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")
     args = ap.parse_args(argv)
+    if args.redraw:
+        report(json.loads(args.redraw.read_text()), args.runs, args.redraw.with_suffix(".png"))
+        return
+    if args.model is None:
+        ap.error("--model is required (or --redraw a saved sweep)")
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     held = json.loads((args.model / "heldout.json").read_text())
@@ -353,18 +364,23 @@ def main(argv: list[str] | None = None) -> None:
             results["runs"][name] = {"error": repr(e)[:400]}
             print(f"{name}: {results['runs'][name]['error']}", flush=True)
         saved.write_text(json.dumps(results))
-    runs = [r for r in args.runs if "points" in results["runs"].get(r, {})]
-    rows = point_rows(results, runs) if runs and runs[0] == args.runs[0] else []
-    results["rows"] = rows
+    results["rows"] = report(results, args.runs, args.out / "fp8_outlier_sweep.png")
     saved.write_text(json.dumps(results))
-    print(f"\nmodel {args.model}; latent spread {args.latent_spread:g}; reference {args.runs[0]}")
+
+
+def report(results: dict, runs: list[str], png: Path) -> list[dict]:
+    """Print the kernel-level and serving tables of a sweep's results, draw the plot; returns the serving rows."""
+    measured = [r for r in runs if "points" in results["runs"].get(r, {})]
+    rows = point_rows(results, measured) if measured and measured[0] == runs[0] else []
+    print(f"\nmodel {results['model']}; latent spread {results['latent_spread']:g}; reference {runs[0]}")
     if "kernel" in results:
         print("\n" + format_kernel(results["kernel"]))
     print("\n" + format_serving(rows))
-    for name in args.runs:
+    for name in runs:
         if "error" in results["runs"].get(name, {}):
             print(f"{name}: error: {results['runs'][name]['error']}")
-    plot(rows, results.get("kernel", {}), args.out / "fp8_outlier_sweep.png")
+    plot(rows, results.get("kernel", {}), png)
+    return rows
 
 
 if __name__ == "__main__":

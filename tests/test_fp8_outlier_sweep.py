@@ -1,0 +1,98 @@
+"""tools/fp8_outlier_sweep.py on the CPU: the points and the control checkpoint, the kernel-level measurement (SnapMLA
+spec path), the metrics against the reference run, and the report of a saved sweep."""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tools import fp8_outlier_sweep as sweep
+from tools import reparameterize
+from tools.train_tiny_mla import model_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def points(tmp_path_factory):
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    args = argparse.Namespace(hidden=64, layers=2, heads=2, experts=2, seq_len=64)
+    base = tmp_path_factory.mktemp("sweep") / "base"
+    DeepseekV3ForCausalLM(model_config(args, vocab=256, bos=0, eos=1)).save_pretrained(base, safe_serialization=True)
+    return sweep.make_points(base, base.parent / "points", [1.0, 1024.0], 16.0), base
+
+
+def test_points_and_control(points):
+    pts, base = points
+    assert list(pts) == [sweep.ORIGINAL, "alpha=1", "alpha=1024"]
+    assert json.loads((pts["alpha=1024"] / reparameterize.RECORD).read_text())["latent_spread"] == 16.0
+    control = sweep.make_control(base, base.parent / "points")
+    a, c = load_file(str(base / reparameterize.WEIGHTS)), load_file(str(control / reparameterize.WEIGHTS))
+    p = "model.layers.0.self_attn."
+    assert torch.equal(c[p + "kv_a_proj_with_mqa.weight"][512:], 8 * a[p + "kv_a_proj_with_mqa.weight"][512:])
+    assert torch.equal(c[p + "q_b_proj.weight"], a[p + "q_b_proj.weight"])  # uncompensated: another model
+
+
+def test_kernel_level_sees_the_magnitudes_and_snapmla_does_not_depend_on_alpha(points, gen):
+    """alpha scales the RoPE key the cache meets exactly (powers of two), pushes values past torch's fp8 NaN bound,
+    and leaves SnapMLA's decode error unchanged to the last bit (content scales from content alone, RoPE in bf16)."""
+    pts, _ = points
+    windows = torch.randint(0, 256, (2, 128), generator=gen).tolist()
+    res = {name: sweep.kernel_level(path, windows, paths=("snapmla-spec",)) for name, path in pts.items()}
+    for r1, r2 in zip(res["alpha=1"]["ranges"], res["alpha=1024"]["ranges"]):
+        assert r2["k_rope_amax"] == 1024 * r1["k_rope_amax"]
+        assert r1["k_nan_in_fp8_cast"] == 0 and r2["k_nan_in_fp8_cast"] > 0
+        assert r2["q_rope_subnormal_in_fp8"] > r1["q_rope_subnormal_in_fp8"]
+    assert res["alpha=1"]["errors"] == res["alpha=1024"]["errors"]
+    err = res["alpha=1"]["errors"]["snapmla-spec"]
+    assert all(0 < e["rel_l2"] < 0.1 and e["nan_rows"] == 0 for e in err)
+
+
+def _probe(ids, lps):
+    return {"ids": ids, "logprobs": lps}
+
+
+def test_point_rows_compare_with_the_reference_at_the_same_point():
+    ref_probe, near, broken = _probe([1, 2], [-0.5, -1.0]), _probe([1, 2], [-0.6, -1.0]), _probe([7, 7], [None, None])
+
+    def point(ppl, probe, forced, nonfinite=0):
+        return {"perplexity": ppl, "nonfinite_positions": nonfinite, "teacher_forced": forced,
+                "alone": [probe], f"c{sweep.CONCURRENT}": [probe]}
+
+    cont = [[5, 6, 7, 8]]
+    results = {"runs": {
+        "flashmla": {"points": {"original": {**point(10.0, ref_probe, [[5, 6, 7, 8]]), "continuations": cont},
+                                "alpha=128": point(10.0, ref_probe, [[5, 6, 7, 8]])}},
+        "flashmla-fp8": {"points": {"original": point(10.1, near, [[5, 6, 7, 0]]),
+                                    "alpha=128": point(math.inf, broken, [[-1, -1, -1, -1]], nonfinite=9)}}}}
+    rows = {(r["point"], r["run"]): r for r in sweep.point_rows(results, ["flashmla", "flashmla-fp8"])}
+    ok, bad = rows[("original", "flashmla-fp8")], rows[("alpha=128", "flashmla-fp8")]
+    assert ok["ppl_ratio"] == pytest.approx(1.01) and ok["teacher_forced"] == 0.75
+    assert ok["dlogprob_alone"] == pytest.approx(0.05) and ok[f"identical_c{sweep.CONCURRENT}"] == 1
+    assert bad["ppl_ratio"] == math.inf and bad["nonfinite_positions"] == 9 and bad["teacher_forced"] == 0
+    assert bad["dlogprob_alone"] == math.inf and bad[f"identical_c{sweep.CONCURRENT}"] == 0
+    assert rows[("alpha=128", "flashmla")]["dlogprob_alone"] == 0
+    table = sweep.format_serving(list(rows.values()))
+    assert "| alpha=128 | flashmla-fp8 | inf | 9 | 0.0 % | inf | inf | 0/1 |" in table
+
+
+@pytest.mark.parametrize("heads", [128, 16])
+def test_saved_sweep_reports_what_the_docs_quote(heads, tmp_path, capsys):
+    """The committed H100 sweep redraws into the tables docs/ACCURACY.md quotes."""
+    saved = ROOT / "docs" / "accuracy" / f"fp8_outlier_sweep_h{heads}.json"
+    copy = tmp_path / saved.name
+    copy.write_text(saved.read_text())
+    sweep.main(["--redraw", str(copy)])
+    printed = capsys.readouterr().out
+    assert copy.with_suffix(".png").stat().st_size > 10_000
+    docs = (ROOT / "docs" / "ACCURACY.md").read_text()
+    rows = [line for line in printed.splitlines() if line.startswith("| alpha=") or line.startswith("| original")]
+    assert len(rows) == 5 + 5 * 4
+    for line in rows:
+        assert line in docs, line
