@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from openai import OpenAI
+from openai import APIConnectionError, OpenAI
 
 
 def chat(client: OpenAI, prompt: str, max_tokens: int) -> str:
@@ -32,8 +32,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt", default="Write a haiku about caches.")
     ap.add_argument("--max-tokens", type=int, default=64)
     args = ap.parse_args(argv)
-    client = OpenAI(base_url=args.base_url, api_key="EMPTY")  # SGLang needs no key unless started with --api-key
-    print("chat:", chat(client, args.prompt, args.max_tokens))
+    # SGLang needs no key unless started with --api-key; one try, so that a missing server is reported at once
+    client = OpenAI(base_url=args.base_url, api_key="EMPTY", max_retries=0)
+    try:
+        answer = chat(client, args.prompt, args.max_tokens)
+    except APIConnectionError:
+        raise SystemExit(f"no server answers at {args.base_url}: start one first (README, Use), or pass --base-url")
+    print("chat:", answer)
     print("stream:", end=" ", flush=True)
     for piece in stream_chat(client, args.prompt, args.max_tokens):
         print(piece, end="", flush=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 
 import torch
 
@@ -41,6 +42,28 @@ SUPPORTED_SGLANG = "0.5.17"
 # say "auto" / "fp8_e4m3") then refuse each other instead of transferring bytes the other side misreads.
 KV_LAYOUT = "snapmla_fp8_e4m3_644"
 logger = logging.getLogger(__name__)
+NO_GPU = ("--attention-backend snapmla serves on NVIDIA GPUs (CUDA; the tuned decode needs sm_90, H100/H200) and this "
+          "machine has none. Start the server on a CUDA machine; the test suite (pytest) runs on a CPU.")
+
+
+class SnapMLAConfigError(ValueError, RuntimeError):
+    """A server setup snapmla cannot serve; the message names the fix. Raised while SGLang resolves its server args,
+    before any memory is allocated. Uncaught at the top of a command (`python -m sglang.launch_server`,
+    `sglang serve`) it prints as one line, not as a traceback through SGLang's argument code."""
+
+
+def _print_config_errors_as_one_line() -> None:
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if isinstance(value, SnapMLAConfigError):
+            print(f"sglang-snapmla: {value}", file=sys.stderr)
+        else:
+            previous(kind, value, tb)
+
+    sys.excepthook = hook
+
+
 _registered = False
 _integration_errors: list[str] = []
 
@@ -70,6 +93,7 @@ def register() -> None:
     _integration_errors[:] = integration_errors(before)
     for message in _integration_errors:
         logger.error("%s", message)
+    _print_config_errors_as_one_line()
     _registered = True
 
 
@@ -79,6 +103,7 @@ def _hooks(HookType) -> dict:
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
     return {
+        "sglang.srt.server_args.ServerArgs._handle_missing_default_values": (_default_values_hook, HookType.AROUND),
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
         "sglang.srt.server_args.ServerArgs._handle_page_size": (_page_size_hook, HookType.AFTER),
@@ -117,7 +142,8 @@ def integration_errors(before: dict) -> list[str]:
 
 def _check_integration() -> None:
     if _integration_errors:
-        raise RuntimeError("--attention-backend snapmla cannot run on this SGLang: " + " ".join(_integration_errors))
+        raise SnapMLAConfigError(
+            "--attention-backend snapmla cannot run on this SGLang: " + " ".join(_integration_errors))
 
 
 def _add_once(choices: list, name: str) -> None:
@@ -179,6 +205,17 @@ def snapmla_kv_cache_dim(kv_cache_dtype: torch.dtype) -> int:
     return math.ceil(BYTES_PER_TOKEN / torch.empty((), dtype=kv_cache_dtype).element_size())
 
 
+def _default_values_hook(original, server_args, *args, **kwargs):
+    """ServerArgs._handle_missing_default_values resolves --device; on a machine without an accelerator SGLang stops
+    there with a generic RuntimeError at the end of a long traceback. Where snapmla is selected, say what it needs."""
+    try:
+        return original(server_args, *args, **kwargs)
+    except RuntimeError as e:
+        if "No accelerator" in str(e) and is_selected(server_args):
+            raise SnapMLAConfigError(NO_GPU) from None
+        raise
+
+
 def _kv_cache_dim_hook(original, *args, **kwargs):
     server_args = kwargs.get("server_args")
     if server_args is not None and is_selected(server_args):
@@ -235,7 +272,8 @@ def _graph_size_hook(original, server_args, *args, **kwargs):
     fraction): where snapmla is selected and the user set no decode graph size, run it again with the decode graph
     size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
     the memory fraction, unless the user set one) follow the larger size."""
-    if not is_selected(server_args) or _decode_graph_size_set_by_user(server_args):
+    if (not is_selected(server_args) or _decode_graph_size_set_by_user(server_args)
+            or getattr(server_args, "device", "cuda") != "cuda"):  # no CUDA graphs to size (--device cpu)
         return original(server_args, *args, **kwargs)
     if getattr(server_args, "enable_dp_attention", False):
         # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
@@ -286,35 +324,43 @@ def check_server_args(args) -> int:
     _check_integration()
     phases = _attention_backends(args)
     if phases != {BACKEND}:
-        raise ValueError(f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
-                         "Use --attention-backend snapmla alone (no other --prefill/--decode-attention-backend).")
+        raise SnapMLAConfigError(
+            f"snapmla's KV pool is only readable by snapmla: got attention backends {sorted(phases)}. "
+            "Use --attention-backend snapmla alone (no other --prefill/--decode-attention-backend).")
     kv_dtype = getattr(args, "kv_cache_dtype", None)
     if kv_dtype not in (None, "auto", "fp8_e4m3"):
-        raise ValueError(f"--attention-backend snapmla stores its own KV layout (FP8 e4m3 content, one fp32 scale per "
-                         f"token, BF16 RoPE): got --kv-cache-dtype {kv_dtype}. Drop the flag or pass fp8_e4m3.")
+        raise SnapMLAConfigError(
+            f"--attention-backend snapmla stores its own KV layout (FP8 e4m3 content, one fp32 scale per "
+            f"token, BF16 RoPE): got --kv-cache-dtype {kv_dtype}. Drop the flag or pass fp8_e4m3.")
     if getattr(args, "enable_hierarchical_cache", False):
-        raise ValueError("--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
-                         "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
-                         "scales, BF16 RoPE). Drop the flag.")
+        raise SnapMLAConfigError(
+            "--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
+            "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
+            "scales, BF16 RoPE). Drop the flag.")
     problems = _unsupported_setups(args)
     if problems:
-        raise ValueError("\n".join(problems))
+        raise SnapMLAConfigError("\n".join(problems))
     draft = getattr(args, "speculative_draft_attention_backend", None)
     if draft not in (None, BACKEND):
-        raise ValueError(f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "
-                         f"--speculative-draft-attention-backend {draft}. Drop that flag (the draft then uses snapmla).")
+        raise SnapMLAConfigError(
+            f"snapmla's KV pool is only readable by snapmla, and the MTP draft model gets one too: got "
+            f"--speculative-draft-attention-backend {draft}. Drop that flag (the draft then uses snapmla).")
     from .pool import check_pool_config
 
     device = getattr(args, "device", None) or "cuda"
     config = _model_config(args)
     kv_lora_rank, rope = int(config.kv_lora_rank), int(getattr(config, "qk_rope_head_dim", 0))
-    check_pool_config(kv_lora_rank, rope, 64, "cuda" if device == "auto" else device)
+    try:
+        check_pool_config(kv_lora_rank, rope, 64, "cuda" if device == "auto" else device)
+    except ValueError as e:
+        raise SnapMLAConfigError(str(e)) from None
     dtype = getattr(args, "dtype", None) or "auto"
     model_dtype = str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "")
     if dtype in ("float16", "half") or (dtype == "auto" and model_dtype.endswith("float16")
                                         and not model_dtype.endswith("bfloat16")):
-        raise ValueError(f"--attention-backend snapmla runs the model in bfloat16 (its kernels take bf16 queries and "
-                         f"keys); got --dtype {dtype} (model dtype {model_dtype or 'unknown'}). Pass --dtype bfloat16.")
+        raise SnapMLAConfigError(
+            f"--attention-backend snapmla runs the model in bfloat16 (its kernels take bf16 queries and "
+            f"keys); got --dtype {dtype} (model dtype {model_dtype or 'unknown'}). Pass --dtype bfloat16.")
     # SGLang resolves an unset page size to 1 before this pass: only an explicit other size is worth a warning
     if getattr(args, "page_size", None) not in (None, 1, 64):
         logger.warning("--attention-backend snapmla stores the KV cache in 64-token pages: page size %s -> 64",
@@ -363,7 +409,7 @@ def _model_config(args):
                         revision=getattr(args, "revision", None))
     config = getattr(config, "text_config", None) or config
     if getattr(config, "kv_lora_rank", None) is None:
-        raise ValueError(f"--attention-backend snapmla serves MLA models (DeepSeek-V2/V3/R1, LongCat-Flash); "
+        raise SnapMLAConfigError(f"--attention-backend snapmla serves MLA models (DeepSeek-V2/V3/R1, LongCat-Flash); "
                          f"{model_path} ({getattr(config, 'model_type', '?')}) has no kv_lora_rank. "
                          "Use another --attention-backend for it.")
     return config

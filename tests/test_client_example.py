@@ -44,3 +44,15 @@ def test_chat_and_streamed_chat(server, capsys):
     assert path1 == path2 == "/v1/chat/completions"
     assert plain["messages"] == [{"role": "user", "content": "what is cached?"}] and plain["max_tokens"] == 8
     assert streamed["stream"] is True and not plain.get("stream")
+
+
+def test_without_a_server_one_line_names_the_url(capsys):
+    """Nothing listens on the port: one line naming the URL, no traceback."""
+    import socket
+
+    with socket.socket() as sock:  # a free port, closed again before the client tries it
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with pytest.raises(SystemExit) as stop:
+        example.main(["--base-url", url])
+    assert str(stop.value) == f"no server answers at {url}: start one first (README, Use), or pass --base-url"

@@ -294,6 +294,32 @@ def test_launch_server_module_knows_the_choice():
     assert "snapmla" in res.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="what a machine without a GPU prints")
+@pytest.mark.parametrize("extra, says", [
+    ([], "serves on NVIDIA GPUs (CUDA; the tuned decode needs sm_90, H100/H200) and this machine has none"),
+    (["--device", "cpu"], "runs on CUDA GPUs (Hopper is the tuned target); got device 'cpu'. Use --device cuda"),
+])
+def test_a_setup_snapmla_cannot_serve_stops_the_command_with_one_line(extra, says):
+    """The README's serve command on a machine without a GPU, and a refused flag: the command stops with the plugin's
+    one-line reason and fix, not SGLang's traceback."""
+    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(V2_LITE), "--load-format",
+                          "dummy", "--attention-backend", "snapmla", *extra], capture_output=True, text=True,
+                         timeout=300, env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("sglang-snapmla: --attention-backend snapmla") and says in last, res.stderr[-2000:]
+
+
+def test_other_backends_keep_sglangs_own_error_without_a_gpu():
+    """The device hook speaks only where snapmla is selected."""
+    if torch.cuda.is_available():
+        pytest.skip("what a machine without a GPU prints")
+    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(V2_LITE), "--load-format",
+                          "dummy", "--attention-backend", "triton"], capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "No accelerator" in res.stderr and "sglang-snapmla" not in res.stderr
+
+
 def test_sglang_serve_parses_snapmla():
     """`sglang serve` loads plugins before parsing (its --help text does not, so it omits the choice): parse a real
     command line through the CLI, stopping where the server would start."""
