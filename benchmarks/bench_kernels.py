@@ -13,59 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from sglang_snapmla import numerics as nx
+from harness.kernel_timing import L2_ROTATE_BYTES, PAGE, make_inputs, time_graph
+from sglang_snapmla import layout
 from sglang_snapmla import ops
 
-PAGE = 64
 SHAPES = [(1, 640), (32, 8192), (128, 4096), (128, 16384), (64, 65536)]
-L2_ROTATE_BYTES = 256 << 20
-
-
-def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:
-    """Median microseconds per call. make_call(i) -> zero-arg callable on copy i."""
-    fns = [make_call(i % copies) for i in range(calls_per_graph)]
-    for f in fns[:copies]:
-        f()  # warm-up / compile
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls_per_graph)
-    return statistics.median(times)
-
-
-def make_inputs(b, sk, h, s_q, copies, dev):
-    """Per copy: bf16 latent pool [pages*64, 576] with a shuffled page table; SnapMLA pool from it."""
-    pages = math.ceil(sk / PAGE)
-    out = []
-    for _ in range(copies):
-        n = b * pages
-        ckv = torch.randn(n * PAGE, 576, device=dev, dtype=torch.bfloat16)
-        bt = torch.randperm(n, device=dev, dtype=torch.int32).view(b, pages)
-        q = torch.randn(b, s_q, h, 576, device=dev, dtype=torch.bfloat16)
-        kv8, ks, kr = ops.pool_from_rows(ckv[:, :512], ckv[:, 512:])
-        out.append(dict(ckv=ckv, bt=bt, q=q, kv8=kv8, ks=ks, kr=kr))
-    return out
 
 
 def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False):
@@ -81,11 +38,11 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     def ours(i, impl="triton"):
         x = inp[i]
         qn, qr = x["q"][..., :512], x["q"][..., 512:]
-        return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl)
+        return lambda: ops.quantize_and_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl)
 
-    rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * nx.BYTES_PER_TOKEN)
+    rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * layout.BYTES_PER_TOKEN)
     if cuda:  # the sm_90a kernel (SNAPMLA_DECODE_IMPL=cuda), same inputs, same combine
-        rows["snapmla_cuda_sm90"] = (time_graph(lambda i: ours(i, "cuda"), copies), b * sk * nx.BYTES_PER_TOKEN)
+        rows["snapmla_cuda_sm90"] = (time_graph(lambda i: ours(i, "cuda"), copies), b * sk * layout.BYTES_PER_TOKEN)
 
     from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
 

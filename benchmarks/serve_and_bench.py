@@ -15,40 +15,19 @@ Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXT
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import os
 import random
 import re
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-RUNS = {
-    "snapmla": ["--attention-backend", "snapmla"],
-    "snapmla-fp8flag": ["--attention-backend", "snapmla", "--kv-cache-dtype", "fp8_e4m3"],
-    "flashmla": ["--attention-backend", "flashmla", "--page-size", "64"],
-    "flashmla-fp8": ["--attention-backend", "flashmla", "--page-size", "64", "--kv-cache-dtype", "fp8_e4m3"],
-    "triton": ["--attention-backend", "triton", "--page-size", "64"],
-    # FlashInfer's MLA over an FP8 pool: SGLang 0.5.17's backend casts the layer's whole pool to BF16 on every decode
-    # step and prefix extend (flashinfer_mla_backend.py), a BF16 decode over a per-step copy of FP8-rounded keys
-    "flashinfer-fp8": ["--attention-backend", "flashinfer", "--kv-cache-dtype", "fp8_e4m3"],
-}
-MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-       "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3
-RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
-# FlashMLA with every prefix prefill through MHA, as the snapmla plugin routes them: SGLang's DeepSeek handler sends
-# an extend batch whose cached prefix sums to < 8192 tokens (every chunked-prefill tail at in 4096) to absorbed MLA
-# for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md). The same decode and
-# pool as `flashmla`; isolates the decode's share of a throughput ratio.
-RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
-RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}}  # run -> server environment
+from harness.server import (LAUNCHERS, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server,
+                            stop_server, wait_healthy)
+
 METRICS = {
     "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
     "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
@@ -59,42 +38,6 @@ METRICS = {
     "completed": r"Successful requests:\s+(\d+)",
     "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
 }
-
-
-def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def flush_cache(port: int, timeout: float = 60) -> None:
-    """Empty the server's radix cache (SGLang's /flush_cache; refused while requests run): a measured workload then
-    starts without prefix hits left by a warm-up or an earlier workload that used the same seeded prompts."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/flush_cache", data=b"", method="POST")
-    urllib.request.urlopen(req, timeout=timeout).close()  # a refusal (HTTP 400) raises HTTPError
-
-
-def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float = 900, **extra) -> dict:
-    """/generate on token ids, greedy, exactly `new_tokens` new tokens (EOS ignored); `extra` joins the payload."""
-    return post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
-                                                                          "temperature": 0, "ignore_eos": True},
-                                    **extra}, timeout=timeout)
-
-
-def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except Exception:
-            pass
-        time.sleep(2)
-    raise TimeoutError("server not healthy in time")
 
 
 def check_endpoints(port: int, model: str) -> dict:
@@ -109,71 +52,6 @@ def check_endpoints(port: int, model: str) -> dict:
     assert all(isinstance(v, str) for v in out.values()), out
     assert gen["meta_info"]["completion_tokens"] == 16, gen["meta_info"]
     return out
-
-
-_live_servers: set[int] = set()
-
-
-def _kill_live_servers(*_):
-    """Servers run in their own process group; a killed benchmark must not leave one holding the GPU."""
-    for pgid in list(_live_servers):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    _live_servers.clear()
-
-
-def kill_servers_on_exit() -> None:
-    """Whatever ends the script (return, exception, SIGTERM from a timeout), no server outlives it."""
-    atexit.register(_kill_live_servers)
-    signal.signal(signal.SIGTERM, lambda *a: (_kill_live_servers(), sys.exit(143)))
-
-
-# the two documented ways to start a server (README): the module, and the `sglang` CLI's `serve` subcommand, which
-# loads plugins at another point (tests/test_plugin.py). Where the console script is not installed (a --target
-# runtime), the CLI runs as its script does: sglang.cli.main.main with argv "serve ...".
-LAUNCHERS = ("launch_server", "sglang-serve")
-
-
-def server_command(model: str, port: int, flags: list[str], load_format: str = "dummy", context_length: int = 32768,
-                   launcher: str = "launch_server") -> list[str]:
-    """The server's command line: `python -m sglang.launch_server ...` or `sglang serve ...` (LAUNCHERS)."""
-    if launcher == "launch_server":
-        head = [sys.executable, "-m", "sglang.launch_server"]
-    elif launcher == "sglang-serve":
-        cli = shutil.which("sglang")
-        head = [cli, "serve"] if cli else [sys.executable, "-c", "from sglang.cli.main import main; main()", "serve"]
-    else:
-        raise ValueError(f"unknown launcher {launcher!r}; one of {LAUNCHERS}")
-    return [*head, "--model-path", model, "--load-format", load_format, "--context-length", str(context_length),
-            "--mem-fraction-static", "0.80", "--grammar-backend", "none", "--port", str(port), *flags]
-
-
-def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
-                 context_length: int = 32768, env: dict | None = None, launcher: str = "launch_server"):
-    """The server (`server_command`) in its own process group; returns (process, log). Bundled configs have no
-    weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
-    (RUN_ENV[run])."""
-    log = open(log_path, "w")
-    cmd = server_command(model, port, flags, load_format, context_length, launcher)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **env} if env else None)
-    proc.cmd = " ".join([*(f"{k}={v}" for k, v in (env or {}).items()), *cmd])
-    _live_servers.add(proc.pid)
-    return proc, log
-
-
-def stop_server(proc: subprocess.Popen, log) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # the server already exited (e.g. it failed to start: its log says why)
-        pass
-    _live_servers.discard(proc.pid)
-    log.close()
 
 
 def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,

@@ -28,8 +28,8 @@ import json
 import os
 from pathlib import Path
 
-from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens, start_server,
-                             stop_server, ttft_outliers, wait_healthy)
+from benchmarks.serve_and_bench import bench_serving, pool_tokens, ttft_outliers
+from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 WORKLOADS = {  # name -> bench_serving arguments
     "in4096-out512": dict(input_len=4096, output_len=512, num_prompts=320),

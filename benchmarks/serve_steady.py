@@ -38,8 +38,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from benchmarks import gpu_time
-from benchmarks.serve_and_bench import (RUN_ENV, RUNS, bench_serving, flush_cache, kill_servers_on_exit, pool_tokens,
-                                        start_server, stop_server, wait_healthy)
+from benchmarks.serve_and_bench import bench_serving, pool_tokens
+from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 from benchmarks.server_log_stats import decode_lines, read_log
 from benchmarks.serve_matrix import CONTEXT_LENGTH
 

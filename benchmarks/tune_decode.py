@@ -60,7 +60,8 @@ def main():
     for (block_m, warps, stages), splits in itertools.product(configs, args.splits):
         name = f"BLOCK_M={block_m:3d} warps={warps} stages={stages} splits={splits or 'auto'}"
         try:
-            fn = lambda: ops.decode(q8, qs, qr, kv8, ks, kr, bt, lens, 0.04, splits or None, (block_m, warps, stages))
+            fn = lambda: ops.decode_quantized(q8, qs, qr, kv8, ks, kr, bt, lens, 0.04, splits or None,  # noqa: E731
+                                              (block_m, warps, stages))
             out, _ = fn()
             if ref is None:
                 ref = out.float()

@@ -21,7 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .numerics import CONFIGS, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, decode_with_config, error_metrics, mla_decode_golden
+from .ablations import CONFIGS, decode_with_config
+from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from .numerics import error_metrics, mla_decode_golden
 
 METRICS = ("rmse", "one_minus_cos", "rel_l2")
 KERNEL_ROW = "shipped kernels"  # the row `run_report(kernel=True)` adds beside the configurations
@@ -134,7 +136,7 @@ def _kernel_decode(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_
 
     dev = torch.device("cuda")
     pool = ops.pool_from_rows(c_kv.to(dev, torch.bfloat16), k_rope.to(dev, torch.bfloat16))
-    out, _ = ops.snapmla_decode(q_nope.to(dev, torch.bfloat16), q_rope.to(dev, torch.bfloat16), *pool,
+    out, _ = ops.quantize_and_decode(q_nope.to(dev, torch.bfloat16), q_rope.to(dev, torch.bfloat16), *pool,
                                 block_table.to(dev), seq_lens.to(dev), softmax_scale)
     return out.float().cpu()
 
@@ -144,8 +146,8 @@ def summarize(per_layer):
 
 
 def _kernel_description() -> str:
-    """Which decode ran in the kernel row: ops.decode picks the sm_90a CUDA kernel where it builds (an H100), else
-    Triton; the append and Q-quant are Triton either way."""
+    """Which decode ran in the kernel row: ops.decode_quantized picks the sm_90a CUDA kernel where it builds (an
+    H100), else Triton; the append and Q-quant are Triton either way."""
     from . import ops
 
     try:
@@ -201,7 +203,8 @@ def main(argv=None) -> None:
     p.add_argument("--windows", type=int, default=8, help="with --checkpoint: held-out windows (batch)")
     p.add_argument("--window-len", type=int, default=1024, help="with --checkpoint: tokens per window")
     p.add_argument("--kernel", action="store_true",
-                   help="also run the shipped kernels on the same inputs (CUDA only; the decode ops.decode picks)")
+                   help="also run the shipped kernels on the same inputs (CUDA only; the decode that "
+                        "ops.decode_quantized picks)")
     p.add_argument("--out", type=Path, default=Path("accuracy_report"), help="folder for JSON and PNG")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

@@ -6,7 +6,7 @@ window: the latent cache c_kv = kv_a_layernorm(kv_a) [S, 512] and the rotated Ro
 q_nope @ W_UK [B, 1, H, 512] (in bf16, as SGLang's absorbed path computes it), the rotated RoPE query [B, 1, H, 64],
 a page table (page size 64) and the layer's softmax scale (YaRN mscale included). The tensors are computed from
 the attention module's own weights and rotary function, captured by a forward pre-hook, so they match the model's
-prefill exactly. The output is in `numerics`' decode argument order, ready for `decode_with_config` and the golden.
+prefill exactly. The output is in `numerics`' decode argument order, ready for `ablations.decode_with_config` and the golden.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .numerics import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
 
 def _rotary(attn):

@@ -57,7 +57,7 @@ class SnapMLAForward:
         seq_lens = seq_lens.to(torch.int32)
         q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
         splits = ops.default_num_splits(batch, s_q, heads, self.max_pages, q_nope.device)
-        out, _ = ops.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
+        out, _ = ops.decode_quantized(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
                             q_rope_al.view(batch, s_q, heads, -1),
                             *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
                             block_table, seq_lens, layer.scaling, num_splits=splits, follows_q_quant=True)

@@ -1,8 +1,8 @@
 """The sm_90a CUDA decode extension: built with torch's C++ extension machinery at first use, cached.
 
 `load()` returns the compiled module, or None with the reason logged once (no CUDA device, not an sm_90 GPU, no
-nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode` uses this module by default on sm_90
-(SNAPMLA_DECODE_IMPL=auto; `triton` opts out, `cuda` makes its absence an error).
+nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode_quantized` uses this module by default on
+sm_90 (SNAPMLA_DECODE_IMPL=auto; `triton` opts out, `cuda` makes its absence an error).
 """
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from . import kernels as kernels_pkg
+from . import settings
 
 log = logging.getLogger(__name__)
 # the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
 SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
 # Kernel development only: build from another copy of kernels/cuda (an A/B of two kernel versions on one machine);
 # it gets its own extension name so that torch's build cache keeps both.
-SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"
+SOURCE_DIR_ENV = settings.CUDA_SOURCE_DIR_ENV
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
 # -lineinfo: Nsight Compute can map SASS back to source lines (no effect on the code)
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
@@ -47,8 +47,8 @@ def build(build_directory: str | None = None, verbose: bool = False):
     from torch.utils.cpp_extension import load as torch_load
 
     source_dir, name = SOURCE_DIR, "snapmla_sm90"
-    if os.environ.get(SOURCE_DIR_ENV):
-        source_dir = Path(os.environ[SOURCE_DIR_ENV]).resolve()
+    if settings.cuda_source_dir():
+        source_dir = Path(settings.cuda_source_dir()).resolve()
         name += "_" + hashlib.sha1(str(source_dir).encode()).hexdigest()[:8]
         log.warning("SnapMLA CUDA decode built from %s=%s (kernel development override)", SOURCE_DIR_ENV, source_dir)
     return torch_load(name=name, sources=[str(source_dir / s) for s in SOURCES],

@@ -28,20 +28,14 @@ from typing import Callable
 
 import torch
 
-KV_LORA_RANK = 512
-ROPE_DIM = 64
-PAGE_SIZE = 64
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
+from .layout import FP8_DTYPE, FP8_MAX, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+
 # A zero content row must quantize to finite values: its scale is floored. 2**-20 sits far below any real
 # latent's amax/448 (~1e-2), and keeps RoPE / scale (<= 6.6e4 * 2**20) far from BF16/fp32 overflow even when
 # the Q and K floors multiply in the aligned RoPE dot product.
 SCALE_FLOOR = 2.0**-20
 # P' = P * sigma_k can be legitimately tiny; its floor only has to keep 0 / 0 out of an all-zero block.
 P_SCALE_FLOOR = torch.finfo(torch.float32).tiny
-P_QUANT_MODES = ("fp8", "fp8_pow2", "fp8_bound", "bf16")  # how the decode rounds P' (snapmla_decode_reference)
-BYTES_PER_TOKEN = KV_LORA_RANK * 1 + 4 + ROPE_DIM * 2  # 644
-BF16_BYTES_PER_TOKEN = (KV_LORA_RANK + ROPE_DIM) * 2  # 1152
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -120,14 +114,6 @@ def amax_scale(amax: torch.Tensor, floor: float = SCALE_FLOOR) -> torch.Tensor:
     return torch.clamp_min((amax.double() / FP8_MAX).float(), floor)
 
 
-def pow2_scale(amax: torch.Tensor, floor: float) -> torch.Tensor:
-    """The smallest power of two >= amax_scale(amax, floor): dividing by it is exact (an exponent subtraction) and
-    the quotient stays <= 448, so nothing saturates. (AMLA-style scales: rescaling becomes an exponent add.)"""
-    s = amax_scale(amax, floor)
-    mant, exp = torch.frexp(s)  # s = mant * 2**exp, mant in [0.5, 1)
-    return torch.ldexp(torch.ones_like(s), exp - (mant == 0.5).to(exp.dtype))
-
-
 def quantize_kv(c_kv: torch.Tensor, k_rope: torch.Tensor) -> LatentCache:
     """SnapMLA K/V quantization, one scale per token.
 
@@ -190,20 +176,26 @@ def _block_slots(block_table_row: torch.Tensor, block: int, device) -> torch.Ten
     return block_table_row[block].long() * PAGE_SIZE + torch.arange(PAGE_SIZE, device=device)
 
 
+def amax_p_scale(p_v: torch.Tensor, p: torch.Tensor, ks_visible: torch.Tensor) -> torch.Tensor:
+    """SnapMLA's P' scale per (row, block): amax(P') / 448, so that the block's largest weight lands on 448 exactly.
+
+    p_v = P x sigma_k [rows, 64] (0 for invisible keys), p = P [rows, 64], ks_visible = sigma_k of the visible keys
+    (0 elsewhere) [rows, 64]; returns [rows] fp32. Other rules (docs/ACCURACY.md) take the same arguments."""
+    return amax_scale(p_v.amax(1), P_SCALE_FLOOR)
+
+
 def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table: torch.Tensor,
-                             seq_lens: torch.Tensor, softmax_scale: float, p_quant: str = "fp8"):
+                             seq_lens: torch.Tensor, softmax_scale: float,
+                             p_scale: Callable[..., torch.Tensor] | None = amax_p_scale):
     """SnapMLA decode over a paged latent cache, step by step as the kernels do it.
 
     q:           QuantizedQuery with content [B, s_q, H, 512], scale [B, s_q, H], rope [B, s_q, H, 64]
     cache:       LatentCache over S slots (page p owns slots [p*64, p*64+64))
     block_table: [B, max_pages] int32 physical page ids
     seq_lens:    [B] int32 tokens per sequence, including the s_q query tokens (which are already in the cache)
-    p_quant:     "fp8"  -- P' = P * sigma_k quantized to FP8 per (row, 64-token block) (SnapMLA)
-                 "fp8_pow2" -- the same with the block scale rounded up to a power of two (`pow2_scale`)
-                 "fp8_bound" -- the block scale from a bound instead of the amax of P': max_j P_j x max_j sigma_kj
-                             over the row's visible keys (a kernel knows max_j P_j from the row maximum, so it
-                             skips the max over P'; a candidate, docs/KERNEL.md)
-                 "bf16" -- P' rounded to bf16, as a BF16 kernel (FlashMLA) does
+    p_scale:     how P' = P * sigma_k is rounded for the PV product: a rule giving the FP8 scale per (row, 64-token
+                 block) (`amax_p_scale`, SnapMLA's; the accuracy study's alternatives are in `ablations`), or None:
+                 P' rounded to bf16, as a BF16 kernel (FlashMLA) does
     Query token i of s_q sees keys [0, seq_len - s_q + i] (causal among the draft tokens); a row for which that
     range is empty (seq_len < s_q: padding) gets out 0 and LSE -inf. Slots at or past seq_len and table entries
     past ceil(seq_len / 64) are never read into the arithmetic: a reused page's stale bytes cannot leak in.
@@ -211,8 +203,6 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
     """
     B, s_q, H, _ = q.content.shape
     check_paged_inputs(B, s_q, block_table, seq_lens)
-    if p_quant not in P_QUANT_MODES:
-        raise ValueError(f"p_quant must be one of {P_QUANT_MODES}, got {p_quant!r}")
     dev = q.content.device
     out = torch.empty(B, s_q, H, KV_LORA_RANK, dtype=torch.float32, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
@@ -247,13 +237,9 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
             l = l * alpha + p.sum(1)
             # V's per-token scale fused into P; an invisible key weighs exactly 0 whatever its scale holds
             p_v = torch.where(visible, p * ks[None, :], 0.0)
-            if p_quant in ("fp8", "fp8_pow2", "fp8_bound"):
-                if p_quant == "fp8_bound":  # >= amax(P'): the saturating fp8 cast absorbs its rounding
-                    ks_visible = ks[None, :].masked_fill(~visible, 0.0)
-                    p_scale = amax_scale(p.amax(1) * ks_visible.amax(1), P_SCALE_FLOOR)
-                else:
-                    p_scale = (amax_scale if p_quant == "fp8" else pow2_scale)(p_v.amax(1), P_SCALE_FLOOR)
-                pv = (to_fp8(p_v / p_scale[:, None]).float() @ kc) * p_scale[:, None]
+            if p_scale is not None:
+                sp = p_scale(p_v, p, ks[None, :].masked_fill(~visible, 0.0))
+                pv = (to_fp8(p_v / sp[:, None]).float() @ kc) * sp[:, None]
             else:
                 pv = p_v.to(torch.bfloat16).float() @ kc
             acc = acc * alpha[:, None] + pv
@@ -296,91 +282,6 @@ def mla_decode_golden(q_nope: torch.Tensor, q_rope: torch.Tensor, c_kv: torch.Te
         lse[b] = torch.logsumexp(scores, -1).T
         out[b] = torch.einsum("qhk,kd->qhd", torch.softmax(scores, -1), kc)
     return out, lse
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Ablation configurations (paper, Table 2) and the BF16 cache: same decode path, different quantizers
-# ----------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class QuantConfig:
-    """How one configuration quantizes the cache and the queries, and how the decode rounds P'."""
-
-    name: str
-    description: str
-    quantize_kv: Callable[[torch.Tensor, torch.Tensor], LatentCache]
-    quantize_q: Callable[[torch.Tensor, torch.Tensor], QuantizedQuery]
-    p_quant: str = "fp8"
-
-
-def _rope_unaware_per_row(content, rope):
-    """Config A: one scale per row over all 576 dims; RoPE goes through FP8 with the content."""
-    amax = torch.maximum(content.float().abs().amax(-1), rope.float().abs().amax(-1))
-    return quantize_with_scale(content, rope, amax_scale(amax), rope_to_fp8=True)
-
-
-def _static_unit(content, rope):
-    """Config B: per-tensor static scale 1.0, RoPE-aware (RoPE kept in bf16)."""
-    return quantize_with_scale(content, rope, torch.ones(content.shape[:-1], device=content.device))
-
-
-def _per_tensor_dynamic(content, rope):
-    """Config C: one dynamic scale for the whole tensor (amax over all of it), RoPE-aware."""
-    scale = amax_scale(content.float().abs().amax()).expand(content.shape[:-1])
-    return quantize_with_scale(content, rope, scale)
-
-
-def _per_block_kv(content, rope):
-    """Config D, cache side: one scale per 64-token page (slots [64p, 64p+64)), RoPE-aware."""
-    S = content.shape[0]
-    if S % PAGE_SIZE:
-        raise ValueError(f"per-block quantization needs whole pages; got {S} slots")
-    amax = content.float().abs().reshape(S // PAGE_SIZE, -1).amax(-1)
-    return quantize_with_scale(content, rope, amax_scale(amax).repeat_interleave(PAGE_SIZE))
-
-
-def _per_block_q(content, rope):
-    """Config D, query side: one scale per query token shared by all its heads, RoPE-aware."""
-    amax = content.float().abs().amax(dim=(-2, -1), keepdim=False)
-    return quantize_with_scale(content, rope, amax_scale(amax).unsqueeze(-1).expand(content.shape[:-1]))
-
-
-def _bf16(content, rope):
-    ones = torch.ones(content.shape[:-1], device=content.device)
-    return content.to(torch.bfloat16), ones, rope.to(torch.bfloat16)
-
-
-def _kv(fn):
-    return lambda c, r: LatentCache(*fn(c, r))
-
-
-def _q(fn):
-    return lambda c, r: QuantizedQuery(*fn(c, r))
-
-
-CONFIGS: dict[str, QuantConfig] = {
-    "SnapMLA": QuantConfig("SnapMLA", "per-token FP8, RoPE-aware (bf16 RoPE, scale-aligned)", quantize_kv, quantize_q),
-    "A": QuantConfig("A", "per-token FP8, RoPE-unaware (all 576 dims in FP8)",
-                     _kv(_rope_unaware_per_row), _q(_rope_unaware_per_row)),
-    "B": QuantConfig("B", "per-tensor static scale 1.0, RoPE-aware", _kv(_static_unit), _q(_static_unit)),
-    "C": QuantConfig("C", "per-tensor dynamic scale, RoPE-aware", _kv(_per_tensor_dynamic), _q(_per_tensor_dynamic)),
-    "D": QuantConfig("D", "per-block FP8 (64-token page / per-token Q), RoPE-aware", _kv(_per_block_kv),
-                     _q(_per_block_q)),
-    "SnapMLA-pow2P": QuantConfig("SnapMLA-pow2P", "SnapMLA with power-of-two P block scales (exact division, "
-                                 "exponent-add rescaling)", quantize_kv, quantize_q, "fp8_pow2"),
-    "SnapMLA-boundP": QuantConfig("SnapMLA-boundP", "SnapMLA with P block scales from max P x max sigma_k "
-                                  "(no max over P'; a kernel candidate)", quantize_kv, quantize_q, "fp8_bound"),
-    "BF16": QuantConfig("BF16", "BF16 cache and queries, bf16 P (FlashMLA-like)", _kv(_bf16), _q(_bf16), "bf16"),
-}
-
-
-def decode_with_config(config: QuantConfig | str, q_nope, q_rope, c_kv, k_rope, block_table, seq_lens,
-                       softmax_scale):
-    """Quantize the unquantized inputs with ``config`` and run the reference decode. Shapes as the golden."""
-    if isinstance(config, str):
-        config = CONFIGS[config]
-    cache = config.quantize_kv(c_kv, k_rope)
-    q = config.quantize_q(q_nope, q_rope)
-    return snapmla_decode_reference(q, cache, block_table, seq_lens, softmax_scale, p_quant=config.p_quant)
 
 
 # ----------------------------------------------------------------------------------------------------------

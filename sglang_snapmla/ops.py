@@ -1,6 +1,6 @@
 """SnapMLA ops: one function per op, each validating its inputs and dispatching to a kernel.
 
-Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except `decode`, which on sm_90 GPUs runs the
+Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except the decode, which on sm_90 GPUs runs the
 CUDA split kernel (`sglang_snapmla.cuda_ext`, faster than the Triton one at every benchmarked shape, docs/KERNEL.md)
 behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto).
 On sm_90+ Q-quant, decode and combine are chained by programmatic dependent launch (`pdl_enabled`; SNAPMLA_PDL=0 off).
@@ -11,7 +11,8 @@ Shapes and dtypes:
 | quantize_q | q_nope [T, H, 512], q_rope [T, H, 64] bf16 | q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16 |
 | append_kv | c_kv [T, 512], k_rope [T, 64] bf16, loc [T] int32 or int64, pool arrays (in place) | - |
 | fetch_dequant | loc [N] int32 or int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
-| decode | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
+| decode_quantized | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64] (quantize_q's output), pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
+| quantize_and_decode | q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16, then as decode_quantized | as decode_quantized |
 
 Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
 = page * 64 + offset. Nothing here synchronises with the host, so every op can be captured in a CUDA graph.
@@ -21,13 +22,19 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
 from . import numerics as nx
 from .kernels.triton import decode as tdecode
 from .kernels.triton import quant as tquant
+from .settings import (CHECK_INDICES_ENV, index_checks_enabled, interpreter_mode, pdl_allowed,  # noqa: F401
+                       requested_decode_impl)
+
+# The ops a caller (the backend, the pool, a benchmark) builds on; the other module-level names are the dispatch's
+# parts (split-count model, launch flags, tilings) that tests and kernel benchmarks reach in on purpose.
+__all__ = ["SnapMLAInputError", "quantize_q", "append_kv", "pool_from_rows", "fetch_dequant", "decode_quantized",
+           "quantize_and_decode", "combine", "check_pool", "default_num_splits", "decode_impl", "pdl_enabled"]
 
 MAX_SPLITS = 64
 # Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
@@ -43,11 +50,6 @@ class SnapMLAInputError(ValueError):
 # ----------------------------------------------------------------------------------------------------------
 # validation helpers
 # ----------------------------------------------------------------------------------------------------------
-def interpreter_mode() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1): tests on CPU machines."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
 def _check_device(*tensors: torch.Tensor) -> None:
     dev = tensors[0].device
     if dev.type != "cuda" and not interpreter_mode():
@@ -90,13 +92,6 @@ def _check_loc(loc: torch.Tensor, n: int, name: str = "loc") -> None:
 # Opt-in index checks (SNAPMLA_CHECK_INDICES=1): slot ids, page ids and lengths are compared against the pool and
 # the block table before a launch, so a caller's bad index is a SnapMLAInputError instead of a fault or garbage.
 # They read device values on the host (a synchronisation, and not capturable in a CUDA graph): off in serving.
-CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"
-
-
-def index_checks_enabled() -> bool:
-    return os.environ.get(CHECK_INDICES_ENV, "0") == "1"
-
-
 def _check_slot_ids(loc: torch.Tensor, num_slots: int, name: str = "loc") -> None:
     if loc.numel() and (int(loc.min()) < 0 or int(loc.max()) >= num_slots):
         raise SnapMLAInputError(f"{name} holds slot ids in [{int(loc.min())}, {int(loc.max())}], outside the pool's "
@@ -280,10 +275,10 @@ def pdl_enabled(device: torch.device) -> bool:
     early): -1.1 to -1.6 us per call at batch 1 on the H100, which is what separates a 3-kernel decode from
     FlashMLA's 2 kernels there (docs/KERNEL.md). Safe for any neighbour: each of the three waits
     (griddepcontrol.wait) for the previous kernel's completion before it reads anything that kernel may write (the
-    CUDA decode reads the metadata and pool before it only behind our Q-quant: `decode(follows_q_quant=True)`), and
-    the kernel after the combine is launched normally (the combine does not trigger early), so it sees all of our
+    CUDA decode reads the metadata and pool before it only behind our Q-quant:
+    `decode_quantized(follows_q_quant=True)`), and the kernel after the combine is launched normally (the combine does not trigger early), so it sees all of our
     writes."""
-    if device.type != "cuda" or interpreter_mode() or os.environ.get("SNAPMLA_PDL", "1") == "0":
+    if device.type != "cuda" or interpreter_mode() or not pdl_allowed():
         return False
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -294,7 +289,7 @@ CUDA_LAUNCH_FLAGS = {"kLaunchPdl": 1, "kLaunchKvBeforeWait": 2}
 
 def decode_impl(requested: str | None = None) -> str:
     """"triton" or "cuda": the decode implementation to run, from `requested` or SNAPMLA_DECODE_IMPL."""
-    want = requested or os.environ.get("SNAPMLA_DECODE_IMPL", "auto")
+    want = requested or requested_decode_impl()
     if want not in DECODE_IMPLS:
         raise SnapMLAInputError(f"decode implementation must be one of {DECODE_IMPLS}, got {want!r} "
                                 "(SNAPMLA_DECODE_IMPL)")
@@ -335,7 +330,7 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
                                  | CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] * follows_q_quant)
 
 
-def decode(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
+def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
            kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
            softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
            impl: str | None = None, follows_q_quant: bool = False):
@@ -429,13 +424,15 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
                                    num_warps=4)
 
 
-def snapmla_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor,
-                   kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
-                   num_splits: int | None = None, impl: str | None = None):
-    """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as `decode`."""
+def quantize_and_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor,
+                        kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
+                        num_splits: int | None = None, impl: str | None = None):
+    """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as
+    `decode_quantized`."""
     if q_nope.dim() != 4:
         raise SnapMLAInputError(f"q_nope must be [B, s_q, H, 512], got {tuple(q_nope.shape)}")
     B, s_q, H, _ = q_nope.shape
     q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
-    return decode(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_content, kv_scale,
-                  kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl, follows_q_quant=True)
+    return decode_quantized(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_content,
+                            kv_scale, kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl,
+                            follows_q_quant=True)

@@ -200,7 +200,7 @@ def is_selected(args) -> bool:
 # ------------------------------------------------------------------------------------------------------------
 def snapmla_kv_cache_dim(kv_cache_dtype: torch.dtype) -> int:
     """Elements of `kv_cache_dtype` per token and layer that SGLang's memory planner should budget: 644 bytes."""
-    from .numerics import BYTES_PER_TOKEN
+    from .layout import BYTES_PER_TOKEN
 
     return math.ceil(BYTES_PER_TOKEN / torch.empty((), dtype=kv_cache_dtype).element_size())
 
@@ -262,7 +262,7 @@ def _draft_extend_backend_hook(original, factory, *args, **kwargs):
 def snapmla_decode_graph_max_bs(default_max_bs: int) -> int:
     """The largest decode batch to capture when SGLang's default would capture `default_max_bs`: that default grown by
     the tokens a pool of the same bytes holds (1152 / 644 ~ 1.79x), in SGLang's capture steps of 32."""
-    from .numerics import BF16_BYTES_PER_TOKEN, BYTES_PER_TOKEN
+    from .layout import BF16_BYTES_PER_TOKEN, BYTES_PER_TOKEN
 
     return 32 * math.ceil(default_max_bs * BF16_BYTES_PER_TOKEN / BYTES_PER_TOKEN / 32)
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from .numerics import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM, gather_sequence
+from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from .numerics import gather_sequence
 
 
 def paged_problem(gen: torch.Generator, seq_lens, heads: int, s_q: int = 1, zero_rows: int = 0,
@@ -62,7 +63,7 @@ def apply_extreme_scales(p, case: str, gen: torch.Generator):
 
 def pool_arrays(cache):
     """The (content, scale, rope) pool arrays of a `numerics.quantize_kv` cache, contiguous, as the kernels take them
-    (`ops.snapmla_decode(q_nope, q_rope, *pool_arrays(cache), ...)`)."""
+    (`ops.quantize_and_decode(q_nope, q_rope, *pool_arrays(cache), ...)`)."""
     return cache.content.contiguous(), cache.scale.contiguous(), cache.rope.contiguous()
 
 

@@ -19,6 +19,8 @@ import triton_cpu  # noqa: E402  (must run after TRITON_INTERPRET is decided)
 triton_cpu.install()
 
 BASE_SEED = int(os.environ.get("SNAPMLA_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# pytest-xdist's workers start from this process's environment: they draw the same base seed
+os.environ["SNAPMLA_TEST_SEED"] = str(BASE_SEED)
 
 
 def pytest_report_header(config):

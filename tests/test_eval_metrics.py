@@ -27,7 +27,7 @@ def test_server_scripts_install_their_exit_cleanup():
     """The serving scripts' shared cleanup registers (a fresh process: it replaces the SIGTERM handler)."""
     import subprocess
 
-    code = ("import signal; from benchmarks import serve_and_bench as s; "
+    code = ("import signal; from harness import server as s; "
             "s.kill_servers_on_exit(); print('OK', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])

@@ -39,7 +39,7 @@ def test_decode_real_sizes(gen, seq_lens, heads, s_q, impl):
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=3), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     kv = pool_arrays(cache)
-    out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
+    out, lse = ops.quantize_and_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
                                   p["block_table"], p["seq_lens"], p["softmax_scale"], impl=impl)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
@@ -57,19 +57,19 @@ def test_decode_cuda_graph_replay_matches_eager(gen, impl):
     kv = pool_arrays(cache)
     qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     lens = p["seq_lens"].clone()
-    eager, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+    eager, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.cuda.graph(g):
-        graphed, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+        graphed, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(graphed, eager)
     lens[1] = 1000  # metadata changes between replays without re-capture
     g.replay()
-    ref, _ = ops.snapmla_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+    ref, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
     assert torch.equal(graphed, ref)
 
 
@@ -107,13 +107,13 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     kv = pool_arrays(cache)
     q_nope, q_rope = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
-    out, lse = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
+    out, lse = ops.quantize_and_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                   impl="cuda")
     q = nx.quantize_q(q_nope, q_rope)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     assert_close(out.float(), ref, rel_l2=SMALL_CASE_REL_L2, what="cuda sm90 vs reference")
     assert (lse - ref_lse).abs().max() <= 1e-2
-    tri, _ = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
+    tri, _ = ops.quantize_and_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                 impl="triton")
     assert_close(out.float(), tri.float(), rel_l2=SMALL_CASE_REL_L2, what="cuda sm90 vs triton")
 
@@ -156,7 +156,7 @@ def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
                 torch.mul(scale0, 1.0 + 0.125 * layer, out=scale)
                 bt.copy_(bts[layer % 2])
                 seq_lens.copy_(lens[layer % 3])
-                outs.append(ops.snapmla_decode(q_layer, qr, kv8, scale, rope, bt, seq_lens, p["softmax_scale"],
+                outs.append(ops.quantize_and_decode(q_layer, qr, kv8, scale, rope, bt, seq_lens, p["softmax_scale"],
                                                impl=impl)[0])
         torch.cuda.current_stream().wait_stream(s)
         g.replay()
@@ -180,7 +180,7 @@ def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     for splits in (1, 7, 64):
-        out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
+        out, lse = ops.quantize_and_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
                                       p["block_table"], p["seq_lens"], p["softmax_scale"], num_splits=splits)
         assert_close(out.float(), ref, rel_l2=1e-2, what=f"{splits} splits vs reference")
         assert (lse - ref_lse).abs().max() <= 1e-2
@@ -206,7 +206,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     q_nope, q_rope = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     q = nx.quantize_q(q_nope, q_rope)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    out, lse = ops.snapmla_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
+    out, lse = ops.quantize_and_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                   num_splits=splits, impl="cuda")
     assert_close(out.float(), ref, rel_l2=1e-2, what=f"{case}, {splits} splits vs reference")
     assert ((lse - ref_lse).abs() <= 1e-2 * ref_lse.abs().clamp_min(1)).all()
@@ -226,14 +226,14 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
     kv = pool_arrays(cache)
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
-    out, lse = ops.snapmla_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
+    out, lse = ops.quantize_and_decode(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16), *kv,
                                   p["block_table"], p["seq_lens"], p["softmax_scale"], num_splits=splits,
                                   impl="cuda")
     assert_close(out.float(), ref, rel_l2=1e-2, what=f"{splits} splits vs reference")
     assert (lse - ref_lse).abs().max() <= 1e-2
     # each sequence alone (one CTA per item) gives the same bits: items do not leak state into each other
     for b in (0, 3, 150, 299):
-        one, one_lse = ops.snapmla_decode(p["q_nope"][b:b + 1].to(torch.bfloat16),
+        one, one_lse = ops.quantize_and_decode(p["q_nope"][b:b + 1].to(torch.bfloat16),
                                           p["q_rope"][b:b + 1].to(torch.bfloat16), *kv, p["block_table"][b:b + 1],
                                           p["seq_lens"][b:b + 1], p["softmax_scale"], num_splits=splits,
                                           impl="cuda")
@@ -255,7 +255,7 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
                                          p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
     args = (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1), *kv,
             p["block_table"], p["seq_lens"], p["softmax_scale"])
-    out, lse = ops.decode(*args, num_splits=1, impl="cuda")
+    out, lse = ops.decode_quantized(*args, num_splits=1, impl="cuda")
 
     o_part = torch.empty(B, R, 1, nx.KV_LORA_RANK, dtype=torch.float32, device="cuda")
     lse_part = torch.empty(B, R, 1, dtype=torch.float32, device="cuda")

@@ -83,7 +83,7 @@ def run_decode(p, num_splits=None, impl="triton"):
     with Hopper's FP8 accumulation tolerance, are test_gpu_kernels.py::test_cuda_sm90_decode_matches_reference)."""
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
-    out, lse = ops.decode(q.content.to(DEV), q.scale.to(DEV), q.rope.to(DEV), *pool_from(cache),
+    out, lse = ops.decode_quantized(q.content.to(DEV), q.scale.to(DEV), q.rope.to(DEV), *pool_from(cache),
                           p["block_table"].to(DEV), p["seq_lens"].to(DEV), p["softmax_scale"], num_splits,
                           impl=impl)
     ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
@@ -123,7 +123,7 @@ def test_one_split_writes_what_the_combine_would(gen):
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
     args = [t.to(DEV) for t in (q.content, q.scale, q.rope, *pool_from(cache), p["block_table"], p["seq_lens"])]
-    out, lse = ops.decode(*args, p["softmax_scale"], num_splits=1, impl="triton")
+    out, lse = ops.decode_quantized(*args, p["softmax_scale"], num_splits=1, impl="triton")
     B, R, H, s_q = 3, 15, 5, 3
     o_part = torch.empty(B, R, 1, 512, device=DEV)
     lse_part = torch.empty(B, R, 1, device=DEV)
@@ -186,7 +186,7 @@ def test_decode_rejects_bad_inputs(gen):
     bad = list(args)
     bad[6] = p["block_table"].long()
     with pytest.raises(ops.SnapMLAInputError, match="int32"):
-        ops.decode(*bad)
+        ops.decode_quantized(*bad)
     with pytest.raises(ops.SnapMLAInputError, match="kv_lora_rank=512"):
         ops.quantize_q(torch.zeros(2, 4, 256, dtype=torch.bfloat16), torch.zeros(2, 4, 64, dtype=torch.bfloat16))
     with pytest.raises(ops.SnapMLAInputError, match="bfloat16"):
@@ -257,8 +257,8 @@ def test_launch_flags_are_the_kernels():
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, splits):
-    """ops.decode's CUDA branch (through `launch_cuda_decode`, which benchmarks call directly): rows R = s_q x H, the
-    base-2 QK scale, the PDL / early-metadata flags, and either the partials (splits > 1, then the combine) or the
+    """ops.decode_quantized's CUDA branch (through `launch_cuda_decode`, which benchmarks call directly): rows
+    R = s_q x H, the base-2 QK scale, the PDL / early-metadata flags, and either the partials (splits > 1, then the combine) or the
     final outputs (one split) as real buffers, the others as empty views. Checked without the kernel (a stand-in
     records the call), so the wiring is tested on CPU too."""
     from sglang_snapmla import cuda_ext
@@ -279,7 +279,7 @@ def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, spl
     qn, qrope = (p[k].to(torch.bfloat16).to(DEV).flatten(0, 1) for k in ("q_nope", "q_rope"))  # [B s_q, H, D]
     q8, qs, qr = (t.unflatten(0, (2, 2)) for t in ops.quantize_q(qn, qrope))
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    out, lse = ops.decode(q8, qs, qr, *pool_from(cache), p["block_table"].to(DEV), p["seq_lens"].to(DEV),
+    out, lse = ops.decode_quantized(q8, qs, qr, *pool_from(cache), p["block_table"].to(DEV), p["seq_lens"].to(DEV),
                           p["softmax_scale"], num_splits=splits, impl="cuda", follows_q_quant=True)
     args = seen["args"]
     o_part, lse_part, k_out, k_lse = args[8:12]

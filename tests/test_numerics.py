@@ -7,6 +7,7 @@ import torch
 
 from helpers import apply_extreme_scales, assert_close, golden_args, paged_problem
 from sglang_snapmla import numerics as nx
+from sglang_snapmla.ablations import decode_with_config
 from sglang_snapmla.accuracy import SyntheticSpec, synthetic_layer
 
 # ------------------------------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def test_reference_matches_golden(gen, heads, s_q):
     lens = LENGTHS[s_q] * (4 if heads == 1 else 1)  # more rows for H=1 so the metric is not one sample
     p = paged_problem(gen, lens, heads, s_q=s_q, zero_rows=2)
     gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
-    out, lse = nx.decode_with_config("SnapMLA", *golden_args(p))
+    out, lse = decode_with_config("SnapMLA", *golden_args(p))
     assert out.shape == (len(lens), s_q, heads, 512) and lse.shape == (len(lens), heads, s_q)
     assert_close(out, gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="SnapMLA vs golden")
     assert torch.isfinite(lse).all()
@@ -138,7 +139,7 @@ def test_reference_error_budget_averaged(gen):
     for _ in range(32):
         p = paged_problem(gen, [64, 129, 400, 1000], 16)
         gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
-        out, lse = nx.decode_with_config("SnapMLA", *golden_args(p))
+        out, lse = decode_with_config("SnapMLA", *golden_args(p))
         m = nx.error_metrics(out, gold)
         rel, cos = rel + m["rel_l2"] / 32, cos + m["one_minus_cos"] / 32
         dl += (lse.double() - gold_lse).abs().mean().item() / 32
@@ -201,7 +202,7 @@ def test_ablation_ordering_with_rope_outliers(gen):
         inputs = synthetic_layer(spec, torch.Generator().manual_seed(seed))
         gold, _ = nx.mla_decode_golden(*inputs)
         for name in err:
-            out, _ = nx.decode_with_config(name, *inputs)
+            out, _ = decode_with_config(name, *inputs)
             err[name] += nx.error_metrics(out, gold)["rel_l2"] / 32
     assert err["A"] > 1.3 * err["SnapMLA"], err  # measured ~1.8x on this data
     assert err["BF16"] < err["SnapMLA"], err
@@ -273,7 +274,8 @@ def test_log_domain_schedule_equals_reference(gen, seq_lens, s_q, case):
 
 
 def test_pow2_scale_is_the_smallest_power_of_two_not_below_the_amax_scale():
-    from sglang_snapmla.numerics import P_SCALE_FLOOR, amax_scale, pow2_scale
+    from sglang_snapmla.ablations import pow2_scale
+    from sglang_snapmla.numerics import P_SCALE_FLOOR, amax_scale
 
     amax = torch.tensor([448.0, 449.0, 896.0, 300.0, 1e-3, 0.0, 3.3e4])
     s, exact = pow2_scale(amax, P_SCALE_FLOOR), amax_scale(amax, P_SCALE_FLOOR)

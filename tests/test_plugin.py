@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang_snapmla import layout
 from sglang_snapmla import numerics as nx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
     """MTP (DeepSeek NEXTN) with snapmla: the bundled V3 config carries one NEXTN layer, and the flags that
     benchmarks/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
     backend with s_q = the draft tokens)."""
-    from benchmarks.serve_and_bench import RUNS
+    from harness.server import RUNS
 
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu",
                  "--load-format", "dummy", *RUNS["snapmla-mtp"])
@@ -126,7 +127,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     """SGLang picks MTP draft backends from hard-coded maps (a server with snapmla + NEXTN failed at startup with
     "EAGLE is not supported in decode attention backend snapmla"): the plugin's hooks build SnapMLA's multi-step
     draft decode container and draft-extend backend, and leave other backends to SGLang's own maps."""
-    from benchmarks.serve_and_bench import RUNS
+    from harness.server import RUNS
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
     from sglang_snapmla import backend
@@ -373,7 +374,7 @@ def test_pool_layout_and_size(pool):
     assert kv.shape == (n, 512) and kv.dtype == torch.float8_e4m3fn
     assert scale.shape == (n,) and scale.dtype == torch.float32
     assert rope.shape == (n, 64) and rope.dtype == torch.bfloat16
-    assert pool.get_kv_size_bytes() == 2 * n * nx.BYTES_PER_TOKEN
+    assert pool.get_kv_size_bytes() == 2 * n * layout.BYTES_PER_TOKEN
     ptrs, lens, items = pool.get_contiguous_buf_infos()
     assert len(ptrs) == len(lens) == len(items) == 6
     assert sorted(set(items)) == sorted({64 * 512, 64 * 4, 64 * 128})
@@ -459,4 +460,4 @@ def test_sizing_budgets_644_bytes(plugin):
         dim = kcc.calculate_mla_kv_cache_dim(model_config=None, kv_cache_dtype=dtype,
                                              server_args=SimpleNamespace(attention_backend="snapmla"))
         assert dim * torch.empty((), dtype=dtype).element_size() == 644
-    assert nx.BF16_BYTES_PER_TOKEN / nx.BYTES_PER_TOKEN >= 1.78
+    assert layout.BF16_BYTES_PER_TOKEN / layout.BYTES_PER_TOKEN >= 1.78

@@ -199,7 +199,7 @@ def test_same_prefill_reference_column():
 def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
     """The flashmla-mhaprefill run is the flashmla command line with SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD=1 in the
     server's environment (and in the recorded command)."""
-    from benchmarks import serve_and_bench as sb
+    from harness import server as sb
 
     seen = {}
 
@@ -258,7 +258,7 @@ def test_launchers_build_the_two_documented_server_commands(monkeypatch):
     where installed, else what that script runs); the flags are the same; an unknown launcher is an error."""
     import subprocess
 
-    from benchmarks import serve_and_bench as sb
+    from harness import server as sb
 
     flags = ["--attention-backend", "snapmla"]
     module = sb.server_command("m", 30000, flags)

@@ -52,11 +52,11 @@ def test_stale_slots_and_table_tails_change_no_output(gen, seq_lens, heads, s_q,
     q8, qs, qr, kv, bt, lens = _problem(gen, seq_lens, heads, s_q)
     # the default split count follows the table's width (wider below): fix it so that both runs use the same
     splits = splits or ops.default_num_splits(len(seq_lens), s_q, heads, bt.shape[1], q8.device, impl)
-    clean, clean_lse = ops.decode(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    clean, clean_lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     assert torch.isfinite(clean).all()
     poison_unwritten(*kv, bt, lens, gen)
     stale_bt = garbage_table_tail(bt, lens, gen)
-    out, lse = ops.decode(q8, qs, qr, *kv, stale_bt, lens, SCALE, num_splits=splits, impl=impl)
+    out, lse = ops.decode_quantized(q8, qs, qr, *kv, stale_bt, lens, SCALE, num_splits=splits, impl=impl)
     assert torch.equal(out, clean), f"stale bytes changed the output ({impl}, splits {splits})"
     assert torch.equal(lse, clean_lse)
     # ... and the spec ignores them too
@@ -86,7 +86,7 @@ def test_rows_without_a_visible_key_are_zero_with_lse_minus_inf(gen, impl, split
     q8, qs, qr, kv, bt, lens = _problem(gen, [max(n, 1) for n in lens_list], H, s_q)
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEV)
     poison_unwritten(*kv, bt, lens, gen)
-    out, lse = ops.decode(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    out, lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     ref, ref_lse = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
                                                nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
     for b, n in enumerate(lens_list):
@@ -145,13 +145,13 @@ def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
     lens[3] = 64 + 10  # request 3 ends at offset 10 of that page
     nan_offset = 40  # request 1's key 128 + 40 = 168 < 200: visible to request 1; past request 3's end
     loc = (bt[1, 2].long() * 64 + nan_offset).view(1)
-    clean, _ = ops.decode(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    clean, _ = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     bad_k = torch.randn(1, 512, generator=gen).to(torch.bfloat16)
     bad_k[0, 3] = math.nan
     ops.append_kv(bad_k.to(DEV), torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), loc, *kv)
     # request 2, head 2: the quantized form of a query holding an infinity (test above)
     q8[2, 0, 2], qs[2, 0, 2], qr[2, 0, 2] = 0.0, math.nan, 0.0
-    out, lse = ops.decode(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    out, lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     assert torch.isnan(out[1].float()).all() and torch.isnan(lse[1]).all(), "rows seeing a NaN key must be NaN"
     assert torch.isnan(out[2, 0, 2].float()).all() and torch.isnan(lse[2, 2]).all()
     assert torch.equal(out[0], clean[0]) and torch.equal(out[3], clean[3])
@@ -170,7 +170,7 @@ def test_index_checks_reject_what_would_read_or_write_outside_the_pool(gen, monk
     monkeypatch.setenv(ops.CHECK_INDICES_ENV, "1")
     q8, qs, qr, kv, bt, lens = _problem(gen, [70, 130], 2, 1)
     n = kv[0].shape[0]
-    ops.decode(q8, qs, qr, *kv, bt, lens, SCALE)  # in range: accepted
+    ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE)  # in range: accepted
     rows = torch.zeros(1, 512, dtype=torch.bfloat16, device=DEV), torch.zeros(1, 64, dtype=torch.bfloat16, device=DEV)
     for bad in (n, -1):
         with pytest.raises(ops.SnapMLAInputError, match="outside the pool"):
@@ -180,12 +180,12 @@ def test_index_checks_reject_what_would_read_or_write_outside_the_pool(gen, monk
     wrong_page = bt.clone()
     wrong_page[1, 2] = n // 64  # one past the last page
     with pytest.raises(ops.SnapMLAInputError, match="sequence 1 uses page ids"):
-        ops.decode(q8, qs, qr, *kv, wrong_page, lens, SCALE)
+        ops.decode_quantized(q8, qs, qr, *kv, wrong_page, lens, SCALE)
     too_long = lens.clone()
     too_long[1] = 64 * bt.shape[1] + 1  # one entry more than the table's storage holds from row 1
     with pytest.raises(ops.SnapMLAInputError, match="needs 4 block-table entries"):
-        ops.decode(q8, qs, qr, *kv, bt, too_long, SCALE)
+        ops.decode_quantized(q8, qs, qr, *kv, bt, too_long, SCALE)
     with pytest.raises(ops.SnapMLAInputError, match=">= 0"):
-        ops.decode(q8, qs, qr, *kv, bt, -lens, SCALE)
+        ops.decode_quantized(q8, qs, qr, *kv, bt, -lens, SCALE)
     # a narrowed view reads past its width into the table's storage (SGLang's capture view): accepted
-    ops.decode(q8, qs, qr, *kv, bt[:, :1], lens, SCALE, num_splits=1)
+    ops.decode_quantized(q8, qs, qr, *kv, bt[:, :1], lens, SCALE, num_splits=1)

@@ -31,8 +31,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.serve_and_bench import (RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, start_server,
-                             stop_server, wait_healthy)
+from harness.server import (RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, start_server,
+                            stop_server, wait_healthy)
 
 LEVELS = (1, 8, 64, 160, 512)
 # Prefix reuse: after the level-1 pass the probes run alone once more, and all but their last page of prompt comes

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 NEW_TOKENS = 32
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.serve_and_bench import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
+from harness.server import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
 
 ATTN_KEY = re.compile(r"^model\.layers\.(\d+)\.self_attn\.attn_mqa$")
 INPUT_KEYS = ("model.forward_batch_info.input_ids", "model.forward_batch_info.positions")

@@ -29,7 +29,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from benchmarks.serve_and_bench import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 from tools.accuracy_gate import POOL_FLAGS
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256

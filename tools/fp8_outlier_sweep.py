@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.serve_and_bench import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server, \
-    stop_server, wait_healthy
+from harness.server import (RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server, stop_server,
+                            wait_healthy)
 from tools import reparameterize
 from tools.accuracy_gate import POOL_FLAGS, generate_level, token_errors, workload
 from tools.eval_trained_model import agreement
@@ -122,10 +122,10 @@ def _flashmla(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_scale
 
 
 def path_output(path: str, inputs) -> torch.Tensor:
-    from sglang_snapmla import accuracy, numerics
+    from sglang_snapmla import ablations, accuracy
 
     if path == "snapmla-spec":
-        return numerics.decode_with_config("SnapMLA", *inputs)[0]
+        return ablations.decode_with_config("SnapMLA", *inputs)[0]
     if path == "snapmla-kernels":
         return accuracy._kernel_decode(*inputs)
     return _flashmla(*inputs, fp8=path == "flashmla-fp8")

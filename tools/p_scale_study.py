@@ -22,7 +22,8 @@ import torch
 
 from sglang_snapmla.testing import golden_args, paged_problem
 
-from sglang_snapmla.numerics import decode_with_config, error_metrics, mla_decode_golden
+from sglang_snapmla.ablations import decode_with_config
+from sglang_snapmla.numerics import error_metrics, mla_decode_golden
 
 CONFIGS = ("SnapMLA", "SnapMLA-boundP", "SnapMLA-pow2P", "BF16")
 

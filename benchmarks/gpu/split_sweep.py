@@ -5,7 +5,7 @@
         [--splits 1,2,4,8] [--full-by-splits] [--parts]
 
 Per shape (BxS_K, s_q 1): FlashMLA BF16 (decode + its combine), our Q quantization alone, our decode + combine on
-pre-quantized Q for each split count, and the full `snapmla_decode` (Q-quant + decode + combine) with the default
+pre-quantized Q for each split count, and the full `quantize_and_decode` (Q-quant + decode + combine) with the default
 split count (with --full-by-splits, the full call at every split count too; with --parts, the CUDA decode kernel and
 the combine each alone, at every split count). Same timing as benchmarks/bench_kernels.py (CUDA graph of 20 calls,
 median of 15 replays). Prints a table, writes $OUT/split_sweep.json."""
@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from benchmarks.bench_kernels import PAGE, make_inputs, time_graph
+from harness.kernel_timing import PAGE, make_inputs, time_graph
 
 from sglang_snapmla import ops
 
@@ -64,14 +64,14 @@ def sweep(b: int, sk: int, h: int, impl: str, split_counts=DEFAULT_SPLITS, full_
     res["flashmla_bf16"] = time_graph(lambda _: lambda: flash_mla_with_kvcache(
         x["q"], kv, x["bt"], seqlens, 512, md, ns, softmax_scale=scale, causal=True), 1)
     res["q_quant"] = time_graph(lambda _: lambda: ops.quantize_q(qn.reshape(b, h, -1), qr.reshape(b, h, -1)), 1)
-    res["full_default"] = time_graph(lambda _: lambda: ops.snapmla_decode(
+    res["full_default"] = time_graph(lambda _: lambda: ops.quantize_and_decode(
         qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl), 1)
     res["decode_by_splits"], res["full_by_splits"], res["parts_by_splits"] = {}, {}, {}
     for splits in sorted(set(split_counts) & set(range(1, pages + 1))):
-        res["decode_by_splits"][splits] = time_graph(lambda _, s=splits: lambda: ops.decode(
+        res["decode_by_splits"][splits] = time_graph(lambda _, s=splits: lambda: ops.decode_quantized(
             q8, qs, qra, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, num_splits=s, impl=impl), 1)
         if full_by_splits:
-            res["full_by_splits"][splits] = time_graph(lambda _, s=splits: lambda: ops.snapmla_decode(
+            res["full_by_splits"][splits] = time_graph(lambda _, s=splits: lambda: ops.quantize_and_decode(
                 qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, num_splits=s, impl=impl), 1)
         if parts and splits > 1:
             res["parts_by_splits"][splits] = time_parts(q8, qs, qra, x, seqlens, scale, splits)

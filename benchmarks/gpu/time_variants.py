@@ -25,7 +25,7 @@ import time
 def time_one(shapes: str) -> dict:
     import torch
 
-    from benchmarks.bench_kernels import make_inputs, time_graph
+    from harness.kernel_timing import make_inputs, time_graph
 
     from sglang_snapmla import ops
 
@@ -44,7 +44,7 @@ def time_one(shapes: str) -> dict:
         def call(i, seqlens=seqlens, splits=splits):
             x = inputs[i]
             qn, qr = x["q"][..., :512], x["q"][..., 512:]
-            return lambda: ops.snapmla_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, 576 ** -0.5,
+            return lambda: ops.quantize_and_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, 576 ** -0.5,
                                               num_splits=splits, impl="cuda")
 
         res[shape] = round(time_graph(call, copies), 1)

@@ -33,7 +33,7 @@ def main():
         q = nx.quantize_q(qn, qr)
         ref, ref_lse = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
         try:
-            out, lse = ops.snapmla_decode(qn, qr, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
+            out, lse = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                           num_splits=splits, impl="cuda")
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001

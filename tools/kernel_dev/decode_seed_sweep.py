@@ -40,7 +40,7 @@ def one_draw(seed: int, seq_lens, heads: int, s_q: int, outlier, impls=("cuda", 
                                                p["softmax_scale"])
     row = {}
     for impl in impls:
-        out, lse = ops.snapmla_decode(qn, qr, *pool_arrays(cache), p["block_table"], p["seq_lens"],
+        out, lse = ops.quantize_and_decode(qn, qr, *pool_arrays(cache), p["block_table"], p["seq_lens"],
                                       p["softmax_scale"], impl=impl)
         m = nx.error_metrics(out.float(), ref)
         row[f"{impl}_rel_l2"] = m["rel_l2"]

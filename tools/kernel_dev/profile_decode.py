@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from benchmarks.bench_kernels import make_inputs
+from harness.kernel_timing import make_inputs
 
 from sglang_snapmla import ops
 
@@ -21,7 +21,7 @@ a = ap.parse_args()
 x = make_inputs(a.b, a.sk, a.h, a.sq, 1, torch.device("cuda"))[0]
 seqlens = torch.full((a.b,), a.sk, device="cuda", dtype=torch.int32)
 for _ in range(a.calls):
-    ops.snapmla_decode(x["q"][..., :512], x["q"][..., 512:], x["kv8"], x["ks"], x["kr"], x["bt"], seqlens,
+    ops.quantize_and_decode(x["q"][..., :512], x["q"][..., 512:], x["kv8"], x["ks"], x["kr"], x["bt"], seqlens,
                        1 / math.sqrt(576), impl=a.impl)
 torch.cuda.synchronize()
 print("done", a)

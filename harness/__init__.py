@@ -1,0 +1,1 @@
+"""Machinery the benchmarks and tools share (not shipped with the plugin)."""

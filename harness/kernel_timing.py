@@ -1,0 +1,57 @@
+"""Kernel timing for benchmarks and kernel-development tools: CUDA-graph replay timing and the decode problem they time.
+
+Not part of the shipped package (python -m from the repository root).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+from sglang_snapmla import ops
+
+PAGE = 64
+L2_ROTATE_BYTES = 256 << 20
+
+
+def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:
+    """Median microseconds per call. make_call(i) -> zero-arg callable on copy i."""
+    fns = [make_call(i % copies) for i in range(calls_per_graph)]
+    for f in fns[:copies]:
+        f()  # warm-up / compile
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls_per_graph)
+    return statistics.median(times)
+
+
+def make_inputs(b, sk, h, s_q, copies, dev):
+    """Per copy: bf16 latent pool [pages*64, 576] with a shuffled page table; SnapMLA pool from it."""
+    pages = math.ceil(sk / PAGE)
+    out = []
+    for _ in range(copies):
+        n = b * pages
+        ckv = torch.randn(n * PAGE, 576, device=dev, dtype=torch.bfloat16)
+        bt = torch.randperm(n, device=dev, dtype=torch.int32).view(b, pages)
+        q = torch.randn(b, s_q, h, 576, device=dev, dtype=torch.bfloat16)
+        kv8, ks, kr = ops.pool_from_rows(ckv[:, :512], ckv[:, 512:])
+        out.append(dict(ckv=ckv, bt=bt, q=q, kv8=kv8, ks=ks, kr=kr))
+    return out

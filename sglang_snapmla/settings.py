@@ -1,0 +1,35 @@
+"""The environment switches of sglang-snapmla, all read here (README, "Environment variables").
+
+Each is read when it is used, not at import: a test, or a process that sets one after importing the plugin, sees
+the value of the moment.
+"""
+
+from __future__ import annotations
+
+import os
+
+DECODE_IMPL_ENV = "SNAPMLA_DECODE_IMPL"  # auto | cuda | triton
+PDL_ENV = "SNAPMLA_PDL"  # 0 turns programmatic dependent launch off
+CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"  # 1: the public ops check slot ids, page ids and lengths (a host sync)
+CUDA_SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"  # kernel development: build the CUDA decode from another source dir
+
+
+def interpreter_mode() -> bool:
+    """Triton runs in its CPU interpreter (TRITON_INTERPRET=1, Triton's own switch): no CUDA kernels, no PDL."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def requested_decode_impl() -> str:
+    return os.environ.get(DECODE_IMPL_ENV, "auto")
+
+
+def pdl_allowed() -> bool:
+    return os.environ.get(PDL_ENV, "1") != "0"
+
+
+def index_checks_enabled() -> bool:
+    return os.environ.get(CHECK_INDICES_ENV, "0") == "1"
+
+
+def cuda_source_dir() -> str | None:
+    return os.environ.get(CUDA_SOURCE_DIR_ENV) or None
