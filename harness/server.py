@@ -95,7 +95,7 @@ def kill_servers_on_exit() -> None:
 
 
 # the two documented ways to start a server (README): the module, and the `sglang` CLI's `serve` subcommand, which
-# loads plugins at another point (tests/test_plugin.py). Where the console script is not installed (a --target
+# loads plugins at another point (tests/product/test_plugin.py). Where the console script is not installed (a --target
 # runtime), the CLI runs as its script does: sglang.cli.main.main with argv "serve ...".
 LAUNCHERS = ("launch_server", "sglang-serve")
 

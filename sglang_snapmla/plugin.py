@@ -2,7 +2,7 @@
 
 SGLang calls `register()` in every process (the CLI before argument parsing, `Engine`, each scheduler subprocess);
 `python -m sglang.launch_server` also loads plugins before it parses arguments in 0.5.17, so both entry points
-accept `--attention-backend snapmla` (tests/test_plugin.py runs both). Only `sglang serve --help` prints its
+accept `--attention-backend snapmla` (tests/product/test_plugin.py runs both). Only `sglang serve --help` prints its
 choices before loading plugins, so its help text omits snapmla; `python -m sglang.launch_server --help` lists it.
 Registration is idempotent and changes nothing for other backends: every hook checks that snapmla is the selected
 backend before acting.

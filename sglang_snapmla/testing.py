@@ -82,7 +82,7 @@ HARD_DECODE_CASES = [
     ([70, 1, 333, 129], 2, 1, None),  # tensor parallelism leaves few heads per GPU (16 heads / TP 8)
     ([129], 4, 2, 1000.0),
 ]
-# the small cases of the CUDA decode's test against the spec (tests/test_gpu_kernels.py, which adds two large ones),
+# the small cases of the CUDA decode's test against the spec (tests/product/test_gpu_kernels.py, which adds two large ones),
 # also what tools/kernel_dev/decode_seed_sweep.py sweeps over seeds to set that test's bound
 CUDA_DECODE_SMALL_CASES = [
     ([1, 64, 100, 4097], 128, 1, None),

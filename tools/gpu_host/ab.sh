@@ -22,13 +22,13 @@ if [ -n "${SHAPES:-}" ]; then
   for V in "${PASSED[@]}"; do
     echo "=================== $V (checks)"
     SNAPMLA_CUDA_SOURCE_DIR=ab/${V%%+*}/kernels/cuda OUT=$OUT/$V NO_BENCH=1 CUDA_ONLY=1 GATE_DONE=1 \
-      PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} bash tools/gpu_host/kernels.sh --cuda
+      PYTEST_PATHS=${PYTEST_PATHS:-tests/product/test_gpu_kernels.py} bash tools/gpu_host/kernels.sh --cuda
   done
   exit
 fi
 for V in "$@"; do
   echo "=================== $V"
-  SNAPMLA_CUDA_SOURCE_DIR=ab/$V/kernels/cuda OUT=$OUT/$V PYTEST_PATHS=${PYTEST_PATHS:-tests/test_gpu_kernels.py} \
+  SNAPMLA_CUDA_SOURCE_DIR=ab/$V/kernels/cuda OUT=$OUT/$V PYTEST_PATHS=${PYTEST_PATHS:-tests/product/test_gpu_kernels.py} \
     bash tools/gpu_host/kernels.sh --no-flashinfer --cuda $BENCH
 done
 echo "=================== default source (kernels/cuda)"

@@ -11,17 +11,17 @@ python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_
 grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
 export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
 echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
-timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/test_gpu_graph_protocol.py tests/test_sglang_attention_kits.py \
-  tests/test_serving_safety.py tests/test_gpu_kernels.py tests/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
+timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings ${PYTEST_PATHS:-tests/product/test_gpu_graph_protocol.py tests/product/test_sglang_attention_kits.py \
+  tests/product/test_serving_safety.py tests/product/test_gpu_kernels.py tests/product/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
 echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
 source tools/gpu_host/mutant.sh
 (cd /tmp/mutant && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings \
-  tests/test_gpu_graph_protocol.py -k "cuda and decode" 2>&1 | tee "$OUT/mutation.log" | grep -E "passed|failed" | tail -2)
+  tests/product/test_gpu_graph_protocol.py -k "cuda and decode" 2>&1 | tee "$OUT/mutation.log" | grep -E "passed|failed" | tail -2)
 for tool in memcheck racecheck; do
   for impl in triton cuda; do
     [ $tool = racecheck ] && [ $impl = triton ] && continue
     SNAPMLA_DECODE_IMPL=$impl timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
-      python3 tests/gpu_sanitize_decode.py > "$OUT/${tool}_$impl.log" 2>&1
+      python3 tests/support/gpu_sanitize_decode.py > "$OUT/${tool}_$impl.log" 2>&1
     echo "$tool $impl rc=$? $(tail -1 "$OUT/${tool}_$impl.log")"
   done
 done

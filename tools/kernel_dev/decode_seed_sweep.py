@@ -2,7 +2,7 @@
 
     python -m tools.kernel_dev.decode_seed_sweep --seeds 200 --out $OUT
 
-`tests/test_gpu_kernels.py` bounds the sm_90a CUDA decode against the spec (`numerics.snapmla_decode_reference`) at
+`tests/product/test_gpu_kernels.py` bounds the sm_90a CUDA decode against the spec (`numerics.snapmla_decode_reference`) at
 rel-L2 1e-2 on fresh random data. The two are the same math, but not the same arithmetic: Hopper's FP8 WGMMA
 accumulates with fewer mantissa bits than fp32, and the kernel evaluates exp2 / log2 with the fast SFU
 approximations, so a P8 entry next to an e4m3 rounding boundary can round the other way (one e4m3 step is 6-12 %
@@ -24,7 +24,7 @@ from sglang_snapmla.testing import CUDA_DECODE_SMALL_CASES, golden_args, paged_p
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
-CASES = CUDA_DECODE_SMALL_CASES  # the small cases of the CUDA decode's test (tests/test_gpu_kernels.py)
+CASES = CUDA_DECODE_SMALL_CASES  # the small cases of the CUDA decode's test (tests/product/test_gpu_kernels.py)
 
 
 def one_draw(seed: int, seq_lens, heads: int, s_q: int, outlier, impls=("cuda", "triton")) -> dict[str, float]:

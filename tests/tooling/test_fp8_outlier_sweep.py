@@ -14,7 +14,7 @@ from tools import fp8_outlier_sweep as sweep
 from tools import reparameterize
 from tools.train_tiny_mla import model_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

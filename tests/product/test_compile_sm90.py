@@ -10,13 +10,13 @@ import pytest
 
 def test_kernels_compile_for_sm90():
     env = dict(os.environ, TRITON_INTERPRET="0")  # the interpreter replaces @jit functions; compile needs the real ones
-    script = Path(__file__).with_name("compile_sm90.py")
+    script = Path(__file__).resolve().parents[1] / "support" / "compile_sm90.py"
     res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count(": ok") == 11, res.stdout  # 2 quantize_q, append, fetch, 5 decode_split, 2 combine
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUDA_DIR = ROOT / "kernels" / "cuda"
 
 

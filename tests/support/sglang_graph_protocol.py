@@ -127,7 +127,7 @@ class GraphProtocol:
             rope = torch.randn(total, 1, nx.ROPE_DIM, generator=self.gen).to(torch.bfloat16)
             if self.device == "cuda":
                 self.pool.set_mla_kv_buffer(self.layer, slots.cuda(), nope.cuda(), rope.cuda())
-            else:  # the spec's quantization, what the K-append writes (tests/test_kernels.py), without the interpreter
+            else:  # the spec's quantization, what the K-append writes (tests/product/test_kernels.py), without the interpreter
                 cache = nx.quantize_kv(nope[:, 0], rope[:, 0])
                 for array, rows in zip(kv, (cache.content, cache.scale, cache.rope)):
                     array[slots] = rows

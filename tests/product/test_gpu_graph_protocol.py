@@ -1,4 +1,4 @@
-"""Real CUDA graphs under SGLang's capture protocol (tests/sglang_graph_protocol.py): captured with the runner's fill
+"""Real CUDA graphs under SGLang's capture protocol (tests/support/sglang_graph_protocol.py): captured with the runner's fill
 values and FlashMLA's width-1 block-table view, replayed over a batch of multi-page sequences in a pool of stale,
 non-finite bytes. The replay must equal an eager forward bit for bit (same split count) and match the spec.
 Batch sizes reach one split and many at 16 and 128 heads, for decode, target verify and draft extend, with both

@@ -10,7 +10,7 @@ SnapMLA's pool replaces the kit's MLATokenToKVPool (same constructor), with Deep
 CPU machines run the eager kits: the Triton kernels in the interpreter, stand-ins for FlashInfer's wrappers (built by
 FlashMLABackend.__init__, used only by MHA prefill) and for sgl_kernel's FlashMLA metadata. The graph runners need the
 GPU (FlashMLABackend allocates its graph buffers on "cuda"); they drive SGLang's capture / replay metadata protocol
-but never capture a graph (tests/test_gpu_graph_protocol.py does).
+but never capture a graph (tests/product/test_gpu_graph_protocol.py does).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ between the capture-time forward (fill-value lengths, width-1 block-table view) 
 metadata, because a captured graph replays the capture's arguments. Checked for every kernel launch, Triton and the
 sm_90a decode (through a stand-in extension), for decode, target verify and draft extend, at one split and many;
 the replayed forward's output is checked against the spec (Triton).
-The GPU twin (tests/test_gpu_graph_protocol.py) captures and replays real CUDA graphs."""
+The GPU twin (tests/product/test_gpu_graph_protocol.py) captures and replays real CUDA graphs."""
 
 import pytest
 import torch

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 from tools import train_tiny_mla
 

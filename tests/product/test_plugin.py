@@ -14,7 +14,7 @@ import torch
 from sglang_snapmla import layout
 from sglang_snapmla import numerics as nx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 V2_LITE = ROOT / "configs/models/deepseek-v2-lite-shape"
 
 

@@ -92,7 +92,7 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
 
 
 @pytest.mark.parametrize("seq_lens,heads,s_q,outlier", [
-    *CUDA_DECODE_SMALL_CASES,  # incl. the small hard cases tests/test_kernels.py runs on the Triton decode
+    *CUDA_DECODE_SMALL_CASES,  # incl. the small hard cases tests/product/test_kernels.py runs on the Triton decode
     ([16384, 777], 128, 2, None),
     ([1024 + 7 * i for i in range(32)], 64, 1, None),
 ])

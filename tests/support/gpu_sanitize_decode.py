@@ -1,4 +1,4 @@
-"""One small decode for `compute-sanitizer --tool memcheck python tests/gpu_sanitize_decode.py` (GPU host)."""
+"""One small decode for `compute-sanitizer --tool memcheck python tests/support/gpu_sanitize_decode.py` (GPU host)."""
 
 import torch
 

@@ -30,7 +30,7 @@ def test_server_scripts_install_their_exit_cleanup():
     code = ("import signal; from harness import server as s; "
             "s.kill_servers_on_exit(); print('OK', signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert "OK True" in res.stdout, res.stderr[-2000:]
 
 
