@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import math
 import statistics
 import time
@@ -330,8 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--redraw", type=Path, default=None,
                     help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")
     args = ap.parse_args(argv)
-    if args.redraw:
-        report(json.loads(args.redraw.read_text()), args.runs, args.redraw.with_suffix(".png"))
+    if args.redraw:  # a saved sweep, or its xz-compressed copy (docs/accuracy)
+        text = lzma.open(args.redraw, "rt").read() if args.redraw.suffix == ".xz" else args.redraw.read_text()
+        report(json.loads(text), args.runs, Path(str(args.redraw).removesuffix(".xz")).with_suffix(".png"))
         return
     if args.model is None:
         ap.error("--model is required (or --redraw a saved sweep)")
