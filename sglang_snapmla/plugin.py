@@ -239,9 +239,18 @@ def _build_pool_hook(original, configurator, *args, max_total_num_tokens: int, *
         start_layer=configurator.layer_info.start_layer, end_layer=configurator.layer_info.end_layer)
 
 
+def _draft_selects_snapmla(factory) -> bool:
+    """Whether a DraftBackendFactory serves snapmla. Its server args are the factory's own in 0.5.17 and the draft
+    model runner's in every release; a factory with neither is another backend's business (these hooks must never
+    change what an MTP server with another backend does)."""
+    args = getattr(factory, "server_args", None) or getattr(getattr(factory, "draft_model_runner", None),
+                                                               "server_args", None)
+    return args is not None and is_selected(args)
+
+
 def _draft_decode_backend_hook(original, factory, *args, **kwargs):
     """DraftBackendFactory.create_decode_backend: the multi-step draft decode container (none for <= 1 step)."""
-    if not is_selected(factory.server_args) or factory.speculative_num_steps <= 1:
+    if not _draft_selects_snapmla(factory) or factory.speculative_num_steps <= 1:
         return original(factory, *args, **kwargs)
     from .backend import multi_step_draft_backend_class
 
@@ -251,7 +260,7 @@ def _draft_decode_backend_hook(original, factory, *args, **kwargs):
 def _draft_extend_backend_hook(original, factory, *args, **kwargs):
     """DraftBackendFactory.create_draft_extend_backend: a SnapMLA backend for the draft model's extend (its KV pool
     is a SnapMLA pool too), wrapped as SGLang wraps every draft-extend backend."""
-    if not is_selected(factory.server_args):
+    if not _draft_selects_snapmla(factory):
         return original(factory, *args, **kwargs)
     from sglang.srt.layers.attention.attention_registry import attn_backend_wrapper_for_draft_extend
 

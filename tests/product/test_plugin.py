@@ -166,6 +166,22 @@ def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
     assert args.dp_size == (2 if "--dp" in layout else 1)
 
 
+@pytest.mark.parametrize("where", ["draft model runner", "nowhere"])
+def test_draft_hooks_leave_another_backends_mtp_alone_without_factory_server_args(plugin, where):
+    """SGLang's DraftBackendFactory keeps no server_args from 0.5.18 on: with the plugin installed, MTP with another
+    attention backend must still get SGLang's own draft backends (the hooks read the draft runner's server args, or
+    stand aside)."""
+    args = SimpleNamespace(attention_backend="flashmla", decode_attention_backend=None, prefill_attention_backend=None)
+    runner = SimpleNamespace(server_args=args) if where == "draft model runner" else SimpleNamespace()
+    factory = SimpleNamespace(draft_model_runner=runner, speculative_num_steps=3, topk=1)
+    sglangs_own = object()
+    assert plugin._draft_decode_backend_hook(lambda f: sglangs_own, factory) is sglangs_own
+    assert plugin._draft_extend_backend_hook(lambda f: sglangs_own, factory) is sglangs_own
+    if where == "draft model runner":  # the same factory serving snapmla is recognised from the runner's args
+        args.attention_backend = "snapmla"
+        assert plugin._draft_selects_snapmla(factory)
+
+
 def test_other_backends_untouched(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu")
     assert args.page_size == 1
