@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 RUNS = {
@@ -138,3 +139,15 @@ def stop_server(proc: subprocess.Popen, log) -> None:
         pass
     _live_servers.discard(proc.pid)
     log.close()
+
+
+@contextmanager
+def serving(model: str, port: int, flags: list[str], log_path: Path, startup_timeout: float, **start_kwargs):
+    """A server (`start_server`) that answers /health within `startup_timeout` s, for the block; stopped however the
+    block ends (its log then says why it did not start, if it did not)."""
+    proc, log = start_server(model, port, flags, log_path, **start_kwargs)
+    try:
+        wait_healthy(port, proc, startup_timeout)
+        yield proc
+    finally:
+        stop_server(proc, log)

@@ -31,8 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.server import (RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, start_server,
-                            stop_server, wait_healthy)
+from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
 
 LEVELS = (1, 8, 64, 160, 512)
 # Prefix reuse: after the level-1 pass the probes run alone once more, and all but their last page of prompt comes
@@ -147,24 +146,22 @@ def main():
         log_path = args.out / f"server_{name}.log"
         # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
         graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
-        proc, log = start_server(args.model, 33000 + i, [*flags, "--cuda-graph-bs", *map(str, graph_bs),
-                                                          "--max-running-requests", str(max(LEVELS)), *POOL_FLAGS],
-                                 log_path, load_format="auto", context_length=4096, env=env)
+        server_flags = [*flags, "--cuda-graph-bs", *map(str, graph_bs), "--max-running-requests", str(max(LEVELS)),
+                        *POOL_FLAGS]
         try:
-            wait_healthy(33000 + i, proc, args.startup_timeout)
-            greedy_generate(33000 + i, probes[0], 4)  # warm-up: JIT builds before the first level
-            levels, t0 = {}, time.time()
-            for level in LEVELS:
-                flush_cache(33000 + i)
-                levels[str(level)] = generate_level(33000 + i, probes, fillers, level)
-                if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
-                    levels[RADIX] = generate_level(33000 + i, probes, fillers, 1)
+            with serving(args.model, 33000 + i, server_flags, log_path, args.startup_timeout, load_format="auto",
+                         context_length=4096, env=env):
+                greedy_generate(33000 + i, probes[0], 4)  # warm-up: JIT builds before the first level
+                levels, t0 = {}, time.time()
+                for level in LEVELS:
+                    flush_cache(33000 + i)
+                    levels[str(level)] = generate_level(33000 + i, probes, fillers, level)
+                    if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
+                        levels[RADIX] = generate_level(33000 + i, probes, fillers, 1)
             results[name] = {"levels": levels, "max_running": max_running(log_path), "env": env,
                              "seconds": round(time.time() - t0, 1)}
         except Exception as e:  # reported in the table
             results[name] = {"error": repr(e)[:300]}
-        finally:
-            stop_server(proc, log)
         saved.write_text(json.dumps(results))
     ref_name = runs[0][0]
     ref = results[ref_name]

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from harness.server import RUNS, greedy_generate, kill_servers_on_exit, serving
 
 NEW_TOKENS = 32
 
@@ -60,31 +60,33 @@ def run_server(backend: str, mode: str, args, port: int) -> dict:
         flags = ["--chunked-prefill-size", str(args.chunk)]
     else:
         flags = ["--disable-radix-cache", "--chunked-prefill-size", "-1"]
-    proc, log = start_server(args.model, port, [*RUNS[backend], "--cuda-graph-max-bs", "64", *flags],
-                             args.out / f"server_check_{backend}_{mode}.log", load_format=args.load_format,
-                             context_length=args.context_length)
     res = {}
     try:
-        wait_healthy(port, proc, args.startup_timeout)
-        prefix_prompts, long_prompt = prompts(args.vocab, args.long_len)
-        seq = []
-        for p in prefix_prompts:
-            if mode == "plain":
-                flush(port)
-            seq.append(generate(port, p))
-        res["prefix_sequential"] = seq
-        if mode == "cached":
-            flush(port)
-            generate(port, prefix_prompts[0])  # caches the shared prefix
-            with ThreadPoolExecutor(32) as ex:
-                res["prefix_batched"] = list(ex.map(lambda p: generate(port, p), prefix_prompts))
-        flush(port)
-        res["chunked"] = [generate(port, long_prompt)]
+        with serving(args.model, port, [*RUNS[backend], "--cuda-graph-max-bs", "64", *flags],
+                     args.out / f"server_check_{backend}_{mode}.log", args.startup_timeout,
+                     load_format=args.load_format, context_length=args.context_length):
+            _check(port, mode, args, res)
     except Exception as e:  # reported in the table
         res["error"] = repr(e)[:300]
-    finally:
-        stop_server(proc, log)
     return res
+
+
+def _check(port: int, mode: str, args, res: dict) -> None:
+    """Prefix-cache and chunked-prefill requests against one server; their outputs into `res`."""
+    prefix_prompts, long_prompt = prompts(args.vocab, args.long_len)
+    seq = []
+    for p in prefix_prompts:
+        if mode == "plain":
+            flush(port)
+        seq.append(generate(port, p))
+    res["prefix_sequential"] = seq
+    if mode == "cached":
+        flush(port)
+        generate(port, prefix_prompts[0])  # caches the shared prefix
+        with ThreadPoolExecutor(32) as ex:
+            res["prefix_batched"] = list(ex.map(lambda p: generate(port, p), prefix_prompts))
+    flush(port)
+    res["chunked"] = [generate(port, long_prompt)]
 
 
 def agreement(a: list[dict], b: list[dict]) -> tuple[int, float]:

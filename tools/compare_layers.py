@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from harness.server import RUNS, kill_servers_on_exit, post, start_server, stop_server, wait_healthy
+from harness.server import RUNS, kill_servers_on_exit, post, serving
 
 ATTN_KEY = re.compile(r"^model\.layers\.(\d+)\.self_attn\.attn_mqa$")
 INPUT_KEYS = ("model.forward_batch_info.input_ids", "model.forward_batch_info.positions")
@@ -76,17 +76,13 @@ def run_server(args, backend: str, port: int, batch: list[list[int]], dump_dir: 
     shutil.rmtree(dump_dir, ignore_errors=True)
     flags = [*RUNS[backend], "--disable-cuda-graph", "--debug-tensor-dump-output-folder", str(dump_dir),
              "--debug-tensor-dump-layers", *map(str, args.layers), "--max-running-requests", str(len(batch))]
-    proc, log = start_server(args.model, port, flags, args.out / f"server_layers_{backend}.log",
-                             load_format=args.load_format, context_length=4096)
-    try:
-        wait_healthy(port, proc, args.startup_timeout)
+    with serving(args.model, port, flags, args.out / f"server_layers_{backend}.log", args.startup_timeout,
+                 load_format=args.load_format, context_length=4096):
         for f in dump_dir.glob("TP0_*/Pass*.pt"):  # none expected (dump mode skips the warm-up), but never compared
             f.unlink()
         out = post(port, "/generate", {"input_ids": batch, "sampling_params": {
             "max_new_tokens": args.new_tokens, "temperature": 0, "ignore_eos": True}}, timeout=600)
         return [r["output_ids"] for r in out]
-    finally:
-        stop_server(proc, log)
 
 
 def main(argv: list[str] | None = None):

@@ -29,7 +29,7 @@ import statistics
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from harness.server import RUNS, greedy_generate, kill_servers_on_exit, serving
 from tools.accuracy_gate import POOL_FLAGS
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
@@ -127,16 +127,13 @@ def main():
             print(f"{name}: kept from {saved}", flush=True)
             continue
         flags = [*RUNS[name], "--cuda-graph-max-bs", "64", "--chunked-prefill-size", "128", *POOL_FLAGS]
-        proc, log = start_server(args.model, 32000 + i, flags, args.out / f"server_eval_{name}.log",
-                                 load_format="auto", context_length=4096)
         try:
-            wait_healthy(32000 + i, proc, args.startup_timeout)
-            ref = results.get(args.runs[0], {})
-            results[name] = evaluate(32000 + i, held, ref["drift"] if i > 0 and "drift" in ref else None)
+            with serving(args.model, 32000 + i, flags, args.out / f"server_eval_{name}.log", args.startup_timeout,
+                         load_format="auto", context_length=4096):
+                ref = results.get(args.runs[0], {})
+                results[name] = evaluate(32000 + i, held, ref["drift"] if i > 0 and "drift" in ref else None)
         except Exception as e:  # reported in the table
             results[name] = {"error": repr(e)[:300]}
-        finally:
-            stop_server(proc, log)
         saved.write_text(json.dumps(results))
     ref_name = args.runs[0]
     results = {name: results[name] for name in args.runs}  # table in --runs order

@@ -42,8 +42,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness.server import (RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server, stop_server,
-                            wait_healthy)
+from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from tools import reparameterize
 from tools.accuracy_gate import POOL_FLAGS, generate_level, token_errors, workload
 from tools.eval_trained_model import agreement
@@ -207,11 +206,9 @@ def serve_run(name: str, points: dict[str, Path], control: Path, held: dict, por
              # a pool of a fixed size (tools/accuracy_gate.py says why); two sweeps then also share one GPU
              "--chunked-prefill-size", "128", "--mem-fraction-static", "0.9", *POOL_FLAGS]
     first = next(iter(points.values()))
-    proc, log = start_server(str(first), port, flags, log_dir / f"server_{name}.log", load_format="auto",
-                             context_length=4096, env=RUN_ENV.get(name))
     out = {"points": {}}
-    try:
-        wait_healthy(port, proc, startup_timeout)
+    with serving(str(first), port, flags, log_dir / f"server_{name}.log", startup_timeout, load_format="auto",
+                 context_length=4096, env=RUN_ENV.get(name)):
         greedy_generate(port, held["prompts"][0], 4)  # JIT builds before anything is measured
         t0 = time.time()
         for i, (point, path) in enumerate(points.items()):
@@ -227,8 +224,6 @@ def serve_run(name: str, points: dict[str, Path], control: Path, held: dict, por
                     raise RuntimeError("loading a different model through /update_weights_from_disk left the probes' "
                                        "outputs unchanged: the reload does not reach the served weights")
         out["seconds"] = round(time.time() - t0, 1)
-    finally:
-        stop_server(proc, log)
     return out
 
 

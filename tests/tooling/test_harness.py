@@ -1,0 +1,36 @@
+"""harness/server.py's `serving`: the server every tool measures is stopped however the measurement ends."""
+
+import types
+
+import pytest
+
+from harness import server
+
+
+@pytest.fixture
+def calls(monkeypatch, tmp_path):
+    seen = []
+    monkeypatch.setattr(server, "start_server", lambda model, port, flags, log_path, **kw: (
+        seen.append(("start", port, tuple(flags), kw)) or (types.SimpleNamespace(pid=1), open(log_path, "w"))))
+    monkeypatch.setattr(server, "stop_server", lambda proc, log: seen.append(("stop",)) or log.close())
+    return seen
+
+
+def test_serving_starts_waits_and_stops(calls, monkeypatch, tmp_path):
+    monkeypatch.setattr(server, "wait_healthy", lambda port, proc, timeout: calls.append(("healthy", timeout)))
+    with server.serving("m", 31000, ["--x"], tmp_path / "log", 5.0, load_format="auto") as proc:
+        calls.append(("body", proc.pid))
+    assert calls == [("start", 31000, ("--x",), {"load_format": "auto"}), ("healthy", 5.0), ("body", 1), ("stop",)]
+
+
+@pytest.mark.parametrize("fails", ["startup", "measurement"])
+def test_serving_stops_the_server_when_anything_fails(calls, monkeypatch, tmp_path, fails):
+    def healthy(port, proc, timeout):
+        if fails == "startup":
+            raise RuntimeError("server exited with 1")
+
+    monkeypatch.setattr(server, "wait_healthy", healthy)
+    with pytest.raises(RuntimeError):
+        with server.serving("m", 31000, [], tmp_path / "log", 5.0):
+            raise RuntimeError("a request failed")
+    assert calls[-1] == ("stop",)
