@@ -56,11 +56,13 @@ class SnapMLAForward:
         # the Q-quant and overlaps it (programmatic dependent launch, ops.pdl_enabled)
         seq_lens = seq_lens.to(torch.int32)
         q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
+        # the split count from the static page bound, not from the block table: under CUDA graphs the table is the
+        # view SGLang captured with (width 1 at capture), and a count derived from it would be frozen into the graph
         splits = ops.default_num_splits(batch, s_q, heads, self.max_pages, q_nope.device)
         out, _ = ops.decode_quantized(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
-                            q_rope_al.view(batch, s_q, heads, -1),
-                            *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                            block_table, seq_lens, layer.scaling, num_splits=splits, follows_q_quant=True)
+                                      q_rope_al.view(batch, s_q, heads, -1),
+                                      *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
+                                      block_table, seq_lens, layer.scaling, num_splits=splits, follows_q_quant=True)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens, s_q: int):

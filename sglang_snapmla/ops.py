@@ -255,8 +255,8 @@ def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int) -> i
 
 def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device,
                        impl: str | None = None) -> int:
-    """The split count `decode` would pick, from shapes only (for callers that capture CUDA graphs and must use
-    the same count at capture and replay: pass a static `max_pages`)."""
+    """The split count `decode_quantized` would pick, from shapes only (for callers that capture CUDA graphs and must
+    use the same count at capture and replay: pass a static `max_pages`)."""
     rows = s_q * heads
     if decode_impl(impl) == "cuda":
         return cuda_num_splits(batch, rows, max_pages, device)
@@ -276,8 +276,8 @@ def pdl_enabled(device: torch.device) -> bool:
     FlashMLA's 2 kernels there (docs/KERNEL.md). Safe for any neighbour: each of the three waits
     (griddepcontrol.wait) for the previous kernel's completion before it reads anything that kernel may write (the
     CUDA decode reads the metadata and pool before it only behind our Q-quant:
-    `decode_quantized(follows_q_quant=True)`), and the kernel after the combine is launched normally (the combine does not trigger early), so it sees all of our
-    writes."""
+    `decode_quantized(follows_q_quant=True)`), and the kernel after the combine is launched normally (the combine
+    does not trigger early), so it sees all of our writes."""
     if device.type != "cuda" or interpreter_mode() or not pdl_allowed():
         return False
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
@@ -316,7 +316,7 @@ def block_table_entries(block_table: torch.Tensor) -> int:
 
 def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
-    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode` does both; a benchmark
+    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_quantized` does both; a benchmark
     that times the kernel without the combine calls this): with splits > 1 it writes o_part [B, s_q * H, splits,
     512] fp32 and lse_part [B, s_q * H, splits] (base 2), and out / lse are empty views; with one split it writes
     out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty views."""
@@ -331,9 +331,10 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
 
 
 def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
-           kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-           softmax_scale: float, num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
-           impl: str | None = None, follows_q_quant: bool = False):
+                     kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     softmax_scale: float, num_splits: int | None = None,
+                     tiling: tuple[int, int, int] | None = None, impl: str | None = None,
+                     follows_q_quant: bool = False):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
