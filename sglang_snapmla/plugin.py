@@ -95,6 +95,24 @@ def register() -> None:
         logger.error("%s", message)
     _print_config_errors_as_one_line()
     _registered = True
+    if _integration_errors and selected_on_command_line(sys.argv):
+        # Another SGLang release may run none of the hooks that refuse it later (the server-args pass) before it
+        # allocates the pool. SGLang's plugin loader logs a plugin's exceptions and goes on; SystemExit stops it.
+        raise SystemExit("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: "
+                         + " ".join(_integration_errors))
+
+
+BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
+
+
+def selected_on_command_line(argv: list[str]) -> bool:
+    """Whether a server command line (`python -m sglang.launch_server ...`, `sglang serve ...`) selects snapmla for any
+    attention phase, read before SGLang parses it."""
+    for i, arg in enumerate(argv):
+        if any(arg == f"{flag}={BACKEND}" or (arg == flag and argv[i + 1:i + 2] == [BACKEND])
+               for flag in BACKEND_FLAGS):
+            return True
+    return False
 
 
 def _hooks(HookType) -> dict:

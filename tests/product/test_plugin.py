@@ -337,6 +337,37 @@ def test_other_backends_keep_sglangs_own_error_without_a_gpu():
     assert res.returncode != 0 and "No accelerator" in res.stderr and "sglang-snapmla" not in res.stderr
 
 
+@pytest.mark.parametrize("backend", ["snapmla", "triton"])
+def test_another_sglang_release_stops_a_snapmla_command_before_parsing(backend):
+    """On a release the plugin does not support (simulated: SGLang reports 0.5.23), a command line that selects
+    snapmla stops when the plugin loads, before SGLang parses arguments or allocates anything, with the plugin's one
+    line; a command line with another backend is not stopped by the plugin. The model path does not exist, so any
+    later refusal would come after SGLang's own error about it."""
+    script = ("import runpy, sys, sglang\n"
+              "sglang.__version__ = '0.5.23'\n"
+              "sys.argv = ['launch_server', '--model-path', '/nonexistent/model', '--load-format', 'dummy', "
+              f"'--attention-backend', {backend!r}, '--device', 'cpu']\n"
+              "runpy.run_module('sglang.launch_server', run_name='__main__')\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TRITON_INTERPRET="1"))
+    assert res.returncode != 0
+    last = res.stderr.strip().splitlines()[-1]
+    if backend == "snapmla":
+        assert last.startswith("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: SGLang 0.5.23 "
+                               "is installed; sglang-snapmla supports SGLang 0.5.17 exactly"), res.stderr[-2000:]
+        assert "Traceback" not in res.stderr and "max_total_num_tokens" not in res.stderr
+    else:
+        assert "sglang-snapmla: --attention-backend snapmla cannot run" not in res.stderr, res.stderr[-2000:]
+
+
+def test_command_line_selection():
+    from sglang_snapmla.plugin import selected_on_command_line as sel
+
+    assert sel(["x", "--attention-backend", "snapmla"]) and sel(["x", "--decode-attention-backend=snapmla"])
+    assert not sel(["x", "--attention-backend", "flashmla"]) and not sel(["x", "--attention-backend"])
+    assert not sel(["x", "--model-path", "snapmla"])
+
+
 def test_sglang_serve_parses_snapmla():
     """`sglang serve` loads plugins before parsing (its --help text does not, so it omits the choice): parse a real
     command line through the CLI, stopping where the server would start."""
