@@ -4,7 +4,7 @@
 #   usage: HEADS=128 bash tools/gpu_host/fp8_sweep.sh [extra tools.fp8_outlier_sweep flags]
 # Trains the checkpoint (TRAIN_MINUTES, default 2) unless .gpucache holds it; results accumulate in
 # .gpucache/sweep-h$HEADS (a run already measured is kept), and land with the log in $OUT.
-# Longer than one command's limit: start it detached and collect it from later calls on the same warm machine:
+# It runs longer than a host's command limit: start it detached and read the results from .gpucache later:
 #   setsid nohup bash tools/gpu_host/fp8_sweep.sh > .gpucache/fp8_sweep.log 2>&1 &
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
