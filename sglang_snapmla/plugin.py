@@ -88,7 +88,8 @@ def register() -> None:
     hooks = _hooks(HookType)
     before = {target: _resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():
-        HookRegistry.register(target, fn, kind)
+        if before[target] is not None:  # a missing target is reported below, not left to fail in apply_hooks
+            HookRegistry.register(target, fn, kind)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
     _integration_errors[:] = integration_errors(before)
     for message in _integration_errors:
@@ -99,7 +100,8 @@ def register() -> None:
         # Another SGLang release may run none of the hooks that refuse it later (the server-args pass) before it
         # allocates the pool. SGLang's plugin loader logs a plugin's exceptions and goes on; SystemExit stops it.
         raise SystemExit("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: "
-                         + " ".join(_integration_errors))
+                         + _integration_errors[0] + (f" ({len(_integration_errors) - 1} more integration errors "
+                                                     "logged above)" if len(_integration_errors) > 1 else ""))
 
 
 BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
