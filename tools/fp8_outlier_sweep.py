@@ -253,8 +253,8 @@ def point_rows(results: dict, runs: list[str]) -> list[dict]:
 
 
 def format_serving(rows: list[dict]) -> str:
-    lines = [f"| point | run | ppl / BF16 | non-finite logprobs | teacher-forced agreement | |dlogprob| alone | "
-             f"|dlogprob| in {CONCURRENT} | identical probes in {CONCURRENT} |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| point | run | ppl / BF16 | non-finite logprobs | teacher-forced agreement | mean abs dlogprob alone | "
+             f"mean abs dlogprob in {CONCURRENT} | identical probes in {CONCURRENT} |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['point']} | {r['run']} | {r['ppl_ratio']:.4f} | {r['nonfinite_positions']} | "
                      f"{100 * r['teacher_forced']:.1f} % | {r['dlogprob_alone']:.4f} | "
@@ -263,7 +263,7 @@ def format_serving(rows: list[dict]) -> str:
 
 
 def format_kernel(kernel: dict) -> str:
-    lines = ["| point | max k_rope | max c_KV | max |q| | K values NaN in torch's fp8 cast | query RoPE below 2^-6 | "
+    lines = ["| point | max k_rope | max c_KV | max q | K values NaN in torch's fp8 cast | query RoPE below 2^-6 | "
              + " | ".join(f"{p} rel-L2" for p in PATHS) + " |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(PATHS)]
     for point, k in kernel.items():
         rng = k["ranges"]
