@@ -37,6 +37,7 @@ import lzma
 import math
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -160,8 +161,6 @@ def load_point(port: int, path: Path) -> None:
 def scored_perplexity(port: int, windows: list[list[int]]) -> dict:
     """Held-out perplexity from prompt logprobs; a position whose logprob is not finite (NaN comes back as null)
     makes it infinite and is counted."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(64) as ex:
         scored = list(ex.map(lambda w: greedy_generate(port, w, 1, return_logprob=True, logprob_start_len=0), windows))
     lps = [t[0] for r in scored for t in r["meta_info"]["input_token_logprobs"][1:]]  # the first has none
@@ -171,8 +170,6 @@ def scored_perplexity(port: int, windows: list[list[int]]) -> dict:
 
 
 def teacher_forced(port: int, prompts: list[list[int]], continuations: list[list[int]]) -> list[list[int]]:
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(len(prompts)) as ex:
         forced = list(ex.map(lambda pc: greedy_generate(port, pc[0] + pc[1], 1, return_logprob=True,
                                                         logprob_start_len=len(pc[0]) - 1, top_logprobs_num=1),
@@ -187,8 +184,6 @@ def measure_point(port: int, held: dict, reference_continuations: list[list[int]
     prompts = held["prompts"][:FORCED_PROMPTS]
     res = scored_perplexity(port, held["ppl_windows"])
     if reference_continuations is None:  # the reference run's first point: its continuations are everybody's
-        from concurrent.futures import ThreadPoolExecutor
-
         with ThreadPoolExecutor(len(prompts)) as ex:
             reference_continuations = [r["output_ids"] for r in
                                        ex.map(lambda p: greedy_generate(port, p, FORCED_TOKENS), prompts)]
