@@ -38,7 +38,10 @@ RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashm
 # for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md). The same decode and
 # pool as `flashmla`; isolates the decode's share of a throughput ratio.
 RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
-RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}}  # run -> server environment
+RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode instead of the sm_90a one
+RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"},  # run -> server environment
+           "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
+
 
 def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),

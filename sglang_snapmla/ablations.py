@@ -26,7 +26,6 @@ def pow2_scale(amax: torch.Tensor, floor: float) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(s), exp - (mant == 0.5).to(exp.dtype))
 
 
-
 def pow2_p_scale(p_v: torch.Tensor, p: torch.Tensor, ks_visible: torch.Tensor) -> torch.Tensor:
     """SnapMLA-pow2P: the amax rule rounded up to a power of two (exact division, exponent-add rescaling)."""
     return pow2_scale(p_v.amax(1), P_SCALE_FLOOR)

@@ -316,10 +316,11 @@ def block_table_entries(block_table: torch.Tensor) -> int:
 
 def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
-    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_quantized` does both; a benchmark
-    that times the kernel without the combine calls this): with splits > 1 it writes o_part [B, s_q * H, splits,
-    512] fp32 and lse_part [B, s_q * H, splits] (base 2), and out / lse are empty views; with one split it writes
-    out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty views."""
+    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_quantized` does both; a
+    benchmark that times the kernel without the combine calls this): with splits > 1 it writes o_part
+    [B, s_q * H, splits, 512] fp32 and lse_part [B, s_q * H, splits] (base 2), and out / lse are empty views; with
+    one split it writes out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty
+    views."""
     from . import cuda_ext
 
     _, s_q, H, _ = q8.shape

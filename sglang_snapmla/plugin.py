@@ -99,9 +99,7 @@ def register() -> None:
     if _integration_errors and selected_on_command_line(sys.argv):
         # Another SGLang release may run none of the hooks that refuse it later (the server-args pass) before it
         # allocates the pool. SGLang's plugin loader logs a plugin's exceptions and goes on; SystemExit stops it.
-        raise SystemExit("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: "
-                         + _integration_errors[0] + (f" ({len(_integration_errors) - 1} more integration errors "
-                                                     "logged above)" if len(_integration_errors) > 1 else ""))
+        raise SystemExit(f"sglang-snapmla: {_integration_failure()}")
 
 
 BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
@@ -160,10 +158,17 @@ def integration_errors(before: dict) -> list[str]:
     return out
 
 
+def _integration_failure() -> str:
+    """The one-line refusal for `_integration_errors`: the first (the release, where that is the cause), and how many
+    more the log holds."""
+    more = len(_integration_errors) - 1
+    return ("--attention-backend snapmla cannot run on this SGLang: " + _integration_errors[0]
+            + (f" ({more} more integration errors logged above)" if more else ""))
+
+
 def _check_integration() -> None:
     if _integration_errors:
-        raise SnapMLAConfigError(
-            "--attention-backend snapmla cannot run on this SGLang: " + " ".join(_integration_errors))
+        raise SnapMLAConfigError(_integration_failure())
 
 
 def _add_once(choices: list, name: str) -> None:

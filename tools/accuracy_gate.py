@@ -47,8 +47,6 @@ POOL_TOKENS = 600_000
 POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
 # Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
 GATE_FACTOR, GATE_SLACK = 1.5, 0.01
-RUN_ENV = {**RUN_ENV, "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
-RUNS = {**RUNS, "snapmla-triton": RUNS["snapmla"]}
 
 
 def parse_run(spec: str) -> tuple[str, list[str], dict]:

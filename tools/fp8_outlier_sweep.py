@@ -41,15 +41,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from tools import reparameterize
 from tools.accuracy_gate import POOL_FLAGS, generate_level, token_errors, workload
 from tools.eval_trained_model import agreement
 
-RUNS = {**RUNS, "snapmla-triton": RUNS["snapmla"]}
-RUN_ENV = {**RUN_ENV, "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
 ORIGINAL, CONTROL = "original", "control"
 FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
 CONCURRENT = 512
@@ -73,15 +70,7 @@ def make_points(model: Path, work: Path, alphas: list[float], spread: float) -> 
 
 def make_control(model: Path, work: Path) -> Path:
     """A different model (RoPE key x 8, query left as it is): loading it must change the probes' outputs."""
-    cfg = json.loads((model / "config.json").read_text())
-    state = load_file(str(model / reparameterize.WEIGHTS))
-    new = reparameterize.reparameterize(state, cfg, 8.0)
-    for name in new:
-        if name.endswith(("q_b_proj.weight", "q_proj.weight")):
-            new[name] = state[name]
-    out = reparameterize.write_checkpoint(model, work / CONTROL)
-    save_file(new, str(out / reparameterize.WEIGHTS), metadata={"format": "pt"})
-    return out
+    return reparameterize.write_checkpoint(model, work / CONTROL, alpha=8.0, edit=reparameterize.uncompensated_query)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -249,7 +238,8 @@ def point_rows(results: dict, runs: list[str]) -> list[dict]:
 
 def format_serving(rows: list[dict]) -> str:
     lines = [f"| point | run | ppl / BF16 | non-finite logprobs | teacher-forced agreement | mean abs dlogprob alone | "
-             f"mean abs dlogprob in {CONCURRENT} | identical probes in {CONCURRENT} |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"mean abs dlogprob in {CONCURRENT} | identical probes in {CONCURRENT} |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['point']} | {r['run']} | {r['ppl_ratio']:.4f} | {r['nonfinite_positions']} | "
                      f"{100 * r['teacher_forced']:.1f} % | {r['dlogprob_alone']:.4f} | "

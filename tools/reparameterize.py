@@ -91,13 +91,30 @@ def reparameterize(state: dict[str, torch.Tensor], config: dict, alpha: float = 
     return out
 
 
+def uncompensated_query(original: dict, state: dict) -> dict:
+    """`write_checkpoint` edit: the query's RoPE rows left as they were, so alpha scales the logits' RoPE part (a
+    different model, on purpose)."""
+    return {k: original[k] if k.endswith(("q_b_proj.weight", "q_proj.weight")) else v for k, v in state.items()}
+
+
+def uncompensated_latent(original: dict, state: dict) -> dict:
+    """`write_checkpoint` edit: kv_b_proj left as it was, so the latent gains change the model (on purpose)."""
+    return {k: original[k] if k.endswith("kv_b_proj.weight") else v for k, v in state.items()}
+
+
 def write_checkpoint(model_dir: Path, out: Path, alpha: float = 1.0, latent_spread: float = 1.0,
-                     seed: int = 0) -> Path:
-    """Write the reparameterized copy of `model_dir` (a single-file safetensors checkpoint) to `out`."""
+                     seed: int = 0, edit=None) -> Path:
+    """Write the reparameterized copy of `model_dir` (a single-file safetensors checkpoint) to `out`.
+
+    edit(original state, reparameterized state) -> state: a change on top (tests and the sweep's control checkpoint
+    build deliberately different models this way)."""
     model_dir, out = Path(model_dir), Path(out)
     config = json.loads((model_dir / "config.json").read_text())
     gains = latent_gains(latent_spread, seed) if latent_spread != 1 else None
-    state = reparameterize(load_file(str(model_dir / WEIGHTS)), config, alpha, gains)
+    original = load_file(str(model_dir / WEIGHTS))
+    state = reparameterize(original, config, alpha, gains)
+    if edit is not None:
+        state = edit(original, state)
     out.mkdir(parents=True, exist_ok=True)
     for f in model_dir.iterdir():
         if f.is_file() and f.name not in (WEIGHTS, RECORD):
