@@ -33,6 +33,7 @@ import argparse
 import importlib.util
 import json
 import math
+import shlex
 import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -145,6 +146,29 @@ def steady_window(lines: list[dict], usage_floor: float = 0.9, interval: int = 1
             **window_breakdown(window, interval)}
 
 
+def dp_steady_window(lines: list[dict], ranks: list[str], usage_floor: float, interval: int) -> dict | None:
+    """Under DP attention: each rank's steady window (`steady_window` of its own lines), combined -> the server's
+    output rate and running requests (sums over the ranks), its pool use and prefill figures (means), the shortest
+    rank window, and "ranks"; "first"/"last" index `lines`. None unless every rank has a window. The GPU-time split
+    is left out: SGLang's forward timer does not tell the ranks apart."""
+    windows = []
+    for rank in ranks:
+        index = [i for i, line in enumerate(lines) if line["rank"] == rank]
+        w = steady_window([lines[i] for i in index], usage_floor, interval)
+        if w is None:
+            return None
+        windows.append({**w, "first": index[w["first"]], "last": index[w["last"]]})
+    out = {"ranks": len(windows), "first": min(w["first"] for w in windows), "last": max(w["last"] for w in windows),
+           "seconds": min(w["seconds"] for w in windows), "lines": sum(w["lines"] for w in windows)}
+    for key in ("output_tok_s", "mean_running", "decode_alone_tok_s"):
+        if all(key in w for w in windows):
+            out[key] = round(sum(w[key] for w in windows), 1)
+    for key in ("mean_usage", "prefill_tokens_per_output", "prefill_us_per_token"):
+        if all(key in w for w in windows):
+            out[key] = round(sum(w[key] for w in windows) / len(windows), 3)
+    return out
+
+
 def engine_rate(result: dict) -> dict | None:
     """A backend's entry of serve_steady.json -> the engine's side of the whole run: from its first to its last
     decode line (1 s resolution; the first comes from bench_serving's single test request, a few seconds before the
@@ -173,6 +197,7 @@ def run_backend(model: str, backend: str, workload: dict, out: Path, port: int, 
         flags += ["--max-running-requests", str(workload["max_running_requests"])]
     if workload.get("mem_fraction_static"):  # after server_command's 0.80: SGLang takes a flag's last value
         flags += ["--mem-fraction-static", str(workload["mem_fraction_static"])]
+    flags += shlex.split(workload.get("server_flags") or "")  # the parallel layout, last
     proc, log = start_server(model, port, flags, log_path, context_length=CONTEXT_LENGTH,
                              env={**RUN_ENV.get(backend, {}), **gpu_time.SERVER_ENV})
     res: dict = {"cmd": proc.cmd}
@@ -213,6 +238,10 @@ def measured_run(log_text: str, usage_floor: float, interval: int, gpu_time_samp
     """The server log of the measured run alone (and the GPU-time samples taken during it) -> {"decode_lines"
     (JSON-ready), "steady" (with `gpu_breakdown`'s fields where the samples cover it)}."""
     lines = decode_lines(log_text)
+    ranks = sorted({line["rank"] for line in lines})
+    if len(ranks) > 1:  # DP attention: each rank decodes its own requests, in the same steps as the others
+        return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines],
+                "steady": dp_steady_window(lines, ranks, usage_floor, interval)}
     steady = steady_window(lines, usage_floor, interval)
     if steady:
         steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], gpu_time_samples, interval))
@@ -329,6 +358,9 @@ def main(argv: list[str] | None = None):
                     help="GPU memory for weights and the KV pool, the same bytes for every backend (default 0.80); "
                          "a smaller one makes the pool bind on the 8-layer V3 shape, whose ~10M-token pool at "
                          "0.80 stands for what 61 layers leave on a GPU")
+    ap.add_argument("--server-flags", default="",
+                    help="flags every server gets last, the same for every backend: the parallel layout, e.g. "
+                         "'--tp 2 --enable-dp-attention --dp 2' (the steady window then sums the DP ranks)")
     ap.add_argument("--no-stream", action="store_true",
                     help="whole responses (bench_serving --disable-stream): no per-token work in the client and the "
                          "server's frontend, which a single streaming client cannot keep up with above ~8.7k tok/s; "
@@ -351,7 +383,7 @@ def main(argv: list[str] | None = None):
     workload = {"input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
                 "num_prompts": args.prompts, "cuda_graph_max_bs": args.cuda_graph_max_bs,
                 "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static,
-                "stream": not args.no_stream}
+                "stream": not args.no_stream, "server_flags": args.server_flags}
     results = {"model": args.model, "workload": workload, "backends": {}}
     if args.redraw and not path.exists():
         raise SystemExit(f"--redraw: no {path}")
@@ -379,7 +411,8 @@ def main(argv: list[str] | None = None):
         results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)
         path.write_text(json.dumps(results, indent=1))
     print(f"{Path(args.model).name}: {workload['num_prompts']} prompts, in {workload['input_len']} / out "
-          f"{workload['output_len']}, lengths from {workload['range_ratio']} x\n")
+          f"{workload['output_len']}, lengths from {workload['range_ratio']} x; server flags "
+          f"{workload.get('server_flags') or '(none)'}\n")
     print(table(results))
     print(f"\nJSON: {path}; plot: {plot(results, args.out / 'serve_steady.png')}")
 

@@ -7,7 +7,15 @@ Per log: the peak number of running requests, the decode rate near that peak (th
 line: the top few are short bursts at the end of a run), the largest KV-pool usage, and the measured run's prefill
 phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
 their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
-log's resolution). Prints a markdown table."""
+log's resolution). Prints a markdown table.
+
+    python -m benchmarks.server_log_stats --startup LOG...
+
+Where a server's start went instead (`startup_report`): from its first log line to "fired up", SGLang's own engine
+timings (weights, KV pool, scheduler, decode graph capture, tokenizer) and the longest silences between two log
+lines, each with the line that ended it (a JIT build logs nothing while it compiles).
+
+Under DP attention every rank logs its own batches, tagged `DPn` (`decode_lines`' "rank")."""
 
 from __future__ import annotations
 
@@ -19,7 +27,9 @@ from pathlib import Path
 
 from benchmarks.serve_and_bench import peak_running_requests
 
-_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (Prefill|Decode) batch")
+_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)([^\]]*)\] (Prefill|Decode) batch")
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)")
+_ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
 
 
 def _field(line: str, name: str) -> float | None:
@@ -28,23 +38,25 @@ def _field(line: str, name: str) -> float | None:
 
 
 def decode_lines(text: str) -> list[dict]:
-    """The decode batches of a server log, in order -> [{"time", "running", "usage", "rate", "queue",
-    "prefill_tokens"}]: the line's time (1 s resolution), `#running-req`, `token usage` (of the pool), `gen throughput
+    """The decode batches of a server log, in order -> [{"time", "rank", "running", "usage", "rate", "queue",
+    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP attention), `#running-req`, `token usage` (of the pool), `gen throughput
     (token/s)` (tokens generated since the previous decode line over the wall time since it, prefill batches in
     between included; None where the line has none), `#queue-req`, and the `#new-token` of the prefill batches logged
     since the previous decode line (0: the line's time is decoding alone)."""
     out = []
-    prefill_tokens = 0
+    prefill_tokens: dict[str, int] = {}  # per rank: each rank prefills and decodes its own requests
     for line in text.splitlines():
         m = _LINE.match(line)
-        if m and m.group(2) == "Prefill":
-            prefill_tokens += int(_field(line, "#new-token") or 0)
-        elif m:
-            out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"),
+        if not m:
+            continue
+        rank = next((tag for tag in m.group(2).split() if tag.startswith("DP")), "")
+        if m.group(3) == "Prefill":
+            prefill_tokens[rank] = prefill_tokens.get(rank, 0) + int(_field(line, "#new-token") or 0)
+        else:
+            out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), "rank": rank,
                         "running": int(_field(line, "#running-req") or 0), "usage": _field(line, "token usage") or 0.0,
                         "rate": _field(line, "gen throughput (token/s)"),
-                        "queue": int(_field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens})
-            prefill_tokens = 0
+                        "queue": int(_field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens.pop(rank, 0)})
     return out
 
 
@@ -54,7 +66,7 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
     for line in text.splitlines():
         m = _LINE.match(line)
         if m:
-            batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2), line))
+            batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(3), line))
     decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)
     usage = [u for _, _, line in batches for u in [_field(line, "token usage")] if u is not None]
     prefill = [(t, _field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
@@ -69,6 +81,28 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
     }
 
 
+def startup_report(text: str, gaps: int = 4) -> dict:
+    """A server log's start -> {"log_to_ready_s": first log line to "fired up" (None if it never was; Python's
+    imports before the first line are not in the log), "engine": SGLang's "Engine startup timings" (seconds by name,
+    cuda_graph's parts as "cuda_graph.decode" etc.), "silences": the `gaps` longest times between two consecutive log
+    lines before ready, longest first, as (seconds, the line that ended it, cut to 120 characters)}."""
+    stamped = [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2))
+               for m in map(_STAMP.match, text.splitlines()) if m]
+    ready = next((i for i, (_, msg) in enumerate(stamped) if "fired up" in msg), None)
+    start = stamped[: (ready + 1) if ready is not None else len(stamped)]
+    engine = {}
+    for _, msg in start:
+        m = _ENGINE_TIMINGS.search(msg)
+        if m:
+            flat = re.sub(r"(\w+)=\{([^}]*)\}", lambda g: ", ".join(f"{g.group(1)}.{kv.strip()}"
+                                                                   for kv in g.group(2).split(",")), m.group(1))
+            engine = {k.strip(): float(v) for k, v in (kv.split("=") for kv in flat.split(","))}
+    silences = sorted((((b[0] - a[0]).total_seconds(), b[1][:120]) for a, b in zip(start, start[1:])),
+                      key=lambda g: -g[0])[:gaps]
+    return {"log_to_ready_s": (stamped[ready][0] - stamped[0][0]).total_seconds() if ready is not None else None,
+            "engine": engine, "silences": silences}
+
+
 def read_log(path: Path) -> str:
     """A server log's text, plain or xz-compressed (the logs kept under docs/serve are)."""
     raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
@@ -79,7 +113,20 @@ def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser()
     ap.add_argument("logs", nargs="+", type=Path)
     ap.add_argument("--min-queue", type=int, default=32, help="waiting requests that mark the measured run's start")
+    ap.add_argument("--startup", action="store_true", help="where each server's start went (startup_report)")
     args = ap.parse_args(argv)
+    if args.startup:
+        print("| log | first line to ready s | weights s | decode graphs s | scheduler s | tokenizer s "
+              "| longest silences: s before the line that ended it |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for path in args.logs:
+            r = startup_report(read_log(path))
+            e = r["engine"]
+            quiet = "; ".join(f"{sec:.0f} s before '{line[:60]}'" for sec, line in r["silences"])
+            print(f"| {path.name} | {r['log_to_ready_s']} | {e.get('load_weight', '-')} | "
+                  f"{e.get('cuda_graph.decode', '-')} | {e.get('scheduler_e2e', '-')} | {e.get('tokenizer_e2e', '-')} "
+                  f"| {quiet} |")
+        return
     print("| log | peak running | decode tok/s near the peak | max token usage | prefill phase s | prefill batches |")
     print("|---|---:|---:|---:|---:|---:|")
     for path in args.logs:

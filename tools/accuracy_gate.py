@@ -17,7 +17,8 @@ match the reference token for token. The error at level 1 is the run's FP8 floor
 when no level's error exceeds GATE_FACTOR x that floor + GATE_SLACK (an error that grows with batch size is a batch-
 dependent bug, e.g. a wrong page at one split), and fails otherwise. Prints a table, writes accuracy_gate.json.
 A run `name=base:KEY=VALUE;KEY=VALUE` serves `base`'s flags with that environment (e.g. another build of the plugin
-on PYTHONPATH, or SNAPMLA_DECODE_IMPL=triton).
+on PYTHONPATH, or SNAPMLA_DECODE_IMPL=triton). `--server-flags` gives every run the same parallel layout (tensor
+parallelism, DP attention: the reference then runs at that layout too); `--concurrent` serves all runs at once.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -123,11 +125,46 @@ def max_running(log_path: Path) -> int:
     return max(found, default=0)
 
 
+def measure_run(model: str, name: str, flags: list[str], env: dict, port: int, out: Path, startup_timeout: float,
+                layout_flags: list[str]) -> dict:
+    """One server of run `name`, every level against it -> {"levels", "max_running", "env", "seconds", "startup_s"}, or
+    {"error"} (reported in the table). `layout_flags` (e.g. --tp 2 --enable-dp-attention --dp 2) come last."""
+    probes, fillers = workload(json.loads((Path(model) / "heldout.json").read_text()))
+    log_path = out / f"server_{name}.log"
+    # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
+    graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
+    server_flags = [*flags, "--cuda-graph-bs", *map(str, graph_bs), "--max-running-requests", str(max(LEVELS)),
+                    *POOL_FLAGS, *layout_flags]
+    t_start = time.time()
+    try:
+        with serving(model, port, server_flags, log_path, startup_timeout, load_format="auto",
+                     context_length=4096, env=env):
+            startup = time.time() - t_start
+            greedy_generate(port, probes[0], 4)  # warm-up: JIT builds before the first level
+            levels, t0 = {}, time.time()
+            for level in LEVELS:
+                flush_cache(port)
+                levels[str(level)] = generate_level(port, probes, fillers, level)
+                if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
+                    levels[RADIX] = generate_level(port, probes, fillers, 1)
+        return {"levels": levels, "max_running": max_running(log_path), "env": env,
+                "seconds": round(time.time() - t0, 1), "startup_s": round(startup, 1)}
+    except Exception as e:  # reported in the table
+        return {"error": repr(e)[:300]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
     ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla"],
                     help="RUNS names or name=base:KEY=VALUE;...; the first is the reference")
+    ap.add_argument("--server-flags", default="",
+                    help="flags every run's server gets last, e.g. the parallel layout "
+                         "'--tp 2 --enable-dp-attention --dp 2' (the reference runs at the same layout)")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="serve all runs at once on the same GPUs, each measured by its own client; pass a "
+                         "--mem-fraction-static in --server-flags that leaves room for all of them")
+    ap.add_argument("--port", type=int, default=33000, help="run i serves on port + i")
     ap.add_argument("--startup-timeout", type=float, default=400)
     ap.add_argument("--out", type=Path, default=Path("gate_out"))
     args = ap.parse_args()
@@ -135,36 +172,29 @@ def main():
     kill_servers_on_exit()
     saved = args.out / "accuracy_gate.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
+    layout_flags = shlex.split(args.server_flags)
+    if layout_flags:
+        results["server_flags"] = args.server_flags
     runs = [parse_run(s) for s in args.runs]
+    pending = []
     for i, (name, flags, env) in enumerate(runs):
         if name in results and "error" not in results[name]:
             print(f"{name}: kept from {saved}", flush=True)
-            continue
-        probes, fillers = workload(json.loads((Path(args.model) / "heldout.json").read_text()))
-        log_path = args.out / f"server_{name}.log"
-        # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
-        graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})
-        server_flags = [*flags, "--cuda-graph-bs", *map(str, graph_bs), "--max-running-requests", str(max(LEVELS)),
-                        *POOL_FLAGS]
-        try:
-            with serving(args.model, 33000 + i, server_flags, log_path, args.startup_timeout, load_format="auto",
-                         context_length=4096, env=env):
-                greedy_generate(33000 + i, probes[0], 4)  # warm-up: JIT builds before the first level
-                levels, t0 = {}, time.time()
-                for level in LEVELS:
-                    flush_cache(33000 + i)
-                    levels[str(level)] = generate_level(33000 + i, probes, fillers, level)
-                    if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
-                        levels[RADIX] = generate_level(33000 + i, probes, fillers, 1)
-            results[name] = {"levels": levels, "max_running": max_running(log_path), "env": env,
-                             "seconds": round(time.time() - t0, 1)}
-        except Exception as e:  # reported in the table
-            results[name] = {"error": repr(e)[:300]}
-        saved.write_text(json.dumps(results))
+        else:
+            pending.append((name, flags, env, args.port + i))
+
+    def measure(job):
+        name, flags, env, port = job
+        return name, measure_run(args.model, name, flags, env, port, args.out, args.startup_timeout, layout_flags)
+
+    with ThreadPoolExecutor(max(1, len(pending)) if args.concurrent else 1) as ex:
+        for name, result in ex.map(measure, pending):
+            results[name] = result
+            saved.write_text(json.dumps(results))
     ref_name = runs[0][0]
     ref = results[ref_name]
-    print(f"\nmodel {args.model}; reference {ref_name}; {PROBES} probes x {PROBE_TOKENS} tokens; gate: error at every "
-          f"level <= {GATE_FACTOR} x level-1 error + {GATE_SLACK}")
+    print(f"\nmodel {args.model}; server flags {args.server_flags or '(none)'}; reference {ref_name}; {PROBES} probes "
+          f"x {PROBE_TOKENS} tokens; gate: error at every level <= {GATE_FACTOR} x level-1 error + {GATE_SLACK}")
     columns = [*map(str, LEVELS), RADIX]
     print("| run | max decode batch | " + " | ".join(f"{lv if lv == RADIX else 'c' + lv}: mean abs dlogprob, identical"
                                                    for lv in columns) + " | gate |")
@@ -180,6 +210,8 @@ def main():
         cells = " | ".join(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/{PROBES}" if v else "-"
                            for v in (summary[name]["levels"].get(lv) for lv in columns))
         print(f"| {name} | {r['max_running']} | {cells} | {summary[name]['gate']} |")
+    print("server start (s, process to /health): " + ", ".join(
+        f"{name} {results[name].get('startup_s', '-')}" for name, _, _ in runs))
     results["summary"] = summary
     saved.write_text(json.dumps(results))
 

@@ -33,3 +33,42 @@ def test_runs_name_a_base_and_an_environment():
     name, flags, env = ag.parse_run("bug=snapmla:PYTHONSAFEPATH=1;PYTHONPATH=/a:/b")
     assert name == "bug" and flags == ag.RUNS["snapmla"] and env == {"PYTHONSAFEPATH": "1", "PYTHONPATH": "/a:/b"}
     assert ag.parse_run("snapmla-triton")[2] == {"SNAPMLA_DECODE_IMPL": "triton"}
+
+
+def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measured(monkeypatch, tmp_path):
+    import contextlib
+    import json
+    import sys
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "heldout.json").write_text(json.dumps({"prompts": [[1, 2, 3]] * ag.PROBES, "ppl_windows": [[5] * 2000]}))
+    served = {}
+
+    @contextlib.contextmanager
+    def fake_serving(model_dir, port, flags, log_path, timeout, **kw):
+        served[port] = flags
+        log_path.write_text("[2026-11-26 10:00:00 DP0 TP0] Decode batch, #running-req: 7, #token: 1\n")
+        yield None
+
+    def fake_generate(port, ids, new_tokens, **kw):
+        out = {"output_ids": [port % 10] * new_tokens}
+        if kw.get("return_logprob"):
+            out["meta_info"] = {"output_token_logprobs": [[-0.1 * (port % 10)]] * new_tokens}
+        return out
+
+    monkeypatch.setattr(ag, "serving", fake_serving)
+    monkeypatch.setattr(ag, "greedy_generate", fake_generate)
+    monkeypatch.setattr(ag, "flush_cache", lambda port: None)
+    monkeypatch.setattr(ag, "LEVELS", (1, 8))
+    monkeypatch.setattr(ag.time, "sleep", lambda s: None)
+    monkeypatch.setattr(sys, "argv", ["accuracy_gate", "--model", str(model), "--runs", "flashmla", "snapmla",
+                                      "--server-flags", "--tp 2 --enable-dp-attention --dp 2", "--concurrent",
+                                      "--port", "34000", "--out", str(tmp_path / "out")])
+    ag.main()
+    assert sorted(served) == [34000, 34001]
+    assert all(flags[-5:] == ["--tp", "2", "--enable-dp-attention", "--dp", "2"] for flags in served.values())
+    results = json.loads((tmp_path / "out" / "accuracy_gate.json").read_text())
+    assert results["server_flags"] == "--tp 2 --enable-dp-attention --dp 2"
+    assert results["flashmla"]["max_running"] == 7 and "startup_s" in results["snapmla"]
+    assert results["summary"]["snapmla"]["levels"]["1"]["identical"] == 0  # port 34001's tokens differ from 34000's

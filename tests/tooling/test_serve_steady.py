@@ -177,7 +177,8 @@ def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monke
     monkeypatch.setattr(serve_steady, "wait_healthy", not_healthy)
     monkeypatch.setattr(serve_steady, "stop_server", lambda proc, log: None)
     args = serve_steady.argparse.Namespace(decode_log_interval=10, startup_timeout=1)
-    workload = {"cuda_graph_max_bs": graphs, "max_running_requests": cap, "mem_fraction_static": 0.3 if cap else None}
+    workload = {"cuda_graph_max_bs": graphs, "max_running_requests": cap, "mem_fraction_static": 0.3 if cap else None,
+                "server_flags": "--tp 2 --enable-dp-attention --dp 2"}
     res = serve_steady.run_backend("m", "snapmla", workload, tmp_path, 30000, args)
     assert "stop after the start" in res["error"]
     flags = started[0]
@@ -190,6 +191,27 @@ def test_every_server_gets_the_workloads_graph_size_running_cap_and_memory(monke
         assert flags[flags.index("--mem-fraction-static") + 1] == "0.3"
     else:
         assert "--max-running-requests" not in flags and "--mem-fraction-static" not in flags
+    assert flags[-5:] == ["--tp", "2", "--enable-dp-attention", "--dp", "2"]  # the layout last: it wins
+
+
+def _tagged(rank: str, row: tuple) -> str:
+    return _decode(*row).replace("] Decode", f" {rank} TP{rank[2:]}] Decode")
+
+
+def test_under_dp_attention_the_steady_window_sums_the_ranks():
+    # two DP ranks log their own batches, interleaved; rank 1 carries two thirds of rank 0's requests
+    def scaled(rows, k):
+        return [(t, int(r * k), u, rate * k, q) for t, r, u, rate, q in rows]
+
+    rows0, rows1 = FILL + WAVE + STEADY + TAIL, scaled(FILL + WAVE + STEADY + TAIL, 2 / 3)
+    log = "\n".join(line for a, b in zip(rows0, rows1) for line in (_tagged("DP0", a), _tagged("DP1", b)))
+    lines = decode_lines(log)
+    assert {line["rank"] for line in lines} == {"DP0", "DP1"}
+    steady = serve_steady.measured_run(log, 0.9, 10)["steady"]
+    one = serve_steady.steady_window(decode_lines(LOG), 0.9)["output_tok_s"]
+    other = serve_steady.steady_window([line for line in lines if line["rank"] == "DP1"], 0.9)["output_tok_s"]
+    assert steady["ranks"] == 2 and steady["output_tok_s"] == pytest.approx(one + other, abs=0.2)
+    assert steady["output_tok_s"] > 1.5 * one  # not one rank's rate, nor a mean of the two
 
 
 def test_an_entry_from_the_server_log_reads_the_run_after_the_last_cache_flush(tmp_path):

@@ -38,3 +38,27 @@ def test_cli_reads_xz(tmp_path, capsys):
     sls.main([str(path)])
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("| server_x.log.xz | 320 | 1030.0 | 0.9 | 9.0 | 3 |")
+
+
+STARTUP = """/tmp/sglang-runtime/sglang/launch_server.py:56: UserWarning: a warning before the first stamped line
+[2026-11-22 23:41:50] server_args=ServerArgs(model_path='m')
+[2026-11-22 23:42:26] Chunked prefix cache is turned on.
+[2026-11-22 23:42:58 DP0 TP0] Load weight begin. avail mem=138.18 GB
+[2026-11-22 23:42:59 DP0 TP0] Capture target decode CUDA graph begin. backend=full
+[2026-11-22 23:44:01 DP0 TP0] Using default MoE kernel config. Performance might be sub-optimal!
+[2026-11-22 23:44:06 DP0 TP0] Capture target decode CUDA graph end. elapsed=67.47 s
+[2026-11-22 23:44:06] Engine startup timings (s): load_weight=0.15, kv_cache_allocation=0.03, scheduler_e2e=72.54, \
+cuda_graph={prefill=0.00, decode=67.53, target_verify=0.00}, tokenizer_e2e=108.88
+[2026-11-22 23:44:08] The server is fired up and ready to roll!
+[2026-11-22 23:50:00] Decode batch, #running-req: 1, #token: 0
+"""
+
+
+def test_the_startup_report_names_where_the_start_went():
+    r = sls.startup_report(STARTUP, gaps=3)
+    assert r["log_to_ready_s"] == 138.0  # 23:41:50 to 23:44:08; the decode line after ready is not the start
+    assert r["engine"]["cuda_graph.decode"] == 67.53 and r["engine"]["tokenizer_e2e"] == 108.88
+    assert r["engine"]["load_weight"] == 0.15 and "cuda_graph.target_verify" in r["engine"]
+    assert [round(s) for s, _ in r["silences"]] == [62, 36, 32]
+    assert r["silences"][0][1].startswith("Using default MoE kernel config")
+    assert sls.startup_report("[2026-11-22 23:41:50] never ready\n")["log_to_ready_s"] is None

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On a 2- or 4-GPU Hopper host (the runtime in .gpu): sustained serving (benchmarks/serve_steady.py) of the
+# DeepSeek-V3-shaped config under a parallel layout, snapmla against flashmla BF16 and flashmla FP8, the same
+# requests for each, one server after another on the same GPUs; the steady window sums the DP ranks.
+#   usage: bash tools/gpu_host/multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args, e.g. --backends snapmla flashmla]
+# --mem-fraction-static 0.14 leaves each rank a pool that binds (a few hundred thousand tokens beside the 8-layer
+# shape's weights on an 80 GB GPU), so ~2.5 turnovers of the pool take minutes, not hours.
+set -uo pipefail
+source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+layout=${1:?usage: multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args]}; shift
+case $layout in
+  tp2) flags="--tp 2"; gpus=0,1 ;;
+  dp2) flags="--tp 2 --enable-dp-attention --dp 2"; gpus=0,1 ;;
+  dp4) flags="--tp 4 --enable-dp-attention --dp 4"; gpus=0,1,2,3 ;;
+  *) echo "unknown layout $layout (tp2, dp2, dp4)"; exit 2 ;;
+esac
+CUDA_VISIBLE_DEVICES=$gpus python3 -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape \
+  --server-flags "$flags" --mem-fraction-static 0.14 --max-running-requests 1024 --turnovers 2.5 --no-stream \
+  --out .gpucache/steady_$layout "$@" 2>&1 | tail -12 | tee "$OUT/steady_$layout.txt"
+python3 -m benchmarks.server_log_stats --startup .gpucache/steady_$layout/server_*.log > "$OUT/startup_steady_$layout.txt"
+mkdir -p "$OUT/steady_$layout" && cp .gpucache/steady_$layout/serve_steady.{json,png} "$OUT/steady_$layout/"
