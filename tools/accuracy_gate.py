@@ -47,6 +47,9 @@ PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
 # level (512 requests of up to 1 120 tokens).
 POOL_TOKENS = 600_000
 POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
+# Run i serves on --port + PORT_STRIDE x i: SGLang derives a server's ZMQ ports from its HTTP port (under DP attention
+# port + 233 onward, 6 + dp of them), so servers side by side (--concurrent) on neighbouring ports collide
+PORT_STRIDE = 20
 # Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
 GATE_FACTOR, GATE_SLACK = 1.5, 0.01
 
@@ -164,7 +167,7 @@ def main():
     ap.add_argument("--concurrent", action="store_true",
                     help="serve all runs at once on the same GPUs, each measured by its own client; pass a "
                          "--mem-fraction-static in --server-flags that leaves room for all of them")
-    ap.add_argument("--port", type=int, default=33000, help="run i serves on port + i")
+    ap.add_argument("--port", type=int, default=33000, help="run i serves on port + PORT_STRIDE x i")
     ap.add_argument("--startup-timeout", type=float, default=400)
     ap.add_argument("--out", type=Path, default=Path("gate_out"))
     args = ap.parse_args()
@@ -181,7 +184,7 @@ def main():
         if name in results and "error" not in results[name]:
             print(f"{name}: kept from {saved}", flush=True)
         else:
-            pending.append((name, flags, env, args.port + i))
+            pending.append((name, flags, env, args.port + PORT_STRIDE * i))
 
     def measure(job):
         name, flags, env, port = job

@@ -52,9 +52,9 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
         yield None
 
     def fake_generate(port, ids, new_tokens, **kw):
-        out = {"output_ids": [port % 10] * new_tokens}
+        out = {"output_ids": [port % 100] * new_tokens}
         if kw.get("return_logprob"):
-            out["meta_info"] = {"output_token_logprobs": [[-0.1 * (port % 10)]] * new_tokens}
+            out["meta_info"] = {"output_token_logprobs": [[-0.01 * (port % 100)]] * new_tokens}
         return out
 
     monkeypatch.setattr(ag, "serving", fake_serving)
@@ -66,9 +66,9 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
                                       "--server-flags", "--tp 2 --enable-dp-attention --dp 2", "--concurrent",
                                       "--port", "34000", "--out", str(tmp_path / "out")])
     ag.main()
-    assert sorted(served) == [34000, 34001]
+    assert sorted(served) == [34000, 34000 + ag.PORT_STRIDE]
     assert all(flags[-5:] == ["--tp", "2", "--enable-dp-attention", "--dp", "2"] for flags in served.values())
     results = json.loads((tmp_path / "out" / "accuracy_gate.json").read_text())
     assert results["server_flags"] == "--tp 2 --enable-dp-attention --dp 2"
     assert results["flashmla"]["max_running"] == 7 and "startup_s" in results["snapmla"]
-    assert results["summary"]["snapmla"]["levels"]["1"]["identical"] == 0  # port 34001's tokens differ from 34000's
+    assert results["summary"]["snapmla"]["levels"]["1"]["identical"] == 0  # the second server's tokens differ from the first's

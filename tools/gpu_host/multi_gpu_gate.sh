@@ -47,10 +47,10 @@ gate() {  # layout, GPU list, first port
 
 layouts=${*:-tp2 dp2 $([ "$GPUS" -ge 4 ] && echo dp4)}
 if [ "$GPUS" -ge 4 ] && [[ " $layouts " == *" tp2 "* ]] && [[ " $layouts " == *" dp2 "* ]]; then
-  gate tp2 0,1 33000 & gate dp2 2,3 33100 & wait
+  gate tp2 0,1 33000 & gate dp2 2,3 34000 & wait
   layouts=${layouts//tp2/}; layouts=${layouts//dp2/}
 fi
 for layout in $layouts; do
   case $layout in dp4) gpus=0,1,2,3 ;; *) gpus=0,1 ;; esac
-  gate $layout $gpus 33200
+  gate $layout $gpus 35000
 done
