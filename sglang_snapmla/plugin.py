@@ -1,4 +1,5 @@
-"""Registration of `--attention-backend snapmla` with SGLang 0.5.17 (entry point group `sglang.srt.plugins`).
+"""Registration of `--attention-backend snapmla` with SGLang (entry point group `sglang.srt.plugins`); the releases
+it runs on and what differs between them are in `sglang_release`.
 
 SGLang calls `register()` in every process (the CLI before argument parsing, `Engine`, each scheduler subprocess);
 `python -m sglang.launch_server` also loads plugins before it parses arguments in 0.5.17, so both entry points
@@ -21,7 +22,8 @@ What is registered:
   (`snapmla_decode_graph_max_bs`), before SGLang reserves memory for the graphs; batches above the largest captured
   graph decode eagerly at about half the rate. Not with DP attention, where SGLang's reserve for the graphs grows
   with the DP size;
-* a server-args pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
+* server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
+  accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
   kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, the
   hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the MTP draft (before
   any memory is allocated).
@@ -35,8 +37,9 @@ import sys
 
 import torch
 
+from . import sglang_release as release
+
 BACKEND = "snapmla"
-SUPPORTED_SGLANG = "0.5.17"
 # What snapmla servers report as their KV cache dtype to PD disaggregation's handshake, which compares only that
 # string: a snapmla server and a server with another layout (BF16, or FlashMLA's 576-byte FP8, both of which may
 # say "auto" / "fp8_e4m3") then refuse each other instead of transferring bytes the other side misreads.
@@ -85,13 +88,13 @@ def register() -> None:
     _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
     register_attention_backend(BACKEND)(_create_backend)
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
-    hooks = _hooks(HookType)
+    hooks = {**_hooks(HookType), **release.server_args_hooks(SERVER_ARGS_STEPS, HookType)}
     before = {target: _resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():
         if before[target] is not None:  # a missing target is reported below, not left to fail in apply_hooks
             HookRegistry.register(target, fn, kind)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
-    _integration_errors[:] = integration_errors(before)
+    _integration_errors[:] = integration_errors(before) + release.register_resolution_steps(SERVER_ARGS_STEPS)
     for message in _integration_errors:
         logger.error("%s", message)
     _print_config_errors_as_one_line()
@@ -121,11 +124,8 @@ def _hooks(HookType) -> dict:
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
     return {
-        "sglang.srt.server_args.ServerArgs._handle_missing_default_values": (_default_values_hook, HookType.AROUND),
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
-        "sglang.srt.server_args.ServerArgs._handle_page_size": (_page_size_hook, HookType.AFTER),
-        "sglang.srt.server_args.ServerArgs._handle_gpu_memory_settings": (_graph_size_hook, HookType.AROUND),
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
@@ -147,9 +147,10 @@ def integration_errors(before: dict) -> list[str]:
     (at startup, before any memory is allocated) and by the backend factory."""
     import sglang
 
-    fix = f"sglang-snapmla supports SGLang {SUPPORTED_SGLANG} exactly: pip install sglang=={SUPPORTED_SGLANG}"
+    fix = (f"sglang-snapmla supports SGLang {' and '.join(release.SUPPORTED)}: pip install sglang=={release.SUPPORTED[-1]} "
+           f"(or =={release.GPU_VERIFIED}, the release verified on GPUs)")
     out = []
-    if getattr(sglang, "__version__", None) != SUPPORTED_SGLANG:
+    if getattr(sglang, "__version__", None) not in release.SUPPORTED:
         out.append(f"SGLang {getattr(sglang, '__version__', '?')} is installed; {fix}.")
     for target, original in before.items():
         if original is None or _resolve(target) is original:
@@ -230,11 +231,12 @@ def snapmla_kv_cache_dim(kv_cache_dtype: torch.dtype) -> int:
     return math.ceil(BYTES_PER_TOKEN / torch.empty((), dtype=kv_cache_dtype).element_size())
 
 
-def _default_values_hook(original, server_args, *args, **kwargs):
-    """ServerArgs._handle_missing_default_values resolves --device; on a machine without an accelerator SGLang stops
-    there with a generic RuntimeError at the end of a long traceback. Where snapmla is selected, say what it needs."""
+def _no_accelerator_step(server_args, previous):
+    """Around SGLang's missing-default-values step, which resolves --device: on a machine without an accelerator
+    SGLang stops there with a generic RuntimeError at the end of a long traceback. Where snapmla is selected, say what
+    it needs."""
     try:
-        return original(server_args, *args, **kwargs)
+        return previous(server_args)
     except RuntimeError as e:
         if "No accelerator" in str(e) and is_selected(server_args):
             raise SnapMLAConfigError(NO_GPU) from None
@@ -242,7 +244,7 @@ def _default_values_hook(original, server_args, *args, **kwargs):
 
 
 def _kv_cache_dim_hook(original, *args, **kwargs):
-    server_args = kwargs.get("server_args")
+    server_args = release.planner_server_args(kwargs)
     if server_args is not None and is_selected(server_args):
         return snapmla_kv_cache_dim(kwargs["kv_cache_dtype"])
     return original(*args, **kwargs)
@@ -265,11 +267,10 @@ def _build_pool_hook(original, configurator, *args, max_total_num_tokens: int, *
 
 
 def _draft_selects_snapmla(factory) -> bool:
-    """Whether a DraftBackendFactory serves snapmla. Its server args are the factory's own in 0.5.17 and the draft
-    model runner's in every release; a factory with neither is another backend's business (these hooks must never
-    change what an MTP server with another backend does)."""
-    args = getattr(factory, "server_args", None) or getattr(getattr(factory, "draft_model_runner", None),
-                                                               "server_args", None)
+    """Whether a DraftBackendFactory serves snapmla (`sglang_release.draft_factory_server_args`); a factory without
+    server args is another backend's business (these hooks must never change what an MTP server with another backend
+    does)."""
+    args = release.draft_factory_server_args(factory)
     return args is not None and is_selected(args)
 
 
@@ -301,22 +302,22 @@ def snapmla_decode_graph_max_bs(default_max_bs: int) -> int:
     return 32 * math.ceil(default_max_bs * BF16_BYTES_PER_TOKEN / BYTES_PER_TOKEN / 32)
 
 
-def _graph_size_hook(original, server_args, *args, **kwargs):
-    """ServerArgs._handle_gpu_memory_settings (defaults for chunked prefill, the decode graph sizes and the memory
+def _graph_size_step(server_args, previous):
+    """Around SGLang's GPU-memory-settings step (defaults for chunked prefill, the decode graph sizes and the memory
     fraction): where snapmla is selected and the user set no decode graph size, run it again with the decode graph
     size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
-    the memory fraction, unless the user set one) follow the larger size."""
+    the memory fraction, unless the user set one) follow the larger size. Wired on 0.5.17 only (`sglang_release`)."""
     if (not is_selected(server_args) or _decode_graph_size_set_by_user(server_args)
             or getattr(server_args, "device", "cuda") != "cuda"):  # no CUDA graphs to size (--device cpu)
-        return original(server_args, *args, **kwargs)
+        return previous(server_args)
     if getattr(server_args, "enable_dp_attention", False):
         # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
         # from the pool (memory fraction 0.59 -> 0.40 on an H100); each rank's batch is a DP share of the requests
         logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; --cuda-graph-max-bs "
                     "sets another")
-        return original(server_args, *args, **kwargs)
+        return previous(server_args)
     fraction_unset = server_args.mem_fraction_static is None
-    result = original(server_args, *args, **kwargs)
+    result = previous(server_args)
     decode = server_args.cuda_graph_config.decode
     if not decode.max_bs or decode.backend == "disabled":
         return result
@@ -324,7 +325,7 @@ def _graph_size_hook(original, server_args, *args, **kwargs):
     decode.max_bs, decode.bs = snapmla_decode_graph_max_bs(default), None
     if fraction_unset:
         server_args.mem_fraction_static = None
-    result = original(server_args, *args, **kwargs)
+    result = previous(server_args)
     logger.info("snapmla: decode CUDA graphs up to batch %d (SGLang's default for a BF16 pool: %d); "
                 "--cuda-graph-max-bs sets another size", decode.max_bs, default)
     return result
@@ -335,17 +336,36 @@ def _decode_graph_size_set_by_user(server_args) -> bool:
     locked = getattr(server_args, "_cuda_graph_config_locked", None)
     if locked is None:
         raise RuntimeError("--attention-backend snapmla: SGLang's server args have no _cuda_graph_config_locked (the "
-                           f"decode graph flags this plugin reads); pip install sglang=={SUPPORTED_SGLANG}")
+                           f"decode graph flags this plugin reads); pip install sglang=={release.GPU_VERIFIED}")
     return any(phase == "decode" and key in ("max_bs", "bs") for phase, key in locked)
 
 
-def _page_size_hook(result, server_args, *args, **kwargs):
-    """After SGLang resolves the page size (ServerArgs._handle_page_size): declare snapmla's, through SGLang's
-    own post-process mechanism (server args are read-only; declarations are applied at the end of resolution)."""
+def _page_size_step(server_args, previous):
+    """After SGLang's step at the page-size slot (`sglang_release`): check the setup and declare snapmla's page size,
+    through SGLang's own post-process mechanism (server args are read-only; declarations are applied at the end of
+    resolution)."""
     from sglang.srt.arg_groups.overrides import run_post_process_pass
 
+    result = previous(server_args)
     run_post_process_pass(server_args, snapmla_server_args_pass)
+    if is_selected(server_args) and not release.grows_decode_graphs() and _once("graph size"):
+        logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
+                    "only); --cuda-graph-max-bs sets another", release.installed(), release.GPU_VERIFIED)
     return result
+
+
+_logged: set[str] = set()
+
+
+def _once(key: str) -> bool:
+    """True the first time `key` is seen in this process (a fallback logs once)."""
+    first = key not in _logged
+    _logged.add(key)
+    return first
+
+
+SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,
+                     "handle_gpu_memory_settings": _graph_size_step, "page_size": _page_size_step}
 
 
 def snapmla_server_args_pass(view) -> dict:

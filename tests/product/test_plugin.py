@@ -27,9 +27,12 @@ def plugin():
 
 
 def parse(*argv):
+    """Server args from a command line, resolved as the server resolves them at start (`sglang_release.resolved`)."""
     from sglang.srt.server_args import prepare_server_args
 
-    return prepare_server_args(list(argv))
+    from sglang_snapmla.sglang_release import resolved
+
+    return resolved(prepare_server_args(list(argv)))
 
 
 def test_entry_point_registers_everything(plugin):
@@ -61,15 +64,32 @@ def test_server_args_parse_and_pin_page_size(plugin):
 
 def _parse_on_an_h100(monkeypatch, *argv):
     """Server args as SGLang resolves them on an 80 GiB GPU (its defaults depend on the GPU's memory)."""
-    from sglang.srt import server_args as sa
+    import importlib
 
-    monkeypatch.setattr(sa, "get_device_memory_capacity", lambda device=None: 80 * 1024)
+    for module in ("sglang.srt.server_args", "sglang.srt.arg_groups.memory_hook"):  # 0.5.17, 0.5.23
+        try:
+            monkeypatch.setattr(importlib.import_module(module), "get_device_memory_capacity",
+                                lambda device=None: 80 * 1024)
+        except (ImportError, AttributeError):
+            pass
     return parse("--model-path", str(V2_LITE), "--load-format", "dummy", "--device", "cuda", *argv)
 
 
 def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_sizes_them(plugin, monkeypatch):
+    from sglang_snapmla import sglang_release
+
     bf16 = _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla")
     args = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
+    if not sglang_release.grows_decode_graphs():  # 0.5.23: SGLang's default stays, and the server log says so
+        assert args.cuda_graph_config.decode.max_bs == bf16.cuda_graph_config.decode.max_bs
+        assert args.mem_fraction_static == bf16.mem_fraction_static
+        plugin._logged.discard("graph size")
+        said = []
+        monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
+        _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
+        _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
+        assert [m for m in said if "decode CUDA graphs at SGLang's default size on SGLang" in m] == said[:1]  # once
+        return
     # SGLang's default on an 80 GiB GPU at TP 1 is 256, sized for a BF16 pool; snapmla's holds 1152 / 644 x the tokens
     assert bf16.cuda_graph_config.decode.max_bs == 256
     assert plugin.snapmla_decode_graph_max_bs(256) == 480 == args.cuda_graph_config.decode.max_bs
@@ -128,7 +148,7 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     "EAGLE is not supported in decode attention backend snapmla"): the plugin's hooks build SnapMLA's multi-step
     draft decode container and draft-extend backend, and leave other backends to SGLang's own maps."""
     from harness.server import RUNS
-    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    from sglang.srt.speculative import draft_utils
 
     from sglang_snapmla import backend
 
@@ -136,20 +156,34 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     monkeypatch.setattr(backend, "multi_step_draft_backend_class",
                         lambda: lambda runner, topk, steps: built.append(("draft decode", runner, topk, steps)))
     monkeypatch.setattr(plugin, "_create_backend", lambda runner: built.append(("draft extend", runner)) or "ours")
-    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object()))
+    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=object(), hf_text_config=object()))
     v3 = ("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu", "--load-format", "dummy")
     args = parse(*v3, *RUNS["snapmla-mtp"])
     steps = args.speculative_num_steps
-    factory = DraftBackendFactory(args, runner, topk=1, speculative_num_steps=steps)
+    factory = _draft_factory(args, runner, steps)
     factory.create_decode_backend()
     assert factory.create_draft_extend_backend() == "ours"
     assert built == [("draft decode", runner, 1, steps), ("draft extend", runner)]
-    assert DraftBackendFactory(args, runner, topk=1, speculative_num_steps=1).create_decode_backend() is None
+    assert _draft_factory(args, runner, 1).create_decode_backend() is None
 
     other = parse(*v3, *[a if a != "snapmla" else "flashmla" for a in RUNS["snapmla-mtp"]])
-    factory = DraftBackendFactory(other, runner, topk=1, speculative_num_steps=steps)
-    monkeypatch.setattr(factory, "_create_backend", lambda name, backend_map, template: sorted(backend_map))
+    factory = _draft_factory(other, SimpleNamespace(**vars(runner)), steps)
+    monkeypatch.setattr(factory, "_create_backend", lambda name, backend_map, template, **kw: sorted(backend_map))
+    monkeypatch.setattr(draft_utils, "_assert_draft_needs_no_conv_sidecar", lambda runner: None, raising=False)
     assert "flashmla" in factory.create_decode_backend() and len(built) == 2  # SGLang's own map, untouched
+
+
+def _draft_factory(args, runner, steps):
+    """A DraftBackendFactory as each release builds it: with the server args (0.5.17), or from the draft model runner,
+    which holds them (0.5.18 on)."""
+    import inspect
+
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    if "server_args" in inspect.signature(DraftBackendFactory.__init__).parameters:
+        return DraftBackendFactory(args, runner, topk=1, speculative_num_steps=steps)
+    runner.server_args, runner.draft_attention_backend = args, None
+    return DraftBackendFactory(runner, topk=1, speculative_num_steps=steps)
 
 
 @pytest.mark.cpu_interpreter
@@ -162,8 +196,12 @@ def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
                  "--device", "cpu", "--load-format", "dummy", *layout)
     assert args.attention_backend == "snapmla" and args.page_size == 64 and args.tp_size == 2
-    assert args.enable_dp_attention == ("--enable-dp-attention" in layout)
-    assert args.dp_size == (2 if "--dp" in layout else 1)
+    try:  # 0.5.23 resolves --enable-dp-attention --dp N into an attention-DP size
+        from sglang.srt.runtime_context import attn_dp_enabled_of, num_dp_ranks_of
+    except ImportError:
+        attn_dp_enabled_of, num_dp_ranks_of = (lambda a: a.enable_dp_attention), (lambda a: a.dp_size)
+    assert attn_dp_enabled_of(args) == ("--enable-dp-attention" in layout)
+    assert num_dp_ranks_of(args) == (2 if "--dp" in layout else 1)
 
 
 @pytest.mark.parametrize("where", ["draft model runner", "nowhere"])
@@ -269,10 +307,10 @@ def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatc
     target = next(iter(plugin._hooks(HookType)))
     unchanged = {target: plugin._resolve(target)}  # as if apply_hooks had left it alone
     (message,) = plugin.integration_errors(unchanged)
-    assert target in message and "sglang==0.5.17" in message
-    assert plugin.integration_errors({target: None})[0].endswith("pip install sglang==0.5.17.")
-    monkeypatch.setattr(sglang, "__version__", "0.5.23")
-    assert any("SGLang 0.5.23 is installed" in m for m in plugin.integration_errors({}))
+    assert target in message and "pip install sglang==0.5.23 (or ==0.5.17, the release verified on GPUs)" in message
+    assert "no such function" in plugin.integration_errors({target: None})[0]
+    monkeypatch.setattr(sglang, "__version__", "0.5.20")
+    assert any("SGLang 0.5.20 is installed" in m for m in plugin.integration_errors({}))
     monkeypatch.setattr(plugin, "_integration_errors", [message])
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
         plugin.check_server_args(SimpleNamespace(attention_backend="snapmla"))
@@ -339,12 +377,12 @@ def test_other_backends_keep_sglangs_own_error_without_a_gpu():
 
 @pytest.mark.parametrize("backend", ["snapmla", "triton"])
 def test_another_sglang_release_stops_a_snapmla_command_before_parsing(backend):
-    """On a release the plugin does not support (simulated: SGLang reports 0.5.23), a command line that selects
+    """On a release the plugin does not support (simulated: SGLang reports 0.5.20), a command line that selects
     snapmla stops when the plugin loads, before SGLang parses arguments or allocates anything, with the plugin's one
     line; a command line with another backend is not stopped by the plugin. The model path does not exist, so any
     later refusal would come after SGLang's own error about it."""
     script = ("import runpy, sys, sglang\n"
-              "sglang.__version__ = '0.5.23'\n"
+              "sglang.__version__ = '0.5.20'\n"
               "sys.argv = ['launch_server', '--model-path', '/nonexistent/model', '--load-format', 'dummy', "
               f"'--attention-backend', {backend!r}, '--device', 'cpu']\n"
               "runpy.run_module('sglang.launch_server', run_name='__main__')\n")
@@ -353,8 +391,8 @@ def test_another_sglang_release_stops_a_snapmla_command_before_parsing(backend):
     assert res.returncode != 0
     last = res.stderr.strip().splitlines()[-1]
     if backend == "snapmla":
-        assert last.startswith("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: SGLang 0.5.23 "
-                               "is installed; sglang-snapmla supports SGLang 0.5.17 exactly"), res.stderr[-2000:]
+        assert last.startswith("sglang-snapmla: --attention-backend snapmla cannot run on this SGLang: SGLang 0.5.20 "
+                               "is installed; sglang-snapmla supports SGLang 0.5.17 and 0.5.23"), res.stderr[-2000:]
         assert "Traceback" not in res.stderr and "max_total_num_tokens" not in res.stderr
     else:
         assert "sglang-snapmla: --attention-backend snapmla cannot run" not in res.stderr, res.stderr[-2000:]
@@ -373,7 +411,8 @@ def test_sglang_serve_parses_snapmla():
     command line through the CLI, stopping where the server would start."""
     script = (
         "import sys, sglang.launch_server as ls\n"
-        "ls.run_server = lambda a: print('PARSED', a.attention_backend, a.page_size)\n"
+        "from sglang_snapmla.sglang_release import resolved\n"
+        "ls.run_server = lambda a: print('PARSED', resolved(a).attention_backend, resolved(a).page_size)\n"
         "from sglang.cli.main import main\n"
         f"sys.argv = ['sglang', 'serve', '--model-path', {str(V2_LITE)!r}, '--attention-backend', 'snapmla',"
         " '--device', 'cpu', '--load-format', 'dummy']\n"
@@ -500,11 +539,23 @@ def test_disaggregation_transfer_reproduces_the_cache(plugin, gen):
                        torch.zeros(64, 1, 512, dtype=torch.bfloat16))
 
 
-def test_sizing_budgets_644_bytes(plugin):
+def test_sizing_budgets_644_bytes(plugin, monkeypatch):
+    """SGLang's memory planner budgets 644 bytes per token and layer for snapmla's pool, called as this release's
+    planner calls it: with `server_args` (0.5.17), or without, the process's published server args telling which
+    backend serves (0.5.19 on: `sglang_release.planner_server_args`). Another backend keeps SGLang's 576 elements."""
+    import inspect
+
+    from sglang.srt import runtime_context
     from sglang.srt.mem_cache import kv_cache_configurator as kcc
 
-    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        dim = kcc.calculate_mla_kv_cache_dim(model_config=None, kv_cache_dtype=dtype,
-                                             server_args=SimpleNamespace(attention_backend="snapmla"))
-        assert dim * torch.empty((), dtype=dtype).element_size() == 644
+    takes_server_args = "server_args" in inspect.signature(kcc.calculate_mla_kv_cache_dim).parameters
+    model = SimpleNamespace(hf_config=SimpleNamespace(architectures=["DeepseekV3ForCausalLM"]), kv_lora_rank=512,
+                            qk_rope_head_dim=64)
+    for backend, dims in (("snapmla", {torch.bfloat16: 322, torch.float8_e4m3fn: 644}),
+                          ("flashmla", {torch.bfloat16: 576, torch.float8_e4m3fn: 576})):
+        published = SimpleNamespace(attention_backend=backend, dsa_prefill_backend=None, dsa_decode_backend=None)
+        monkeypatch.setattr(runtime_context, "get_server_args", lambda: published)
+        for dtype, dim in dims.items():
+            call = {"server_args": published} if takes_server_args else {}
+            assert kcc.calculate_mla_kv_cache_dim(model_config=model, kv_cache_dtype=dtype, **call) == dim
     assert layout.BF16_BYTES_PER_TOKEN / layout.BYTES_PER_TOKEN >= 1.78

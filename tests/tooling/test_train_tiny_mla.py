@@ -65,10 +65,11 @@ def test_sglang_accepts_checkpoint_with_snapmla(checkpoint):
     from sglang.srt.server_args import prepare_server_args
 
     from sglang_snapmla import plugin
+    from sglang_snapmla.sglang_release import resolved
 
     plugin.register()
-    args = prepare_server_args(["--model-path", str(checkpoint), "--attention-backend", "snapmla",
-                                "--device", "cpu"])
+    args = resolved(prepare_server_args(["--model-path", str(checkpoint), "--attention-backend", "snapmla",
+                                         "--device", "cpu"]))
     assert args.page_size == 64
     # SGLang builds the model from the HF config object: every key of the bundled V3-shape config (which serves on
     # the GPU) must be there, including those transformers' DeepseekV3Config does not define (moe_layer_freq, ...)
