@@ -147,11 +147,11 @@ def integration_errors(before: dict) -> list[str]:
     (at startup, before any memory is allocated) and by the backend factory."""
     import sglang
 
-    fix = (f"sglang-snapmla supports SGLang {' and '.join(release.SUPPORTED)}: pip install sglang=={release.SUPPORTED[-1]} "
-           f"(or =={release.GPU_VERIFIED}, the release verified on GPUs)")
+    fix = f"sglang-snapmla supports SGLang {' and '.join(release.SERVES)}: pip install sglang=={release.SERVES[-1]}"
     out = []
-    if getattr(sglang, "__version__", None) not in release.SUPPORTED:
-        out.append(f"SGLang {getattr(sglang, '__version__', '?')} is installed; {fix}.")
+    refused = release.refusal(getattr(sglang, "__version__", "?"))
+    if refused:
+        out.append(refused)
     for target, original in before.items():
         if original is None or _resolve(target) is original:
             out.append(f"the hook on {target} did not apply ({'no such function' if original is None else 'unchanged'})"

@@ -21,7 +21,10 @@ import pytest
 import torch
 
 from sglang_graph_protocol import import_flashmla_backend, install_stand_in
+from registered_plugin import NOT_SERVED_HERE, installed_release_serves
 from sglang_snapmla import numerics as nx
+
+pytestmark = pytest.mark.skipif(not installed_release_serves(), reason=NOT_SERVED_HERE)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"

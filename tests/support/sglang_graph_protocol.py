@@ -34,10 +34,11 @@ MODES = ("decode", "target_verify", "draft_extend")
 
 def install_stand_in(module: str, **functions) -> None:
     """On machines without sgl_kernel's CUDA build: give `module` (sgl_kernel or one of its submodules) the
-    `functions` it lacks, creating it if it does not import. A function given as None raises when called."""
+    `functions` it lacks, creating it if it does not import (ImportError; OSError where it loads a CUDA library,
+    which needs libcuda). A function given as None raises when called."""
     try:
         stub = __import__(module, fromlist=["_"])
-    except ImportError:
+    except (ImportError, OSError):
         stub = types.ModuleType(module)
         stub.__path__ = []  # a package, so that its submodules can be stand-ins too
         sys.modules[module] = stub
@@ -55,14 +56,17 @@ def install_stand_in(module: str, **functions) -> None:
 
 
 def import_flashmla_backend():
-    """SGLang's flashmla_backend module. Without sgl_kernel's CUDA build (CPU machines) a stand-in for
-    `sgl_kernel.flash_mla` is installed first: its `get_mla_metadata` returns FlashMLA's tile-scheduler metadata
+    """SGLang's flashmla_backend module. Without sgl_kernel's CUDA build (CPU machines) stand-ins for
+    `sgl_kernel.flash_mla` (0.5.17) and SGLang's `flash_mla_interface` (0.5.23) are installed first: its `get_mla_metadata` returns FlashMLA's tile-scheduler metadata
     shapes filled with zeros (SnapMLA's kernels never read them)."""
     def get_mla_metadata(seq_lens, heads, kv_heads, is_fp8_kvcache=False):
         return (torch.zeros(4, 8, dtype=torch.int32, device=seq_lens.device),
                 torch.zeros(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device))
 
     install_stand_in("sgl_kernel.flash_mla", get_mla_metadata=get_mla_metadata, flash_mla_with_kvcache=None)
+    # SGLang 0.5.23 calls FlashMLA through its own interface module over the flash_mla wheel (which needs libcuda)
+    install_stand_in("sglang.kernels.ops.attention.flash_mla_interface", get_mla_metadata=get_mla_metadata,
+                     flash_mla_with_kvcache=None)
     from sglang.srt.layers.attention import flashmla_backend
 
     return flashmla_backend
