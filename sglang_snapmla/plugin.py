@@ -2,7 +2,7 @@
 it runs on and what differs between them are in `sglang_release`.
 
 SGLang calls `register()` in every process (the CLI before argument parsing, `Engine`, each scheduler subprocess);
-`python -m sglang.launch_server` also loads plugins before it parses arguments in 0.5.17, so both entry points
+`python -m sglang.launch_server` also loads plugins before it parses arguments (0.5.17 and 0.5.23), so both entry points
 accept `--attention-backend snapmla` (tests/product/test_plugin.py runs both). Only `sglang serve --help` prints its
 choices before loading plugins, so its help text omits snapmla; `python -m sglang.launch_server --help` lists it.
 Registration is idempotent and changes nothing for other backends: every hook checks that snapmla is the selected
@@ -147,7 +147,8 @@ def integration_errors(before: dict) -> list[str]:
     (at startup, before any memory is allocated) and by the backend factory."""
     import sglang
 
-    fix = f"sglang-snapmla supports SGLang {' and '.join(release.SERVES)}: pip install sglang=={release.SERVES[-1]}"
+    fix = (f"sglang-snapmla supports SGLang {' and '.join(release.SUPPORTED)}: pip install sglang=={release.SUPPORTED[-1]} "
+           f"(or =={release.GPU_VERIFIED}, the release verified on GPUs)")
     out = []
     refused = release.refusal(getattr(sglang, "__version__", "?"))
     if refused:
@@ -443,6 +444,13 @@ def _unsupported_setups(args) -> list[str]:
         out.append("--flashinfer-mla-disable-ragged is not supported with --attention-backend snapmla: its prefill "
                    "reads the cached prefix through fetch-dequant into FlashInfer's ragged kernel, and the paged "
                    "path would read a 576-wide BF16 pool. Drop the flag.")
+    if getattr(args, "enable_unified_memory", False):  # SGLang 0.5.23
+        out.append("--enable-unified-memory is not supported with --attention-backend snapmla: the unified pool holds "
+                   "SGLang's own layout and translates page reads through KV location plans, snapmla's pool holds "
+                   "three arrays per layer read through req_to_token. Drop the flag.")
+    if getattr(args, "enable_kv_cache_sharding", False):  # SGLang 0.5.23
+        out.append("--enable-kv-cache-sharding is not supported with --attention-backend snapmla: it stripes SGLang's "
+                   "576-wide MLA pool across ranks. Drop the flag.")
     algo = getattr(args, "speculative_algorithm", None)
     if algo not in SUPPORTED_SPECULATIVE:
         out.append(f"--speculative-algorithm {algo} is not supported with --attention-backend snapmla: its draft "

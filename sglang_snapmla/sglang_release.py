@@ -7,12 +7,12 @@
 | grow the default decode graph size (`plugin._graph_size_step`) | re-runs the step with a larger size | not applied: the step declares into the resolution record, which a second run cannot redo; SGLang's default size stays (logged once) | 0.5.20 |
 | `calculate_mla_kv_cache_dim` (the memory planner's bytes per token) | takes `server_args` | no `server_args`: the plugin reads the published ones (`runtime_context.get_server_args`) | 0.5.19 |
 | `DraftBackendFactory` | holds `server_args` | built from the draft model runner (`draft_model_runner.server_args`) | 0.5.18 |
+| FlashMLA page-table metadata (the SnapMLA backend's parent) | from `req_to_token` | from KV location plans (`forward_batch.kv_loc_plan`, `model_runner.kv_index_translator`) where reads are translated, else from `req_to_token` as before; reads are translated only with `--enable-unified-memory`, which the plugin refuses (with `--enable-kv-cache-sharding`) | 0.5.22 |
+| FlashMLA through `sgl_kernel.flash_mla` | at import of SGLang's backend | through SGLang's `kernels/ops/attention/flash_mla_interface.py` over the `flash_mla` wheel (needs libcuda at import) | 0.5.23 |
 
-**Serving: 0.5.17 only (`SERVES`).** On 0.5.23 the server-args steps, the pool's sizing and the draft factory above are
-wired and tested on the CPU, but a snapmla server is still refused at start: SGLang's FlashMLA backend, which the
-SnapMLA backend subclasses for its page-table metadata, builds that metadata from KV location plans there
-(`forward_batch.kv_loc_plan`, `model_runner.kv_index_translator`, `init_forward_metadata_out_graph`; 0.5.22), and the
-SnapMLA backend's CUDA-graph capture and replay under that protocol have not been tested.
+Both releases serve (`SUPPORTED`). 0.5.17 is verified on Hopper GPUs; 0.5.23 needs torch 2.14, which the GPU hosts do
+not have, so on 0.5.23 the backend is verified on the CPU only: SGLang's attention kits, its CUDA-graph capture and
+replay metadata protocol (tests/product/test_graph_protocol.py) and the server-args, sizing and draft-factory tests.
 
 Releases 0.5.18-0.5.22 are refused: 0.5.18-0.5.19 need torch 2.13 and have neither hook set checked here, and
 0.5.20-0.5.22 pin `cuda-tile==1.6.0rc5`, an sdist that cannot be installed without reaching outside the package
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-# The releases whose integration points this module knows (CPU tests run on both)
-ADAPTED = ("0.5.17", "0.5.23")
-# The releases a snapmla server starts on (see above); the GPU hosts run 0.5.17, the only one their torch 2.11 can run
-SERVES = ("0.5.17",)
+# The releases a snapmla server starts on (CPU tests run on both); the GPU hosts run 0.5.17, the only one their
+# torch 2.11 can run
+SUPPORTED = ("0.5.17", "0.5.23")
 GPU_VERIFIED = "0.5.17"
 
 # A server-args step of ours: fn(server_args, previous) where previous(server_args) runs SGLang's own step.
@@ -44,13 +43,10 @@ _PAGE_SIZE_STEP = "handle_attention_backend_compatibility"
 
 def refusal(version: str) -> str | None:
     """Why a snapmla server cannot start on SGLang `version`, naming the fix; None where it serves."""
-    fix = f"pip install sglang=={SERVES[-1]}"
-    if version in SERVES:
+    if version in SUPPORTED:
         return None
-    if version in ADAPTED:
-        return (f"SGLang {version} is installed; snapmla serves on SGLang {' and '.join(SERVES)}: its decode through "
-                f"{version}'s KV location plans (kv_loc_plan) is not verified yet. {fix}.")
-    return f"SGLang {version} is installed; sglang-snapmla supports SGLang {' and '.join(SERVES)}: {fix}."
+    return (f"SGLang {version} is installed; sglang-snapmla supports SGLang {' and '.join(SUPPORTED)}: "
+            f"pip install sglang=={SUPPORTED[-1]} (or =={GPU_VERIFIED}, the release verified on GPUs).")
 
 
 def installed() -> str:

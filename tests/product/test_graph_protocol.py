@@ -10,13 +10,11 @@ import torch
 
 from helpers import assert_close
 from sglang_graph_protocol import MODES, GraphProtocol
-from registered_plugin import NOT_SERVED_HERE, installed_release_serves
 from sglang_snapmla import cuda_ext, ops
 from sglang_snapmla.kernels.triton import decode as tdecode
 from sglang_snapmla.kernels.triton import quant as tquant
 
-pytestmark = [pytest.mark.cpu_interpreter,
-              pytest.mark.skipif(not installed_release_serves(), reason=NOT_SERVED_HERE)]
+pytestmark = pytest.mark.cpu_interpreter
 
 
 class LaunchLog:

@@ -21,10 +21,7 @@ import pytest
 import torch
 
 from sglang_graph_protocol import import_flashmla_backend, install_stand_in
-from registered_plugin import NOT_SERVED_HERE, installed_release_serves
 from sglang_snapmla import numerics as nx
-
-pytestmark = pytest.mark.skipif(not installed_release_serves(), reason=NOT_SERVED_HERE)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -52,6 +49,22 @@ class _StandInFlashInferWrapper:
         raise RuntimeError(f"FlashInfer is not available on this machine ({name})")
 
 
+class _TorchWithoutPinnedMemory:
+    """`torch` as FlashInfer-MLA's backend module sees it on a machine without a CUDA driver: its __init__ pins small
+    host buffers (SGLang 0.5.18 on), which needs the driver; the same buffers unpinned."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, pin_memory=False, **kwargs):
+        return torch.zeros(*args, **kwargs)
+
+    @staticmethod
+    def empty(*args, pin_memory=False, **kwargs):
+        return torch.empty(*args, **kwargs)
+
+
 class _Case(unittest.TestCase):
     __test__ = False  # not a test itself
 
@@ -72,6 +85,8 @@ def kits(monkeypatch):
     for name in ("BatchPrefillWithRaggedKVCacheWrapper", "BatchMLAPagedAttentionWrapper"):
         if not hasattr(flashinfer_mla_backend, name):
             monkeypatch.setattr(flashinfer_mla_backend, name, _StandInFlashInferWrapper, raising=False)
+    if not ON_GPU:
+        monkeypatch.setattr(flashinfer_mla_backend, "torch", _TorchWithoutPinnedMemory())
     from sglang.test.kits.attention_unittest.attention_methods import mla_attention
     from sglang.test.kits.attention_unittest.runner_modes import (
         cuda_graph_decode_runner,

@@ -96,6 +96,10 @@ class GraphProtocol:
         be.num_draft_tokens, be.max_context_len, be.token_to_kv_pool = window, max_context_len, pool
         be.is_draft_runner, be.skip_prefill, be.forward_metadata = False, True, None
         be._eager_kv_indices_buf = None
+        # SGLang 0.5.22 on: the page table can come from KV location plans; untranslated reads take the
+        # req_to_token path every release has (a translated one is refused at startup)
+        be.kv_index_translator, be.page_size, be.dcp_world_size, be._verify_mask = \
+            SimpleNamespace(reads_are_translated=False), nx.PAGE_SIZE, 1, None
         be.cuda_graph_mla_metadata_view = be.cuda_graph_num_splits_view = None
         be.max_pages = math.ceil(max_context_len / nx.PAGE_SIZE) + 1
         # request-pool row r + 1 holds request r (row 0: where capture and padded rows point)
@@ -150,7 +154,8 @@ class GraphProtocol:
         fm = {"decode": ForwardMode.DECODE, "target_verify": ForwardMode.TARGET_VERIFY,
               "draft_extend": ForwardMode.DRAFT_EXTEND_V2}[mode]
         fb = SimpleNamespace(forward_mode=fm, batch_size=self.bs, seq_lens=seq_lens, seq_lens_cpu=seq_lens_cpu,
-                             req_pool_indices=req_pool_indices, out_cache_loc=None, spec_info=None)
+                             req_pool_indices=req_pool_indices, out_cache_loc=None, spec_info=None,
+                             kv_loc_plan=None)
         if mode == "draft_extend":  # SGLang's eager draft-extend metadata reads the window from these
             fb.extend_seq_lens = torch.full_like(seq_lens, self.window)
         return fb

@@ -64,10 +64,10 @@ def test_checkpoint_layout_and_reload(checkpoint):
 def test_sglang_accepts_checkpoint_with_snapmla(checkpoint):
     from sglang.srt.server_args import prepare_server_args
 
-    from registered_plugin import registered_plugin
+    from sglang_snapmla import plugin
     from sglang_snapmla.sglang_release import resolved
 
-    registered_plugin()
+    plugin.register()
     args = resolved(prepare_server_args(["--model-path", str(checkpoint), "--attention-backend", "snapmla",
                                          "--device", "cpu"]))
     assert args.page_size == 64
