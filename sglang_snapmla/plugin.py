@@ -23,10 +23,10 @@ What is registered:
   graph decode eagerly at about half the rate. Not with DP attention, where SGLang's reserve for the graphs grows
   with the DP size;
 * server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
-  accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear error for a non-MLA model,
-  kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, the
-  hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the MTP draft (before
-  any memory is allocated).
+  accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
+  error for a non-MLA model, kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than
+  auto / fp8_e4m3, the hierarchical (host) cache, or mixing snapmla with another backend for prefill, decode or the
+  MTP draft (before any memory is allocated).
 """
 
 from __future__ import annotations
@@ -147,8 +147,7 @@ def integration_errors(before: dict) -> list[str]:
     (at startup, before any memory is allocated) and by the backend factory."""
     import sglang
 
-    fix = (f"sglang-snapmla supports SGLang {' and '.join(release.SUPPORTED)}: pip install sglang=={release.SUPPORTED[-1]} "
-           f"(or =={release.GPU_VERIFIED}, the release verified on GPUs)")
+    fix = f"sglang-snapmla supports SGLang {' and '.join(release.SUPPORTED)}: {release.install_fix()}"
     out = []
     refused = release.refusal(getattr(sglang, "__version__", "?"))
     if refused:

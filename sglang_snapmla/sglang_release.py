@@ -41,12 +41,16 @@ _SERVER_ARGS_METHODS = {
 _PAGE_SIZE_STEP = "handle_attention_backend_compatibility"
 
 
+def install_fix() -> str:
+    """The pip command that puts a supported release in place."""
+    return f"pip install sglang=={SUPPORTED[-1]} (or =={GPU_VERIFIED}, the release verified on GPUs)"
+
+
 def refusal(version: str) -> str | None:
     """Why a snapmla server cannot start on SGLang `version`, naming the fix; None where it serves."""
     if version in SUPPORTED:
         return None
-    return (f"SGLang {version} is installed; sglang-snapmla supports SGLang {' and '.join(SUPPORTED)}: "
-            f"pip install sglang=={SUPPORTED[-1]} (or =={GPU_VERIFIED}, the release verified on GPUs).")
+    return f"SGLang {version} is installed; sglang-snapmla supports SGLang {' and '.join(SUPPORTED)}: {install_fix()}."
 
 
 def installed() -> str:
