@@ -122,7 +122,9 @@ LENGTHS = {1: [1, 63, 64, 65, 200], 2: [2, 63, 64, 129, 200]}
 @pytest.mark.parametrize("s_q", [1, 2])
 @pytest.mark.parametrize("heads", [1, 16, 64, 128])
 def test_reference_matches_golden(gen, heads, s_q):
-    lens = LENGTHS[s_q] * (4 if heads == 1 else 1)  # more rows for H=1 so the metric is not one sample
+    # more rows for H=1 so the metric is not a few samples: with 4x the rows its rel-L2 spread (mean 4.7 %) reached the
+    # 5.5 % bound in about one draw in a thousand; with 8x the largest of 300 draws is 5.1 %
+    lens = LENGTHS[s_q] * (8 if heads == 1 else 1)
     p = paged_problem(gen, lens, heads, s_q=s_q, zero_rows=2)
     gold, gold_lse = nx.mla_decode_golden(*golden_args(p))
     out, lse = decode_with_config("SnapMLA", *golden_args(p))
