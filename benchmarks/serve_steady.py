@@ -240,11 +240,11 @@ def measured_run(log_text: str, usage_floor: float, interval: int, gpu_time_samp
     lines = decode_lines(log_text)
     ranks = sorted({line["rank"] for line in lines})
     if len(ranks) > 1:  # DP attention: each rank decodes its own requests, in the same steps as the others
-        return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines],
-                "steady": dp_steady_window(lines, ranks, usage_floor, interval)}
-    steady = steady_window(lines, usage_floor, interval)
-    if steady:
-        steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], gpu_time_samples, interval))
+        steady = dp_steady_window(lines, ranks, usage_floor, interval)
+    else:
+        steady = steady_window(lines, usage_floor, interval)
+        if steady:
+            steady.update(gpu_breakdown(lines[steady["first"]: steady["last"] + 1], gpu_time_samples, interval))
     return {"decode_lines": [{**line, "time": line["time"].isoformat()} for line in lines], "steady": steady}
 
 

@@ -39,10 +39,11 @@ def _field(line: str, name: str) -> float | None:
 
 def decode_lines(text: str) -> list[dict]:
     """The decode batches of a server log, in order -> [{"time", "rank", "running", "usage", "rate", "queue",
-    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP attention), `#running-req`, `token usage` (of the pool), `gen throughput
-    (token/s)` (tokens generated since the previous decode line over the wall time since it, prefill batches in
-    between included; None where the line has none), `#queue-req`, and the `#new-token` of the prefill batches logged
-    since the previous decode line (0: the line's time is decoding alone)."""
+    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP
+    attention), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated since the
+    previous decode line over the wall time since it, prefill batches in between included; None where the line has
+    none), `#queue-req`, and the `#new-token` of the prefill batches the same rank logged since its previous decode
+    line (0: the line's time is decoding alone)."""
     out = []
     prefill_tokens: dict[str, int] = {}  # per rank: each rank prefills and decodes its own requests
     for line in text.splitlines():

@@ -31,6 +31,7 @@ What is registered:
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
@@ -348,20 +349,16 @@ def _page_size_step(server_args, previous):
 
     result = previous(server_args)
     run_post_process_pass(server_args, snapmla_server_args_pass)
-    if is_selected(server_args) and not release.grows_decode_graphs() and _once("graph size"):
-        logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
-                    "only); --cuda-graph-max-bs sets another", release.installed(), release.GPU_VERIFIED)
+    if is_selected(server_args) and not release.grows_decode_graphs():
+        _log_default_graph_size()
     return result
 
 
-_logged: set[str] = set()
-
-
-def _once(key: str) -> bool:
-    """True the first time `key` is seen in this process (a fallback logs once)."""
-    first = key not in _logged
-    _logged.add(key)
-    return first
+@functools.lru_cache(maxsize=1)
+def _log_default_graph_size() -> None:
+    """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process."""
+    logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
+                "only); --cuda-graph-max-bs sets another", release.installed(), release.GPU_VERIFIED)
 
 
 SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,

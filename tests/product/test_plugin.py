@@ -83,7 +83,7 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     if not sglang_release.grows_decode_graphs():  # 0.5.23: SGLang's default stays, and the server log says so
         assert args.cuda_graph_config.decode.max_bs == bf16.cuda_graph_config.decode.max_bs
         assert args.mem_fraction_static == bf16.mem_fraction_static
-        plugin._logged.discard("graph size")
+        plugin._log_default_graph_size.cache_clear()
         said = []
         monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
         _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")

@@ -11,6 +11,7 @@
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 source tools/gpu_host/mutant.sh
+source tools/gpu_host/layouts.sh
 GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 CKPT=.gpucache/tiny-mla-h128
@@ -30,12 +31,7 @@ for r in ${RUNS:-flashmla snapmla mutant}; do [ "$r" = mutant ] && runs+=("$MUTA
 
 gate() {  # layout, GPU list, first port
   local flags
-  case $1 in
-    tp2) flags="--tp 2" ;;
-    dp2) flags="--tp 2 --enable-dp-attention --dp 2" ;;
-    dp4) flags="--tp 4 --enable-dp-attention --dp 4" ;;
-    *) echo "unknown layout $1 (tp2, dp2, dp4)"; return 2 ;;
-  esac
+  flags=$(layout_flags $1) || return 2
   CUDA_VISIBLE_DEVICES=$2 python3 -m tools.accuracy_gate --model $CKPT --runs "${runs[@]}" --concurrent \
     --port $3 --startup-timeout 900 --server-flags "$flags --mem-fraction-static 0.3" --out .gpucache/gate_$1 \
     > "$OUT/gate_$1.txt" 2>&1
@@ -51,6 +47,5 @@ if [ "$GPUS" -ge 4 ] && [[ " $layouts " == *" tp2 "* ]] && [[ " $layouts " == *"
   layouts=${layouts//tp2/}; layouts=${layouts//dp2/}
 fi
 for layout in $layouts; do
-  case $layout in dp4) gpus=0,1,2,3 ;; *) gpus=0,1 ;; esac
-  gate $layout $gpus 35000
+  gate $layout $(layout_gpus $layout) 35000
 done

@@ -8,12 +8,9 @@
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 layout=${1:?usage: multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args]}; shift
-case $layout in
-  tp2) flags="--tp 2"; gpus=0,1 ;;
-  dp2) flags="--tp 2 --enable-dp-attention --dp 2"; gpus=0,1 ;;
-  dp4) flags="--tp 4 --enable-dp-attention --dp 4"; gpus=0,1,2,3 ;;
-  *) echo "unknown layout $layout (tp2, dp2, dp4)"; exit 2 ;;
-esac
+source tools/gpu_host/layouts.sh
+flags=$(layout_flags $layout) || exit 2
+gpus=$(layout_gpus $layout)
 CUDA_VISIBLE_DEVICES=$gpus python3 -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape \
   --server-flags "$flags" --mem-fraction-static 0.14 --max-running-requests 1024 --turnovers 2.5 --no-stream \
   --out .gpucache/steady_$layout "$@" 2>&1 | tail -12 | tee "$OUT/steady_$layout.txt"
