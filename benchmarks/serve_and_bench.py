@@ -106,9 +106,15 @@ def parse_metrics(text: str) -> dict:
 
 
 def pool_tokens(server_log: str) -> int | None:
-    """The KV pool's token count from a server log (the last `max_total_num_tokens=`: one line per rank)."""
+    """The tokens the server's KV pools hold, from its log: one pool's `max_total_num_tokens=` (the last such line),
+    times the DP attention ranks (`dp_size` with `enable_dp_attention=True` in the logged server args), each of which
+    holds a pool of its own; TP ranks without DP attention hold the same tokens, so they count once."""
     m = re.findall(r"max_total_num_tokens=(\d+)", server_log)
-    return int(m[-1]) if m else None
+    if not m:
+        return None
+    dp = re.search(r"\bdp_size=(\d+)", server_log)
+    ranks = int(dp.group(1)) if dp and "enable_dp_attention=True" in server_log else 1
+    return int(m[-1]) * ranks
 
 
 def peak_running_requests(server_log: str) -> int | None:

@@ -47,9 +47,10 @@ PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
 # level (512 requests of up to 1 120 tokens).
 POOL_TOKENS = 600_000
 POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
-# Run i serves on --port + PORT_STRIDE x i: SGLang derives a server's ZMQ ports from its HTTP port (under DP attention
-# port + 233 onward, 6 + dp of them), so servers side by side (--concurrent) on neighbouring ports collide
-PORT_STRIDE = 20
+# Run i serves on --port + PORT_STRIDE x i: SGLang derives a server's ports from its HTTP port (under DP attention its
+# ZMQ and torch.distributed ports from port + 233 up to ~port + 260), so servers side by side (--concurrent) need
+# ranges that do not overlap
+PORT_STRIDE = 100
 # Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
 GATE_FACTOR, GATE_SLACK = 1.5, 0.01
 
@@ -206,7 +207,8 @@ def main():
     for name, _, _ in runs[1:]:
         r = results[name]
         if "error" in r or "error" in ref:
-            print(f"| {name} | error: {r.get('error') or ref.get('error')} |")
+            error = r["error"] if "error" in r else f"reference {ref_name}: {ref['error']}"
+            print(f"| {name} | error: {error} |")
             summary[name] = {"gate": "error"}
             continue
         summary[name] = {**gate(r["levels"], ref["levels"]), "max_running": r["max_running"]}

@@ -52,9 +52,10 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
         yield None
 
     def fake_generate(port, ids, new_tokens, **kw):
-        out = {"output_ids": [port % 100] * new_tokens}
+        run = port // ag.PORT_STRIDE % 100  # each run's server answers with its own tokens
+        out = {"output_ids": [run] * new_tokens}
         if kw.get("return_logprob"):
-            out["meta_info"] = {"output_token_logprobs": [[-0.01 * (port % 100)]] * new_tokens}
+            out["meta_info"] = {"output_token_logprobs": [[-0.01 * run]] * new_tokens}
         return out
 
     monkeypatch.setattr(ag, "serving", fake_serving)
@@ -72,3 +73,17 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
     assert results["server_flags"] == "--tp 2 --enable-dp-attention --dp 2"
     assert results["flashmla"]["max_running"] == 7 and "startup_s" in results["snapmla"]
     assert results["summary"]["snapmla"]["levels"]["1"]["identical"] == 0  # the second server's tokens differ from the first's
+
+
+def test_concurrent_runs_under_dp_attention_get_disjoint_ports():
+    """Servers side by side (--concurrent) derive their ports from their HTTP ports: under DP attention the
+    handshake at +13 and the torch.distributed and ZMQ ports from +233 on (the DP controller's worker ports reach
+    ~+260). Runs PORT_STRIDE apart must not share one, or a server dies with EADDRINUSE."""
+    from sglang.srt.server_args import DP_ATTENTION_HANDSHAKE_PORT_DELTA, ZMQ_TCP_PORT_DELTA
+
+    def ports(http: int) -> set[int]:
+        return {http, http + DP_ATTENTION_HANDSHAKE_PORT_DELTA, *range(http + ZMQ_TCP_PORT_DELTA,
+                                                                       http + ZMQ_TCP_PORT_DELTA + 32)}
+
+    runs = [ports(35000 + ag.PORT_STRIDE * i) for i in range(4)]
+    assert all(not (runs[i] & runs[j]) for i in range(4) for j in range(i + 1, 4))

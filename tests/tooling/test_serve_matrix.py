@@ -75,6 +75,11 @@ def test_server_log_parsers_read_pool_and_peak_batch():
     assert sb.peak_running_requests(log) == 190
     assert sb.peak_running_requests("no batches yet") is None
     assert sb.pool_tokens("") is None
+    # under DP attention every rank holds its own pool (only DP0 logs its size): the server holds dp_size of them
+    dp_log = ("[DP0 TP0] server_args=ServerArgs(tp_size=2, dp_size=2, enable_dp_attention=True, port=30000)\n"
+              "[DP0 TP0] max_total_num_tokens=390464, chunked_prefill_size=4096")
+    assert sb.pool_tokens(dp_log) == 2 * 390464
+    assert sb.pool_tokens(dp_log.replace("enable_dp_attention=True", "enable_dp_attention=False")) == 390464
 
 
 def test_request_details_and_ttft_outliers_are_listed():

@@ -5,7 +5,8 @@
 # back (tools/gpu_host/mutant.sh; the gate must fail it).
 #   tp2: --tp 2    dp2: --tp 2 --enable-dp-attention --dp 2    dp4: --tp 4 --enable-dp-attention --dp 4
 # With 4 GPUs tp2 and dp2 run side by side (GPUs 0,1 and 2,3), then dp4; with 2, one after the other.
-#   usage: [RUNS="flashmla snapmla mutant"] bash tools/gpu_host/multi_gpu_gate.sh [layouts, default: all that fit]
+#   usage: [RUNS="flashmla snapmla mutant"] [ON_GPUS=2,3] bash tools/gpu_host/multi_gpu_gate.sh [layouts, default: all
+#          that fit]   (ON_GPUS: one layout on other GPUs of a larger host)
 # Results accumulate in .gpucache/gate_<layout>/ (a call cut by the time limit is continued by the next call on the
 # same warm machine); each layout's table goes to $OUT/gate_<layout>.txt.
 set -uo pipefail
@@ -47,5 +48,5 @@ if [ "$GPUS" -ge 4 ] && [[ " $layouts " == *" tp2 "* ]] && [[ " $layouts " == *"
   layouts=${layouts//tp2/}; layouts=${layouts//dp2/}
 fi
 for layout in $layouts; do
-  gate $layout $(layout_gpus $layout) 35000
+  gate $layout ${ON_GPUS:-$(layout_gpus $layout)} 35000
 done
