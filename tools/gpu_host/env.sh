@@ -13,11 +13,12 @@ export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
   FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
   XDG_CACHE_HOME=$PWD/.gpucache
-# Wheels the bundle lacks, carried in .gpu/wheels: SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
+# Wheels the bundle lacks, carried in .gpu/wheels (or in .whl, by a later call on the same machine when the runtime and
+# they together exceed one call's carry): SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
 # deep_gemm for every backend, and tools/gpu_host/build-runtime.sh's bundle has none. Fetch it where a package index is reachable:
 #   pip download sgl-deep-gemm==0.1.5.post1 --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/wheels
-if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-deps --no-index --target /tmp/sglang-runtime .gpu/wheels/*.whl > "$OUT/pip_wheels.log" 2>&1 \
+if compgen -G ".gpu/wheels/*.whl" > /dev/null || compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/sglang-runtime $(compgen -G ".gpu/wheels/*.whl"; compgen -G ".whl/*.whl") > "$OUT/pip_wheels.log" 2>&1 \
     || { cat "$OUT/pip_wheels.log"; exit 1; }
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }

@@ -2,7 +2,9 @@
 # On a 2- or 4-GPU Hopper host (the runtime in .gpu): sustained serving (benchmarks/serve_steady.py) of the
 # DeepSeek-V3-shaped config under a parallel layout, snapmla against flashmla BF16 and flashmla FP8, the same
 # requests for each, one server after another on the same GPUs; the steady window sums the DP ranks.
-#   usage: [ON_GPUS=2,3] bash tools/gpu_host/multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args, e.g. --backends snapmla flashmla]
+#   usage: [ON_GPUS=2,3] [TAG=name] bash tools/gpu_host/multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args, e.g.
+#          --backends snapmla flashmla]   (TAG: the outputs' name, default the layout; a second run beside another
+#          passes its own TAG and --port)
 # --mem-fraction-static 0.14 leaves each rank a pool that binds (a few hundred thousand tokens beside the 8-layer
 # shape's weights on an 80 GB GPU), so ~2.5 turnovers of the pool take minutes, not hours.
 set -uo pipefail
@@ -11,8 +13,9 @@ layout=${1:?usage: multi_gpu_steady.sh dp2|dp4|tp2 [serve_steady args]}; shift
 source tools/gpu_host/layouts.sh
 flags=$(layout_flags $layout) || exit 2
 gpus=${ON_GPUS:-$(layout_gpus $layout)}  # ON_GPUS: other GPUs of a larger host, e.g. 2,3
+tag=${TAG:-$layout}
 CUDA_VISIBLE_DEVICES=$gpus python3 -m benchmarks.serve_steady --model configs/models/deepseek-v3-shape \
   --server-flags "$flags" --mem-fraction-static 0.14 --max-running-requests 1024 --turnovers 2.5 --no-stream \
-  --out .gpucache/steady_$layout "$@" 2>&1 | tail -12 | tee "$OUT/steady_$layout.txt"
-python3 -m benchmarks.server_log_stats --startup .gpucache/steady_$layout/server_*.log > "$OUT/startup_steady_$layout.txt"
-mkdir -p "$OUT/steady_$layout" && cp .gpucache/steady_$layout/serve_steady.{json,png} "$OUT/steady_$layout/"
+  --out .gpucache/steady_$tag "$@" 2>&1 | tail -12 | tee "$OUT/steady_$tag.txt"
+python3 -m benchmarks.server_log_stats --startup .gpucache/steady_$tag/server_*.log > "$OUT/startup_steady_$tag.txt"
+mkdir -p "$OUT/steady_$tag" && cp .gpucache/steady_$tag/serve_steady.{json,png} "$OUT/steady_$tag/"

@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# On a 4-GPU Hopper host (the runtime in .gpu, Mooncake in .whl: pd_transfer.sh): the multi-GPU measurements of
-# docs/ACCURACY.md and docs/BENCHMARKS.md in one run, the GPUs kept busy.
+# On a 4-GPU Hopper host (the runtime in .gpu; Mooncake's engine and the deep_gemm wheel in .whl, which may come with
+# a later call on the same machine: pd_transfer.sh, env.sh): the multi-GPU measurements of docs/ACCURACY.md and
+# docs/BENCHMARKS.md in one run, the GPUs kept busy.
 #   GPUs 0,1 : sustained serving under DP attention, V3 shape (multi_gpu_steady.sh dp2), alone on its GPUs
-#   GPUs 2,3 : the 128-head checkpoint trained, then the accuracy gate under DP attention (multi_gpu_gate.sh dp2)
-#              beside the prefill/decode pair (pd_pair.sh: prefill on GPU 2, decode on GPU 3); both compare
-#              outputs, not times, so they share the GPUs
+#   GPUs 2,3 : the 128-head checkpoint trained; the accuracy gate under DP attention (multi_gpu_gate.sh dp2) beside
+#              the prefill/decode pair (pd_pair.sh: prefill on GPU 2, decode on GPU 3), both comparing outputs, not
+#              times; then MTP under DP attention serving a sustained load (V3 shape with its NEXTN layer, dummy
+#              weights: graphs and memory, not acceptance)
 #   then all : the gate at dp4, then sustained serving at dp4
-#   usage: [RUNS="flashmla flashmla-fp8 snapmla mutant"] [WAIT_FOR_WHL=s] bash tools/gpu_host/multi_gpu_suite.sh
-# Each part writes its table to $OUT (steady_*.txt, gate_*.txt, pd_pair.txt) and its output to $OUT/suite_*.log.
+#   usage: [RUNS="flashmla flashmla-fp8 snapmla mutant"] [PARTS="steady2 gate2 pd mtp2 gate4 steady4"]
+#          [WAIT_FOR_WHL=s] bash tools/gpu_host/multi_gpu_suite.sh
+# Each part writes its table to $OUT (steady_*.txt, gate_*.txt, pd_pair.txt) and its output to $OUT/suite_*.log;
+# $OUT/suite.tgz holds them all at the end (a call brings back only a few files).
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 export RUNS=${RUNS:-flashmla flashmla-fp8 snapmla mutant}
+parts=" ${PARTS:-steady2 gate2 pd mtp2 gate4 steady4} "
+has() { [[ "$parts" == *" $1 "* ]]; }
 CKPT=.gpucache/tiny-mla-h128
-ON_GPUS=0,1 bash tools/gpu_host/multi_gpu_steady.sh dp2 > "$OUT/suite_steady_dp2.log" 2>&1 &
-steady=$!
-if [ ! -f $CKPT/heldout.json ]; then
+has steady2 && { ON_GPUS=0,1 bash tools/gpu_host/multi_gpu_steady.sh dp2 > "$OUT/suite_steady_dp2.log" 2>&1 & }
+if [ ! -f $CKPT/heldout.json ] && { has gate2 || has pd || has gate4; }; then
   CUDA_VISIBLE_DEVICES=2 python3 -m tools.train_tiny_mla --out $CKPT --heads 128 --minutes 2 2>&1 \
     | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 fi
-ON_GPUS=2,3 bash tools/gpu_host/multi_gpu_gate.sh dp2 > "$OUT/suite_gate_dp2.log" 2>&1 &
-gate=$!
+has gate2 && { ON_GPUS=2,3 bash tools/gpu_host/multi_gpu_gate.sh dp2 > "$OUT/suite_gate_dp2.log" 2>&1 & }
 sleep 30  # each script installs the plugin first (env.sh): not at the same moment
-ON_GPUS=2,3 WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh > "$OUT/suite_pd_pair.log" 2>&1
-wait $gate $steady
-bash tools/gpu_host/multi_gpu_gate.sh dp4 > "$OUT/suite_gate_dp4.log" 2>&1
-bash tools/gpu_host/multi_gpu_steady.sh dp4 > "$OUT/suite_steady_dp4.log" 2>&1
+has pd && ON_GPUS=2,3 WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh > "$OUT/suite_pd_pair.log" 2>&1
+if has mtp2; then
+  for _ in $(seq $((${WAIT_FOR_WHL:-600} / 10))); do compgen -G ".whl/sgl_deep_gemm*.whl" > /dev/null && break; sleep 10; done
+  sleep 5
+  ON_GPUS=2,3 TAG=dp2_mtp bash tools/gpu_host/multi_gpu_steady.sh dp2 --backends snapmla-mtp --turnovers 1.5 \
+    --port 31000 > "$OUT/suite_steady_dp2_mtp.log" 2>&1
+fi
+wait
+has gate4 && bash tools/gpu_host/multi_gpu_gate.sh dp4 > "$OUT/suite_gate_dp4.log" 2>&1
+has steady4 && bash tools/gpu_host/multi_gpu_steady.sh dp4 > "$OUT/suite_steady_dp4.log" 2>&1
+tar czf "$OUT/suite.tgz" -C "$OUT" --exclude=suite.tgz .
 echo "suite done"
