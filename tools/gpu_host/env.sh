@@ -13,8 +13,8 @@ export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
   FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
   XDG_CACHE_HOME=$PWD/.gpucache
-# Wheels the bundle lacks, carried in .gpu/wheels (or in .whl, by a later call on the same machine when the runtime and
-# they together exceed one call's carry): SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
+# Wheels the bundle lacks, carried in .gpu/wheels (or in .whl, a second transfer to the same machine where the runtime
+# and they exceed one): SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
 # deep_gemm for every backend, and tools/gpu_host/build-runtime.sh's bundle has none. Fetch it where a package index is reachable:
 #   pip download sgl-deep-gemm==0.1.5.post1 --no-deps --python-version 3.12 --only-binary=:all: -d .gpu/wheels
 if compgen -G ".gpu/wheels/*.whl" > /dev/null || compgen -G ".whl/*.whl" > /dev/null; then

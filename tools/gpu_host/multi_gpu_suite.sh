@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a 4-GPU Hopper host (the runtime in .gpu; Mooncake's engine and the deep_gemm wheel in .whl, which may come with
-# a later call on the same machine: pd_transfer.sh, env.sh): the multi-GPU measurements of docs/ACCURACY.md and
+# On a 4-GPU Hopper host (the runtime in .gpu; Mooncake's engine and the deep_gemm wheel in .whl, which may arrive in
+# a second transfer to the same machine: pd_transfer.sh, env.sh): the multi-GPU measurements of docs/ACCURACY.md and
 # docs/BENCHMARKS.md in one run, the GPUs kept busy.
 #   GPUs 0,1 : sustained serving under DP attention, V3 shape (multi_gpu_steady.sh dp2), alone on its GPUs
 #   GPUs 2,3 : the 128-head checkpoint trained; the accuracy gate under DP attention (multi_gpu_gate.sh dp2) beside
@@ -11,7 +11,7 @@
 #   usage: [RUNS="flashmla flashmla-fp8 snapmla mutant"] [PARTS="steady2 gate2 pd mtp2 gate4 steady4"]
 #          [WAIT_FOR_WHL=s] bash tools/gpu_host/multi_gpu_suite.sh
 # Each part writes its table to $OUT (steady_*.txt, gate_*.txt, pd_pair.txt) and its output to $OUT/suite_*.log;
-# $OUT/suite.tgz holds them all at the end (a call brings back only a few files).
+# $OUT/suite.tgz holds them all at the end (few files come back from the host).
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 export RUNS=${RUNS:-flashmla flashmla-fp8 snapmla mutant}
