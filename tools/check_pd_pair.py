@@ -63,11 +63,16 @@ def prompts(model: Path, load_format: str, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in lengths * 3]
 
 
+def bootstrap(bootstrap_port: int, room: int) -> dict:
+    """The /generate fields that join a request's prefill and decode halves (what SGLang's router adds)."""
+    return {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
+
+
 def through_pair(prefill_port: int, decode_port: int, bootstrap_port: int, ids: list[int], room: int,
                  timeout: float = 300) -> dict:
     """One request through the pair: the same body (with the bootstrap fields) to both servers at once; the decode
     server's answer."""
-    pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
+    pd = bootstrap(bootstrap_port, room)
     with ThreadPoolExecutor(2) as ex:
         prefill = ex.submit(greedy_generate, prefill_port, ids, NEW_TOKENS, timeout, **pd)
         decode = ex.submit(greedy_generate, decode_port, ids, NEW_TOKENS, timeout, **pd)
@@ -184,13 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         for proc_log in servers.values():
             stop_server(*proc_log)
     (args.out / "pd_pair.json").write_text(json.dumps(result))
+    return 0 if report(result) else 1
+
+
+def report(result: dict) -> bool:
+    """Print the table; True when the pair passes (every one-at-a-time output identical, the mismatch refused)."""
     n = len(result.get("prompt_tokens", []))
     refused = result.get("mismatch_refusal") or ""
-    ok = ("error" not in result and result["sequential_identical"] == n
-          and KV_LAYOUT in refused)
-    print(f"\nPD pair ({args.transfer_backend}, {'prefill GPU 0, decode GPU 1' if args.gpus > 1 else 'one GPU'}), "
-          f"model {args.model}, {n} prompts of {min(result.get('prompt_tokens', [0]))}-"
-          f"{max(result.get('prompt_tokens', [0]))} tokens x {NEW_TOKENS} greedy tokens")
+    ok = "error" not in result and result["sequential_identical"] == n and KV_LAYOUT in refused
+    lengths = result.get("prompt_tokens", [0])
+    gpus = "prefill GPU 0, decode GPU 1" if result["gpus"] > 1 else "one GPU"
+    print(f"\nPD pair ({result['transfer_backend']}, {gpus}), model {result['model']}, {n} prompts of "
+          f"{min(lengths)}-{max(lengths)} tokens x {NEW_TOKENS} greedy tokens")
     print("| check | result |\n|---|---|")
     if "error" in result:
         print(f"| error | {result['error']} |")
@@ -204,14 +214,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['single_token_agreement_concurrent']:.4f} |")
         print(f"| flashmla BF16 decode server behind snapmla prefill | {refused or 'NOT refused'} |")
     print("PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return ok
 
 
 def _post_ignoring_errors(port: int, bootstrap_port: int, ids: list[int], room: int) -> None:
     """One half of a pair request whose other half is refused: it fails or hangs by design."""
-    pd = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
     try:
-        greedy_generate(port, ids, NEW_TOKENS, timeout=120, **pd)
+        greedy_generate(port, ids, NEW_TOKENS, timeout=120, **bootstrap(bootstrap_port, room))
     except Exception:
         pass
 
