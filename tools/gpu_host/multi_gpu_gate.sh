@@ -22,9 +22,10 @@ if [ ! -f $CKPT/heldout.json ]; then
     | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 fi
 wait
-# three servers share each GPU: a third of the memory each is far more than the capped pool (tools/accuracy_gate.py,
-# POOL_TOKENS) and the small model need; SGLang's start compares free memory across a server's TP ranks, which
-# servers starting side by side skew, so that check warns instead of stopping
+# the runs' servers share each GPU: SGLang sizes a pool from the memory free at that server's start x the fraction,
+# and 0.3 of it is far more than the capped pool (tools/accuracy_gate.py, POOL_TOKENS) and the small model need;
+# SGLang's start compares free memory across a server's TP ranks, which servers starting side by side skew, so that
+# check warns instead of stopping
 export SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=0
 MUTANT_RUN="snapmla-capture-view-bug=snapmla:PYTHONSAFEPATH=1;PYTHONPATH=$MUTANT_PYTHONPATH"
 runs=()
