@@ -82,17 +82,18 @@ def through_pair(prefill_port: int, decode_port: int, bootstrap_port: int, ids: 
 
 
 def refusal(log_path: Path, proc, timeout: float) -> str | None:
-    """The mismatch server's log line that names the KV layout mismatch, or None if none came within `timeout` s."""
+    """The mismatch server's log line that names the KV layout mismatch, or None if none came within `timeout` s
+    (or the server exited without one)."""
+    def found():
+        return next((ln.strip() for ln in log_path.read_text(errors="replace").splitlines() if MISMATCH_ERROR in ln),
+                    None)
+
     t0 = time.time()
     while time.time() - t0 < timeout:
-        for line in log_path.read_text(errors="replace").splitlines():
-            if MISMATCH_ERROR in line:
-                return line.strip()
-        if proc.poll() is not None:
-            time.sleep(1)  # the log's last lines
-            return next((ln.strip() for ln in log_path.read_text(errors="replace").splitlines()
-                         if MISMATCH_ERROR in ln), None)
-        time.sleep(1)
+        exited = proc.poll() is not None
+        time.sleep(1)  # after an exit: the log's last lines
+        if (line := found()) or exited:
+            return line
     return None
 
 

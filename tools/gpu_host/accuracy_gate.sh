@@ -10,10 +10,7 @@ source tools/gpu_host/mutant.sh
 CKPT=.gpucache/tiny-mla-h${HEADS:-16}
 # the sm_90a extension builds on the CPU while the model trains on the GPU
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 &
-if [ ! -f $CKPT/heldout.json ]; then
-  python3 -m tools.train_tiny_mla --out $CKPT --heads ${HEADS:-16} --minutes ${TRAIN_MINUTES:-2} 2>&1 \
-    | grep -v "^{" | tail -3 | tee "$OUT/train.log"
-fi
+train_checkpoint $CKPT ${HEADS:-16}
 wait
 cp $CKPT/train_log.json "$OUT/"
 RUNS=("$@")

@@ -22,3 +22,10 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null || compgen -G ".whl/*.whl" > /dev/
     || { cat "$OUT/pip_wheels.log"; exit 1; }
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+# The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2) in DIR unless a checkpoint is there:
+#   train_checkpoint DIR HEADS [GPU]   (GPU: the one to train on, on a host whose others are busy)
+train_checkpoint() {
+  [ -f "$1/heldout.json" ] && return 0
+  ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
+    --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
+}

@@ -14,9 +14,7 @@ SWEEP=.gpucache/sweep-h$HEADS
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # the sm_90a extension builds on the CPU while the model trains on the GPU
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > .gpucache/cuda_build.log 2>&1 &
-if [ ! -f $CKPT/heldout.json ]; then
-  python3 -m tools.train_tiny_mla --out $CKPT --heads $HEADS --minutes ${TRAIN_MINUTES:-2} 2>&1 | grep -v "^{" | tail -3
-fi
+train_checkpoint $CKPT $HEADS
 wait
 python3 -m tools.fp8_outlier_sweep --model $CKPT --out $SWEEP --kernel-level "$@"
 mkdir -p .gpucache/results

@@ -17,10 +17,7 @@ GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 CKPT=.gpucache/tiny-mla-h128
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 &
-if [ ! -f $CKPT/heldout.json ]; then
-  CUDA_VISIBLE_DEVICES=0 python3 -m tools.train_tiny_mla --out $CKPT --heads 128 --minutes ${TRAIN_MINUTES:-2} 2>&1 \
-    | grep -v "^{" | tail -3 | tee "$OUT/train.log"
-fi
+train_checkpoint $CKPT 128 0
 wait
 # the runs' servers share each GPU: SGLang sizes a pool from the memory free at that server's start x the fraction,
 # and 0.3 of it is far more than the capped pool (tools/accuracy_gate.py, POOL_TOKENS) and the small model need;

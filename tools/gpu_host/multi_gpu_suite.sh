@@ -19,10 +19,7 @@ parts=" ${PARTS:-steady2 gate2 pd mtp2 gate4 steady4} "
 has() { [[ "$parts" == *" $1 "* ]]; }
 CKPT=.gpucache/tiny-mla-h128
 has steady2 && { ON_GPUS=0,1 bash tools/gpu_host/multi_gpu_steady.sh dp2 > "$OUT/suite_steady_dp2.log" 2>&1 & }
-if [ ! -f $CKPT/heldout.json ] && { has gate2 || has pd || has gate4; }; then
-  CUDA_VISIBLE_DEVICES=2 python3 -m tools.train_tiny_mla --out $CKPT --heads 128 --minutes 2 2>&1 \
-    | grep -v "^{" | tail -3 | tee "$OUT/train.log"
-fi
+{ has gate2 || has pd || has gate4; } && train_checkpoint $CKPT 128 2
 has gate2 && { ON_GPUS=2,3 bash tools/gpu_host/multi_gpu_gate.sh dp2 > "$OUT/suite_gate_dp2.log" 2>&1 & }
 sleep 30  # each script installs the plugin first (env.sh): not at the same moment
 has pd && ON_GPUS=2,3 WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh > "$OUT/suite_pd_pair.log" 2>&1

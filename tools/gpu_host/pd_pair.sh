@@ -10,10 +10,7 @@ pd_transfer_ready "${WAIT_FOR_WHL:-0}" 2>&1 | tee "$OUT/pd_transfer.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 gpus=${ON_GPUS:-0,1}
 CKPT=.gpucache/tiny-mla-h128
-if [ -z "${MODEL:-}" ] && [ ! -f $CKPT/heldout.json ]; then
-  CUDA_VISIBLE_DEVICES=${gpus%%,*} python3 -m tools.train_tiny_mla --out $CKPT --heads 128 --minutes 2 2>&1 \
-    | grep -v "^{" | tail -3
-fi
+[ -z "${MODEL:-}" ] && train_checkpoint $CKPT 128 ${gpus%%,*}
 CUDA_VISIBLE_DEVICES=$gpus python3 -m tools.check_pd_pair --model "${MODEL:-$CKPT}" --load-format "${LOAD_FORMAT:-auto}" \
   --gpus $(echo $gpus | tr ',' '\n' | wc -l) --out .gpucache/pd_pair 2>&1 | tail -12 | tee "$OUT/pd_pair.txt"
 cp .gpucache/pd_pair/pd_pair.json "$OUT/" 2>/dev/null
