@@ -253,6 +253,27 @@ def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int) -> i
     return min(range(1, most + 1), key=lambda s: (cost(s), -s))
 
 
+# The sm_90a decode stores a CTA's fp32 partial rows from the accumulator layout (a warp store covers 32 B of 8 rows),
+# and that store is slower when the rows are closer (split slots x 2 KB apart): on the H100, h128 b1 s_k 640 at 10
+# splits takes 9.8-9.9 us per call with rows 32 KB apart against 10.9-11.1 with 20 KB (docs/KERNEL.md, "Batch 1").
+# So where the partials are small each row gets PARTIAL_MIN_SLOTS slots, whatever the split count. With fewer than
+# 64 rows per sequence (16 heads, one partial tile) the distance made no difference: those keep `splits` slots.
+PARTIAL_MIN_SLOTS = 16
+PARTIAL_PAD_MAX_BYTES = 16 << 20  # the padded partials' allocation (no traffic: unused slots are never touched)
+
+
+def partial_slots(batch: int, rows: int, splits: int, impl: str) -> int:
+    """Slots per query row in the fp32 split partials o_part [B, R, slots, 512] / lse_part [B, R, slots] (split s in
+    slot s, later slots never written nor read): `splits`, or PARTIAL_MIN_SLOTS for the sm_90a decode with full
+    64-row tiles (`rows` = s_q x H >= 64) where that costs at most PARTIAL_PAD_MAX_BYTES. Shapes only: CUDA-graph
+    safe."""
+    padded = batch * rows * PARTIAL_MIN_SLOTS * nx.KV_LORA_RANK * 4
+    if (impl != "cuda" or splits == 1 or splits >= PARTIAL_MIN_SLOTS or rows < CUDA_ROWS
+            or padded > PARTIAL_PAD_MAX_BYTES):
+        return splits
+    return PARTIAL_MIN_SLOTS
+
+
 def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device,
                        impl: str | None = None) -> int:
     """The split count `decode_quantized` would pick, from shapes only (for callers that capture CUDA graphs and must
@@ -318,7 +339,8 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
     """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_quantized` does both; a
     benchmark that times the kernel without the combine calls this): with splits > 1 it writes o_part
-    [B, s_q * H, splits, 512] fp32 and lse_part [B, s_q * H, splits] (base 2), and out / lse are empty views; with
+    [B, s_q * H, slots, 512] fp32 and lse_part [B, s_q * H, slots] (base 2; slots >= splits, `partial_slots`; split s
+    in slot s), and out / lse are empty views; with
     one split it writes out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty
     views."""
     from . import cuda_ext
@@ -386,11 +408,12 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     # (docs/KERNEL.md). Otherwise the partials go through the combine.
     # unused outputs are passed as empty views (no allocation): the partials at one split, out / lse otherwise
     final_in_kernel = splits == 1
+    slots = 1 if final_in_kernel else partial_slots(B, R, splits, impl)
     if final_in_kernel:
         o_part = lse_part = lse[:0]
     else:
-        o_part = torch.empty(B, R, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
-        lse_part = torch.empty(B, R, splits, dtype=torch.float32, device=dev)
+        o_part = torch.empty(B, R, slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(B, R, slots, dtype=torch.float32, device=dev)
     pdl = pdl_enabled(dev)
     if impl == "cuda":
         launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
@@ -402,11 +425,11 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
         tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
             q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
             block_table.stride(0), R, H, s_q, qk_scale_log2,
-            splits, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final_in_kernel,
+            splits, slots, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final_in_kernel,
             num_warps=warps, num_stages=stages)
     if final_in_kernel:
         return out, lse
-    combine(o_part, lse_part, out, lse, H, s_q, pdl)
+    combine(o_part, lse_part, out, lse, H, s_q, pdl, splits)
     return out, lse
 
 
@@ -415,13 +438,17 @@ COMBINE_SPLIT_CHUNK = 16
 
 
 def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, heads: int,
-            s_q: int, pdl: bool = False) -> None:
-    """Merge split partials into the outputs, in place: o_part [B, R, splits, 512] fp32 and lse_part [B, R, splits]
-    fp32 (base 2, -inf for a split without keys) -> out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 (natural log),
-    R = s_q * H. `pdl`: launched as a programmatic dependent of the split kernel (it waits for the partials)."""
-    B, R, splits, _ = o_part.shape
+            s_q: int, pdl: bool = False, splits: int | None = None) -> None:
+    """Merge split partials into the outputs, in place: o_part [B, R, slots, 512] fp32 and lse_part [B, R, slots]
+    fp32 (base 2, -inf for a split without keys; splits 0..splits-1 in the first slots, default all slots) ->
+    out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 (natural log), R = s_q * H. `pdl`: launched as a programmatic
+    dependent of the split kernel (it waits for the partials)."""
+    B, R, slots, _ = o_part.shape
+    splits = splits or slots
+    if not 1 <= splits <= slots:
+        raise SnapMLAInputError(f"combine: {splits} splits do not fit o_part's {slots} slots per row")
     splits_p2 = 1 << (splits - 1).bit_length()
-    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, heads, s_q, splits, SPLITS_P2=splits_p2,
+    tdecode.combine_kernel[(R, B)](o_part, lse_part, out, lse, R, heads, s_q, splits, slots, SPLITS_P2=splits_p2,
                                    SPLIT_CHUNK=min(splits_p2, COMBINE_SPLIT_CHUNK), PDL=pdl, launch_pdl=pdl,
                                    num_warps=4)
 

@@ -2,12 +2,13 @@
 `source tools/gpu_host/env.sh`):
 
     python3 -m benchmarks.gpu.split_sweep [--shapes 1x640,1x4096,8x640] [--heads 128 16] [--impl cuda]
-        [--splits 1,2,4,8] [--full-by-splits] [--parts]
+        [--splits 1,2,4,8] [--full-by-splits] [--parts] [--slots 16,32]
 
 Per shape (BxS_K, s_q 1): FlashMLA BF16 (decode + its combine), our Q quantization alone, our decode + combine on
 pre-quantized Q for each split count, and the full `quantize_and_decode` (Q-quant + decode + combine) with the default
 split count (with --full-by-splits, the full call at every split count too; with --parts, the CUDA decode kernel and
-the combine each alone, at every split count). Same timing as benchmarks/bench_kernels.py (CUDA graph of 20 calls,
+the combine each alone, at every split count; with --slots, the same with the partial rows that many slots apart,
+o_part [B, H, slots, 512], beside the unpadded slots = splits). Same timing as benchmarks/bench_kernels.py (CUDA graph of 20 calls,
 median of 15 replays). Prints a table, writes $OUT/split_sweep.json."""
 
 import argparse
@@ -25,13 +26,15 @@ from sglang_snapmla import ops
 DEFAULT_SPLITS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 32, 64)
 
 
-def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
-    """(CUDA decode kernel alone, combine alone) in µs at `splits` splits (> 1), s_q 1, without PDL."""
+def time_parts(q8, qs, qra, x, seqlens, scale, splits, slots=None) -> tuple[float, float]:
+    """(CUDA decode kernel alone, combine alone) in µs at `splits` splits (> 1), s_q 1, without PDL, the partials
+    `slots` (default `splits`) slots per row."""
     from sglang_snapmla import numerics as nx
 
     B, _, H, _ = q8.shape
-    o_part = torch.empty(B, H, splits, nx.KV_LORA_RANK, dtype=torch.float32, device=q8.device)
-    lse_part = torch.empty(B, H, splits, dtype=torch.float32, device=q8.device)
+    slots = slots or splits
+    o_part = torch.empty(B, H, slots, nx.KV_LORA_RANK, dtype=torch.float32, device=q8.device)
+    lse_part = torch.empty(B, H, slots, dtype=torch.float32, device=q8.device)
     out = torch.empty(B, 1, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=q8.device)
     lse = torch.empty(B, H, 1, dtype=torch.float32, device=q8.device)
 
@@ -40,14 +43,14 @@ def time_parts(q8, qs, qra, x, seqlens, scale, splits) -> tuple[float, float]:
                                lse[:0], scale, splits)
 
     def comb():
-        ops.combine(o_part, lse_part, out, lse, H, 1)
+        ops.combine(o_part, lse_part, out, lse, H, 1, splits=splits)
 
     dec()
     return time_graph(lambda _: dec, 1), time_graph(lambda _: comb, 1)
 
 
 def sweep(b: int, sk: int, h: int, impl: str, split_counts=DEFAULT_SPLITS, full_by_splits: bool = False,
-          parts: bool = False) -> dict:
+          parts: bool = False, slot_counts=()) -> dict:
     x = make_inputs(b, sk, h, 1, 1, "cuda")[0]
     seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
     scale = 576 ** -0.5
@@ -75,6 +78,10 @@ def sweep(b: int, sk: int, h: int, impl: str, split_counts=DEFAULT_SPLITS, full_
                 qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, num_splits=s, impl=impl), 1)
         if parts and splits > 1:
             res["parts_by_splits"][splits] = time_parts(q8, qs, qra, x, seqlens, scale, splits)
+            for slots in slot_counts:
+                if slots > splits:
+                    res.setdefault("parts_by_slots", {}).setdefault(splits, {})[slots] = time_parts(
+                        q8, qs, qra, x, seqlens, scale, splits, slots)
     return res
 
 
@@ -86,6 +93,7 @@ def main():
     ap.add_argument("--splits", default=",".join(map(str, DEFAULT_SPLITS)), help="split counts to time")
     ap.add_argument("--full-by-splits", action="store_true", help="also time the full call at every split count")
     ap.add_argument("--parts", action="store_true", help="also time the decode kernel and the combine alone")
+    ap.add_argument("--slots", default="", help="with --parts: also with the partial rows this many slots apart")
     a = ap.parse_args()
     counts = [int(v) for v in a.splits.split(",")]
     out = {}
@@ -94,7 +102,8 @@ def main():
     for h in a.heads:
         for shape in a.shapes.split(","):
             b, sk = (int(v) for v in shape.split("x"))
-            r = sweep(b, sk, h, a.impl, counts, a.full_by_splits, a.parts)
+            r = sweep(b, sk, h, a.impl, counts, a.full_by_splits, a.parts,
+                      [int(v) for v in a.slots.split(",") if v])
             out[f"h{h}_b{b}_sk{sk}"] = r
             by = r["decode_by_splits"]
             best = min(by, key=by.get)
@@ -109,6 +118,10 @@ def main():
             if r["parts_by_splits"]:
                 print("|   | decode kernel / combine alone | | | | | " + ", ".join(
                     f"{s}: {d:.1f} / {c:.1f}" for s, (d, c) in r["parts_by_splits"].items()) + " | |", flush=True)
+            for splits, by_slots in r.get("parts_by_slots", {}).items():
+                print(f"|   | {splits} splits, decode / combine by slots | | | | | " + ", ".join(
+                    f"{n}: {d:.1f} / {c:.1f}" for n, (d, c) in {splits: r["parts_by_splits"][splits],
+                                                                 **by_slots}.items()) + " | |", flush=True)
     path = os.path.join(os.environ.get("OUT", "."), "split_sweep.json")
     with open(path, "w") as f:
         json.dump(out, f, indent=1)

@@ -24,6 +24,11 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
               "snapmla sm90 decode: final outputs (bf16 out, fp32 lse) only with num_splits == 1");
   TORCH_CHECK(final_out || (o_part.numel() > 0 && lse_part.numel() > 0),
               "snapmla sm90 decode: pass either the split partials or the final outputs");
+  // partials [B, R, slots, 512] / [B, R, slots]: split s of a row in slot s; slots >= num_splits (ops.partial_slots)
+  const int64_t part_slots = final_out ? 1 : o_part.size(2);
+  TORCH_CHECK(final_out || (o_part.dim() == 4 && lse_part.dim() == 3 && lse_part.size(2) == part_slots &&
+                            part_slots >= num_splits),
+              "snapmla sm90 decode: o_part [B, R, slots, 512] and lse_part [B, R, slots] with slots >= num_splits");
   TORCH_CHECK(block_table.scalar_type() == torch::kInt32 && block_table.stride(1) == 1,
               "block_table must be int32 with unit stride in its last dim");
   // bt_entries: int32 entries from the table's first element to the end of its storage (ops.block_table_entries).
@@ -39,7 +44,7 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
       final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr,
       static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), bt_entries,
       static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
-      static_cast<int>(num_splits), static_cast<int>(launch_flags), c10::cuda::getCurrentCUDAStream());
+      static_cast<int>(num_splits), static_cast<int>(part_slots), static_cast<int>(launch_flags), c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (TMA descriptor encoding failed: the pool arrays, q8, q_rope and "
                                              "out must be 16-byte aligned)" : "");

@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_out, const float* __restrict__ q_scale,
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
     float* __restrict__ o_part, float* __restrict__ lse_part, float* __restrict__ lse_out, int stride_bt,
-    int64_t bt_entries, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int kv_before_wait) {
+    int64_t bt_entries, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int part_slots,
+    int kv_before_wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // rows, so they are not written (64 rows x 2 KB per CTA). The Q load is already in flight into this CTA's
     // shared memory: its issuer waits for it before the CTA may exit.
     if (t < kRows && tile * kRows + t < R)
-      lse_part[((int64_t)b * R + tile * kRows + t) * num_splits + split] = -INFINITY;
+      lse_part[((int64_t)b * R + tile * kRows + t) * part_slots + split] = -INFINITY;
     if (t == 32) mbar_wait(qfull, 0);
     return;
   }
@@ -583,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       auto store_lse = [&](int grow, float lse2) {
         if (grow >= R) return;
         if (kFinal) lse_out[((int64_t)b * H + grow % H) * S_Q + grow / H] = lse2 * 0.6931471805599453f;
-        else lse_part[((int64_t)b * R + grow) * num_splits + split] = lse2;
+        else lse_part[((int64_t)b * R + grow) * part_slots + split] = lse2;
       };
       store_lse(grow0, rows_l[row0]);
       store_lse(grow1, rows_l[row1]);
@@ -659,16 +660,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
           tma_store_3d(&map_out, otile + box * kTile, box * 64, tile * kRows, b);
         bulk_store_commit_wait_read();
       }
-    } else {  // the split partials, fp32 [B, R, splits, 512], merged by the combine
+    } else {  // the split partials, fp32 [B, R, part_slots, 512] (splits 0..num_splits-1), merged by the combine
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
         int col = half * 256 + j * 8 + (lane % 4) * 2;
         if (grow0 < R) {
-          float* dst = o_part + (((int64_t)b * R + grow0) * num_splits + split) * kLatent + col;
+          float* dst = o_part + (((int64_t)b * R + grow0) * part_slots + split) * kLatent + col;
           *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j] * w0, o[4 * j + 1] * w0);
         }
         if (grow1 < R) {
-          float* dst = o_part + (((int64_t)b * R + grow1) * num_splits + split) * kLatent + col;
+          float* dst = o_part + (((int64_t)b * R + grow1) * part_slots + split) * kLatent + col;
           *reinterpret_cast<float2*>(dst) = make_float2(o[4 * j + 2] * w1, o[4 * j + 3] * w1);
         }
       }
@@ -727,10 +728,11 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
                                      void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
-                                     int H, int S_Q, float qk_scale_log2, int num_splits, int launch_flags,
-                                     cudaStream_t stream) {
+                                     int H, int S_Q, float qk_scale_log2, int num_splits, int part_slots,
+                                     int launch_flags, cudaStream_t stream) {
   // out / lse_out (final outputs instead of partials) only with one split: there is nothing to merge then
-  if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1))
+  if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1) ||
+      (out == nullptr && part_slots < num_splits))
     return cudaErrorInvalidConfiguration;
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
@@ -769,7 +771,7 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
                             map_kv, map_rope, map_q8, map_qr, map_out, q_scale, kv_scale, block_table, seq_lens,
                             o_part, lse_part, lse_out, stride_bt, bt_entries, R, H, S_Q, qk_scale_log2, num_splits,
-                            (launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
+                            part_slots, (launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
 }
 
 }  // namespace snapmla

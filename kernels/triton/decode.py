@@ -26,11 +26,12 @@ def decode_split_kernel(
     q8_ptr, q_scale_ptr, q_rope_ptr,  # [B, R, 512] fp8, [B, R] fp32, [B, R, 64] bf16 with R = s_q * H (contiguous)
     kv_content_ptr, kv_scale_ptr, kv_rope_ptr,  # [N, 512] fp8, [N] fp32, [N, 64] bf16
     block_table_ptr, seq_lens_ptr,  # [B, max_pages] int32, [B] int32
-    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base-2 LSE)
+    o_part_ptr, lse_part_ptr,  # [B, R, PART_SLOTS, 512] fp32, [B, R, PART_SLOTS] fp32 (base-2 LSE); split s in slot s
     out_ptr, lse_ptr,  # FINAL only: [B, R, 512] bf16, [B, H, s_q] fp32 (natural log), the combine's outputs
     stride_bt, R, H, S_Q,
     qk_scale_log2,  # softmax_scale * log2(e)
     NUM_SPLITS,  # runtime, not constexpr: one compiled kernel serves every batch size (CUDA-graph capture)
+    PART_SLOTS,  # partial slots per row, >= NUM_SPLITS (sglang_snapmla.ops.partial_slots)
     BLOCK_M: tl.constexpr,
     FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
     FINAL: tl.constexpr = False,  # NUM_SPLITS == 1: write out / lse instead of the partials
@@ -124,7 +125,7 @@ def decode_split_kernel(
         tl.store(out_base + 3 * CHUNK, (acc3 * inv_l[:, None]).to(tl.bfloat16), mask=ok)
         tl.store(lse_ptr + (b * H + rows % H) * S_Q + rows // H, lse2 * 0.6931471805599453, mask=row_ok)
         return
-    part = (b * R + rows).to(tl.int64) * NUM_SPLITS + split
+    part = (b * R + rows).to(tl.int64) * PART_SLOTS + split
     o_base = o_part_ptr + part[:, None] * LATENT + dq[None, :]
     # rows without a key in this split (all of them past a short sequence's end) leave their partial row unwritten:
     # their LSE is -inf, so the combine does not read it
@@ -138,10 +139,11 @@ def decode_split_kernel(
 
 @triton.jit
 def combine_kernel(
-    o_part_ptr, lse_part_ptr,  # [B, R, NUM_SPLITS, 512] fp32, [B, R, NUM_SPLITS] fp32 (base 2)
+    o_part_ptr, lse_part_ptr,  # [B, R, PART_SLOTS, 512] fp32, [B, R, PART_SLOTS] fp32 (base 2); split s in slot s
     out_ptr, lse_ptr,  # [B, R, 512] bf16 (== [B, s_q, H, 512]), [B, H, s_q] fp32 (natural log)
     R, H, S_Q,
     NUM_SPLITS,  # runtime: the loop below keeps one chunk of rows in registers whatever the split count
+    PART_SLOTS,  # partial slots per row, >= NUM_SPLITS; slots from NUM_SPLITS on are never read
     SPLITS_P2: tl.constexpr,  # next power of two >= NUM_SPLITS: all LSEs of a row are read as one vector
     SPLIT_CHUNK: tl.constexpr,  # partial rows read by one load (a power of two <= SPLITS_P2)
     PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel: wait for its partials
@@ -151,7 +153,7 @@ def combine_kernel(
     r = tl.program_id(0)  # rows on the x axis: R = s_q * H exceeds the 65535 limit of y/z for long extends
     b = tl.program_id(1)
     dc = tl.arange(0, LATENT)
-    base = (b * R + r).to(tl.int64) * NUM_SPLITS
+    base = (b * R + r).to(tl.int64) * PART_SLOTS
     # The first SPLIT_CHUNK partial rows are loaded in the same round trip as the LSEs, not behind them: at batch 1
     # the combine is two dependent round trips long, and this removes one (H100, the combine alone at 10 splits:
     # 2.4 us, against 3.2 with every row read behind the LSEs; docs/KERNEL.md). Rows of splits without a key (past a

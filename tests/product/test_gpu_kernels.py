@@ -240,6 +240,37 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
         assert torch.equal(one, out[b:b + 1]) and torch.equal(one_lse, lse[b:b + 1])
 
 
+@pytest.mark.parametrize("seq_lens,heads,s_q,splits", [([640], 128, 1, 10), ([130, 3, 4097], 16, 2, 5),
+                                                       ([1, 64, 100, 4097], 128, 1, 3)])
+def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits):
+    """The sm_90a decode writes split s of a row into slot s of o_part [B, R, slots, 512] / lse_part [B, R, slots]
+    (slots >= splits, ops.partial_slots): through the combine, bit for bit the unpadded partials' result, whatever the
+    slots past the splits hold (NaN here; the kernel must neither write nor count them)."""
+    if ops.decode_impl("auto") != "cuda":
+        pytest.skip("the sm_90a CUDA decode is not available on this GPU")
+    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
+    kv = pool_arrays(nx.quantize_kv(p["c_kv"], p["k_rope"]))
+    B, R = len(seq_lens), s_q * heads
+    q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
+                                         p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
+    args = (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1), *kv,
+            p["block_table"], p["seq_lens"])
+    none = torch.empty(0, device="cuda")
+    results = []
+    for slots in (splits, splits + 6, 16):
+        o_part = torch.full((B, R, slots, nx.KV_LORA_RANK), float("nan"), device="cuda")
+        lse_part = torch.full((B, R, slots), float("nan"), device="cuda")
+        ops.launch_cuda_decode(*args, o_part, lse_part, none.bfloat16(), none, p["softmax_scale"], splits)
+        assert lse_part[:, :, splits:].isnan().all()
+        out = torch.empty(B, s_q, heads, nx.KV_LORA_RANK, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(B, heads, s_q, device="cuda")
+        ops.combine(o_part, lse_part, out, lse, heads, s_q, splits=splits)
+        results.append((out, lse))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+    assert not results[0][0].isnan().any()
+
+
 @pytest.mark.parametrize("seq_lens,heads,s_q", [([1, 64, 100, 4097], 128, 1), ([130, 3, 65], 16, 3),
                                                 ([200, 37, 640], 64, 2)])
 def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_lens, heads, s_q):

@@ -130,11 +130,55 @@ def test_one_split_writes_what_the_combine_would(gen):
     ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
     block_m, warps, stages = ops.decode_tiling(R)
     tdecode.decode_split_kernel[(B, 1, 1)](*args, o_part, lse_part, ref_out, ref_lse, args[6].stride(0), R, H, s_q,
-                                           p["softmax_scale"] * math.log2(math.e), 1, BLOCK_M=block_m,
+                                           p["softmax_scale"] * math.log2(math.e), 1, 1, BLOCK_M=block_m,
                                            FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
                                            num_warps=warps, num_stages=stages)
     ops.combine(o_part, lse_part, ref_out, ref_lse, H, s_q)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_partial_slots():
+    """The partials' slots per row: padded to PARTIAL_MIN_SLOTS only for the sm_90a decode, only with several
+    splits and full 64-row tiles, never below the split count and never past PARTIAL_PAD_MAX_BYTES of allocation."""
+    pad = ops.PARTIAL_MIN_SLOTS
+    assert ops.partial_slots(1, 128, 10, "cuda") == pad  # h128 b1 s_k 640: rows 32 KB apart instead of 20
+    assert ops.partial_slots(1, 128, 10, "triton") == 10
+    assert ops.partial_slots(1, 128, 1, "cuda") == 1
+    assert ops.partial_slots(1, 128, pad + 7, "cuda") == pad + 7
+    assert ops.partial_slots(8, 16, 10, "cuda") == 10  # 16 heads: one partial tile per sequence
+    assert ops.partial_slots(1, 64, 3, "cuda") == pad
+    rows_at_limit = ops.PARTIAL_PAD_MAX_BYTES // (pad * 512 * 4)
+    assert ops.partial_slots(1, rows_at_limit, 2, "cuda") == pad
+    assert ops.partial_slots(1, rows_at_limit + 1, 2, "cuda") == 2
+
+
+def test_partials_in_padded_slots(gen):
+    """Split partials stored with more slots per row than splits (ops.partial_slots): the split kernel writes split s
+    into slot s of its row and the combine reads only the first `splits` slots, so the result is bit for bit that of
+    unpadded partials, whatever the other slots hold (NaN here)."""
+    from sglang_snapmla.kernels.triton import decode as tdecode
+
+    p = paged_problem(gen, [300, 70, 129], 4, s_q=2)
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    args = [t.to(DEV) for t in (q.content, q.scale, q.rope, *pool_from(cache), p["block_table"], p["seq_lens"])]
+    splits, slots = 3, 7
+    ref_out, ref_lse = ops.decode_quantized(*args, p["softmax_scale"], num_splits=splits, impl="triton")
+    B, s_q, H = q.content.shape[:3]
+    R = s_q * H
+    o_part = torch.full((B, R, slots, 512), float("nan"), device=DEV)
+    lse_part = torch.full((B, R, slots), float("nan"), device=DEV)
+    out, lse = torch.empty_like(ref_out), torch.empty_like(ref_lse)
+    block_m, warps, stages = ops.decode_tiling(R)
+    tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
+        *args, o_part, lse_part, out, lse, args[6].stride(0), R, H, s_q, p["softmax_scale"] * math.log2(math.e),
+        splits, slots, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
+        num_warps=warps, num_stages=stages)
+    assert lse_part[:, :, splits:].isnan().all()  # the slots past the splits are left alone
+    ops.combine(o_part, lse_part, out, lse, H, s_q, splits=splits)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    with pytest.raises(ops.SnapMLAInputError, match="do not fit"):
+        ops.combine(o_part, lse_part, out, lse, H, s_q, splits=slots + 1)
 
 
 @pytest.mark.parametrize("splits", [5, 3 * ops.COMBINE_SPLIT_CHUNK - 4])
@@ -291,7 +335,7 @@ def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, spl
     if splits == 1:
         assert o_part.numel() == lse_part.numel() == 0 and k_out is not None and k_out.data_ptr() == out.data_ptr()
         assert k_lse.data_ptr() == lse.data_ptr()
-    else:
+    else:  # 8 rows per sequence: one partial tile, so as many slots as splits (ops.partial_slots)
         assert o_part.shape == (2, 8, splits, 512) and lse_part.shape == (2, 8, splits)
         assert k_out.numel() == k_lse.numel() == 0
     assert out.shape == (2, 2, 4, 512) and lse.shape == (2, 4, 2)

@@ -38,7 +38,7 @@ def main() -> int:
     dec_sig = dict(q8_ptr="*fp8e4nv", q_scale_ptr="*fp32", q_rope_ptr="*bf16", kv_content_ptr="*fp8e4nv",
                    kv_scale_ptr="*fp32", kv_rope_ptr="*bf16", block_table_ptr="*i32", seq_lens_ptr="*i32",
                    o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", stride_bt="i32",
-                   R="i32", H="i32", S_Q="i32", qk_scale_log2="fp32", NUM_SPLITS="i32")
+                   R="i32", H="i32", S_Q="i32", qk_scale_log2="fp32", NUM_SPLITS="i32", PART_SLOTS="i32")
     for (block_m, warps, stages), final in zip(((16, 4, 3), (32, 4, 2), (64, 8, 2), (16, 4, 3), (32, 4, 2)),
                                                (False, False, False, True, True)):
         variants.append((f"decode_split BLOCK_M={block_m} FINAL={final}", decode.decode_split_kernel, dec_sig,
@@ -47,7 +47,8 @@ def main() -> int:
     for pdl in (False, True):  # PDL: the programmatic dependent launch of ops.pdl_enabled (griddepcontrol.wait)
         variants.append((f"combine PDL={pdl}", decode.combine_kernel,
                          dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
-                              H="i32", S_Q="i32", NUM_SPLITS="i32"), {"SPLITS_P2": 64, "SPLIT_CHUNK": 16, "PDL": pdl},
+                              H="i32", S_Q="i32", NUM_SPLITS="i32", PART_SLOTS="i32"),
+                         {"SPLITS_P2": 64, "SPLIT_CHUNK": 16, "PDL": pdl},
                          dict(launch_pdl=pdl)))
     for name, fn, sig, consts, opts in variants:
         k = compile_one(fn, sig, consts, **opts)
