@@ -8,8 +8,8 @@ Per shape (BxS_K, s_q 1): FlashMLA BF16 (decode + its combine), our Q quantizati
 pre-quantized Q for each split count, and the full `quantize_and_decode` (Q-quant + decode + combine) with the default
 split count (with --full-by-splits, the full call at every split count too; with --parts, the CUDA decode kernel and
 the combine each alone, at every split count; with --slots, the same with the partial rows that many slots apart,
-o_part [B, H, slots, 512], beside the unpadded slots = splits). Same timing as benchmarks/bench_kernels.py (CUDA graph of 20 calls,
-median of 15 replays). Prints a table, writes $OUT/split_sweep.json."""
+o_part [B, H, slots, 512], beside the unpadded slots = splits). Same timing as benchmarks/bench_kernels.py (CUDA
+graph of 20 calls, median of 15 replays). Prints a table, writes $OUT/split_sweep.json."""
 
 import argparse
 import json

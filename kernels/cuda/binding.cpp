@@ -44,7 +44,8 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
       final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr,
       static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), bt_entries,
       static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
-      static_cast<int>(num_splits), static_cast<int>(part_slots), static_cast<int>(launch_flags), c10::cuda::getCurrentCUDAStream());
+      static_cast<int>(num_splits), static_cast<int>(part_slots), static_cast<int>(launch_flags),
+      c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (TMA descriptor encoding failed: the pool arrays, q8, q_rope and "
                                              "out must be 16-byte aligned)" : "");

@@ -20,8 +20,9 @@ constexpr int kLaunchKvBeforeWait = 2;  // the previous kernel is the Q quantiza
 //     to the end of its allocation (the bound of every block-table read, never the caller's view width)
 //   seq_lens [batch] int32
 //   either o_part [batch, R, part_slots, 512] fp32 + lse_part [batch, R, part_slots] (base 2; split s of row r in
-//   slot s, slots from num_splits on untouched), with out = lse_out = nullptr, or (num_splits == 1) out [batch, R, 512] bf16 + lse_out [batch, H, S_Q] (natural log), with the
-//   partials nullptr. Returns the launch's error (cudaErrorInvalidValue: a TMA descriptor could not be encoded).
+//   slot s, slots from num_splits on untouched), with out = lse_out = nullptr, or (num_splits == 1)
+//   out [batch, R, 512] bf16 + lse_out [batch, H, S_Q] (natural log), with the partials nullptr. Returns the
+//   launch's error (cudaErrorInvalidValue: a TMA descriptor could not be encoded).
 cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_content,
                                      const float* kv_scale, const void* kv_rope, int64_t pool_rows,
                                      const int* block_table, const int* seq_lens, float* o_part, float* lse_part,

@@ -8,7 +8,8 @@
 #              times; then MTP under DP attention serving a sustained load (V3 shape with its NEXTN layer, dummy
 #              weights: graphs and memory, not acceptance)
 #   then all : the gate at dp4, then sustained serving at dp4
-# On a 2-GPU host the parts run one after another on GPUs 0,1 and the dp4 parts are refused (named in suite_refused.txt).
+# On a 2-GPU host the parts run one after another on GPUs 0,1 and the dp4 parts are refused (named in
+# suite_refused.txt).
 #   usage: [RUNS="flashmla flashmla-fp8 snapmla mutant"] [PARTS="steady2 gate2 pd mtp2 gate4 steady4"]
 #          [WAIT_FOR_WHL=s] bash tools/gpu_host/multi_gpu_suite.sh
 # Each part writes its table to $OUT (steady_*.txt, gate_*.txt, pd_pair.txt) and its output to $OUT/suite_*.log;
@@ -22,14 +23,17 @@ CKPT=.gpucache/tiny-mla-h128
 ngpu=$(nvidia-smi -L | wc -l)
 if [ "$ngpu" -ge 4 ]; then second=2,3 bg="&"; else
   second=0,1 bg=""  # one pair of GPUs: the parts in turn
-  for p in gate4 steady4; do has $p && echo "$p: refused, $ngpu GPUs on this host" | tee -a "$OUT/suite_refused.txt"; done
+  for p in gate4 steady4; do
+    has $p && echo "$p: refused, $ngpu GPUs on this host" | tee -a "$OUT/suite_refused.txt"
+  done
   parts=${parts/ gate4 / }; parts=${parts/ steady4 / }
 fi
 has steady2 && eval 'ON_GPUS=0,1 bash tools/gpu_host/multi_gpu_steady.sh dp2 > "$OUT/suite_steady_dp2.log" 2>&1' $bg
 { has gate2 || has pd || has gate4; } && train_checkpoint $CKPT 128 ${second%,*}
 has gate2 && eval 'ON_GPUS=$second bash tools/gpu_host/multi_gpu_gate.sh dp2 > "$OUT/suite_gate_dp2.log" 2>&1' $bg
 sleep 30  # each script installs the plugin first (env.sh): not at the same moment
-has pd && ON_GPUS=$second WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh > "$OUT/suite_pd_pair.log" 2>&1
+has pd && ON_GPUS=$second WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh \
+  > "$OUT/suite_pd_pair.log" 2>&1
 if has mtp2; then
   for _ in $(seq $((${WAIT_FOR_WHL:-600} / 10))); do compgen -G ".whl/sgl_deep_gemm*.whl" > /dev/null && break; sleep 10; done
   sleep 5
