@@ -353,6 +353,25 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
                                  | CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] * follows_q_quant)
 
 
+def launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+                         out, lse, softmax_scale: float, splits: int, tiling: tuple[int, int, int] | None = None):
+    """The Triton split kernel alone, on buffers the caller allocated and checked (`decode_quantized`; tests that
+    look at the partials): with partials (o_part [B, s_q * H, slots, 512] fp32, lse_part [B, s_q * H, slots], slots
+    >= splits, split s in slot s) it writes them; with empty partials (one split only) it writes out
+    [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log) itself. `tiling` = (BLOCK_M, num_warps, num_stages)."""
+    B, s_q, H, _ = q8.shape
+    R = s_q * H
+    final = o_part.numel() == 0
+    if final and splits != 1:
+        raise SnapMLAInputError("the Triton decode writes final outputs only with one split")
+    block_m, warps, stages = tiling or decode_tiling(R)
+    tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
+        q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
+        block_table.stride(0), R, H, s_q, softmax_scale * math.log2(math.e),
+        splits, 1 if final else o_part.shape[2], BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX,
+        P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final, num_warps=warps, num_stages=stages)
+
+
 def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
                      kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      softmax_scale: float, num_splits: int | None = None,
@@ -420,13 +439,8 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
                            out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
                            splits, pdl=pdl, follows_q_quant=follows_q_quant)
     else:
-        block_m, warps, stages = tiling or decode_tiling(R)
-        qk_scale_log2 = softmax_scale * math.log2(math.e)
-        tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
-            q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse,
-            block_table.stride(0), R, H, s_q, qk_scale_log2,
-            splits, slots, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final_in_kernel,
-            num_warps=warps, num_stages=stages)
+        launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                             lse_part, out, lse, softmax_scale, splits, tiling)
     if final_in_kernel:
         return out, lse
     combine(o_part, lse_part, out, lse, H, s_q, pdl, splits)

@@ -117,8 +117,6 @@ def test_decode_split_count_does_not_change_result(gen):
 def test_one_split_writes_what_the_combine_would(gen):
     """With one split the Triton decode writes the bf16 output and natural-log LSE itself (FINAL), skipping the fp32
     partials and the combine: bit for bit the combine's result on the same kernel's single partial."""
-    from sglang_snapmla.kernels.triton import decode as tdecode
-
     p = paged_problem(gen, [130, 3, 65], 5, s_q=3, zero_rows=1)  # R = 15 rows: a partial 16-row tile
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
@@ -128,11 +126,7 @@ def test_one_split_writes_what_the_combine_would(gen):
     o_part = torch.empty(B, R, 1, 512, device=DEV)
     lse_part = torch.empty(B, R, 1, device=DEV)
     ref_out, ref_lse = torch.empty_like(out), torch.empty_like(lse)
-    block_m, warps, stages = ops.decode_tiling(R)
-    tdecode.decode_split_kernel[(B, 1, 1)](*args, o_part, lse_part, ref_out, ref_lse, args[6].stride(0), R, H, s_q,
-                                           p["softmax_scale"] * math.log2(math.e), 1, 1, BLOCK_M=block_m,
-                                           FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
-                                           num_warps=warps, num_stages=stages)
+    ops.launch_triton_decode(*args, o_part, lse_part, ref_out, ref_lse, p["softmax_scale"], 1)
     ops.combine(o_part, lse_part, ref_out, ref_lse, H, s_q)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
@@ -156,8 +150,6 @@ def test_partials_in_padded_slots(gen):
     """Split partials stored with more slots per row than splits (ops.partial_slots): the split kernel writes split s
     into slot s of its row and the combine reads only the first `splits` slots, so the result is bit for bit that of
     unpadded partials, whatever the other slots hold (NaN here)."""
-    from sglang_snapmla.kernels.triton import decode as tdecode
-
     p = paged_problem(gen, [300, 70, 129], 4, s_q=2)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
@@ -169,11 +161,7 @@ def test_partials_in_padded_slots(gen):
     o_part = torch.full((B, R, slots, 512), float("nan"), device=DEV)
     lse_part = torch.full((B, R, slots), float("nan"), device=DEV)
     out, lse = torch.empty_like(ref_out), torch.empty_like(ref_lse)
-    block_m, warps, stages = ops.decode_tiling(R)
-    tdecode.decode_split_kernel[(B, splits, math.ceil(R / block_m))](
-        *args, o_part, lse_part, out, lse, args[6].stride(0), R, H, s_q, p["softmax_scale"] * math.log2(math.e),
-        splits, slots, BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=False,
-        num_warps=warps, num_stages=stages)
+    ops.launch_triton_decode(*args, o_part, lse_part, out, lse, p["softmax_scale"], splits)
     assert lse_part[:, :, splits:].isnan().all()  # the slots past the splits are left alone
     ops.combine(o_part, lse_part, out, lse, H, s_q, splits=splits)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
