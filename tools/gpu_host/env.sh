@@ -22,6 +22,17 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null || compgen -G ".whl/*.whl" > /dev/
     || { cat "$OUT/pip_wheels.log"; exit 1; }
 fi
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+# A file the call's second transfer brings into .whl (pd_transfer.sh, the suite's MTP part): wait up to SECONDS for
+# one matching .whl/GLOB, then 5 s more for its copy to finish; 1 when none came
+#   wait_for_whl GLOB SECONDS
+wait_for_whl() {
+  local t=0
+  until compgen -G ".whl/$1" > /dev/null; do
+    [ $t -ge "${2:-0}" ] && return 1
+    sleep 10; t=$((t + 10))
+  done
+  sleep 5
+}
 # The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2) in DIR unless a checkpoint is there:
 #   train_checkpoint DIR HEADS [GPU]   (GPU: the one to train on, on a host whose others are busy)
 train_checkpoint() {

@@ -35,8 +35,8 @@ sleep 30  # each script installs the plugin first (env.sh): not at the same mome
 has pd && ON_GPUS=$second WAIT_FOR_WHL=${WAIT_FOR_WHL:-600} bash tools/gpu_host/pd_pair.sh \
   > "$OUT/suite_pd_pair.log" 2>&1
 if has mtp2; then
-  for _ in $(seq $((${WAIT_FOR_WHL:-600} / 10))); do compgen -G ".whl/sgl_deep_gemm*.whl" > /dev/null && break; sleep 10; done
-  sleep 5
+  wait_for_whl "sgl_deep_gemm*.whl" ${WAIT_FOR_WHL:-600} \
+    || echo "mtp2: no deep_gemm wheel in .whl" | tee -a "$OUT/suite_refused.txt"
   # the draft's weights count against the static fraction: at 0.14 SGLang finds no memory for the KV cache
   ON_GPUS=$second TAG=dp2_mtp bash tools/gpu_host/multi_gpu_steady.sh dp2 --backends snapmla-mtp --turnovers 1.5 \
     --port 31000 --mem-fraction-static 0.2 > "$OUT/suite_steady_dp2_mtp.log" 2>&1

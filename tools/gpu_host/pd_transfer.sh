@@ -8,12 +8,8 @@
 # engine.so also links libibverbs, libmlx5, libnuma and libcurl (the GPU hosts have them), even for TCP.
 #   usage: pd_transfer_ready [seconds to wait for .whl]  -> 0 when `import mooncake.engine` works
 pd_transfer_ready() {
-  local t=0
-  until [ -f .whl/mooncake-engine-tcp.tar.xz ]; do  # a second transfer to the same machine may bring it
-    [ $t -ge "${1:-0}" ] && { echo "pd_transfer.sh: no .whl/mooncake-engine-tcp.tar.xz"; return 1; }
-    sleep 10; t=$((t + 10))
-  done
-  sleep 5  # a transfer arriving while this waits: let its copy finish
+  wait_for_whl mooncake-engine-tcp.tar.xz "${1:-0}" \
+    || { echo "pd_transfer.sh: no .whl/mooncake-engine-tcp.tar.xz"; return 1; }
   tar xJf .whl/mooncake-engine-tcp.tar.xz -C /tmp/sglang-runtime || return 1
   if ldd /tmp/sglang-runtime/mooncake/engine.so | grep "not found" | grep -v -E 'libcuda\.so|libcudart\.so'; then
     echo "pd_transfer.sh: mooncake's engine.so lacks the libraries above on this host"; return 1
