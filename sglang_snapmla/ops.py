@@ -427,10 +427,10 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     # (docs/KERNEL.md). Otherwise the partials go through the combine.
     # unused outputs are passed as empty views (no allocation): the partials at one split, out / lse otherwise
     final_in_kernel = splits == 1
-    slots = 1 if final_in_kernel else partial_slots(B, R, splits, impl)
     if final_in_kernel:
         o_part = lse_part = lse[:0]
     else:
+        slots = partial_slots(B, R, splits, impl)
         o_part = torch.empty(B, R, slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
         lse_part = torch.empty(B, R, slots, dtype=torch.float32, device=dev)
     pdl = pdl_enabled(dev)
