@@ -39,8 +39,10 @@ RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashm
 # pool as `flashmla`; isolates the decode's share of a throughput ratio.
 RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
 RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode instead of the sm_90a one
+# snapmla with every prefill over a cached prefix on MHA outside captured prefill graphs (the route model off)
+RUNS["snapmla-mha"] = RUNS["snapmla"]
 RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"},  # run -> server environment
-           "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}}
+           "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}, "snapmla-mha": {"SNAPMLA_EXTEND_ROUTE": "mha"}}
 
 
 def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:

@@ -6,10 +6,11 @@ reads the cache:
 
 * decode, target verify, draft extend: fused Q-quant + SnapMLA split-KV decode + combine (`ops`), s_q = 1 or the
   number of draft tokens;
-* MHA prefill (the plugin routes every non-speculative extend here, with or without a cached prefix): FlashInfer's
-  ragged path; the prefix comes from the pool's fetch-dequant;
-* absorbed-MLA extend (only in captured prefill graphs or with the chunked prefix cache disabled): the decode
-  kernel, one launch per request with s_q = its new tokens (causal among them).
+* MHA prefill (prefills without a cached prefix, and those with one where the plugin's route model says MHA is
+  cheaper, `extend.prefers_absorbed`): FlashInfer's ragged path; the prefix comes from the pool's fetch-dequant;
+* absorbed-MLA extend (prefills in SGLang's captured prefill graphs, up to 2 048 tokens; those over a cached prefix
+  the route model sends here; all with the chunked prefix cache disabled): the decode kernel with s_q = each
+  request's new tokens (causal among them), requests of similar span batched into one launch.
 KV writes go through the pool's fused K-append kernel.
 """
 
@@ -21,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from . import extend
 from . import numerics as nx
 from . import ops
 from .pool import SnapMLATokenToKVPool
@@ -48,8 +50,10 @@ class SnapMLAForward:
         q = q.view(-1, heads, nx.KV_LORA_RANK + nx.ROPE_DIM)
         return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
 
-    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, s_q: int):
-        """Q-quant + decode over the pool for [B * s_q] query tokens; returns [B * s_q, H * 512]."""
+    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, s_q: int, max_pages: int | None = None):
+        """Q-quant + decode over the pool for [B * s_q] query tokens; returns [B * s_q, H * 512]. `max_pages`: the
+        page bound of the split count (default the static bound that CUDA graphs need; an eager caller that knows
+        its longest sequence passes that)."""
         heads = layer.tp_q_head_num
         batch = q_nope.shape[0] // s_q
         # the int32 cast (a kernel when SGLang's lengths are int64) goes first, so that the decode directly follows
@@ -58,7 +62,7 @@ class SnapMLAForward:
         q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
         # the split count from the static page bound, not from the block table: under CUDA graphs the table is the
         # view SGLang captured with (width 1 at capture), and a count derived from it would be frozen into the graph
-        splits = ops.default_num_splits(batch, s_q, heads, self.max_pages, q_nope.device)
+        splits = ops.default_num_splits(batch, s_q, heads, max_pages or self.max_pages, q_nope.device)
         out, _ = ops.decode_quantized(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
                                       q_rope_al.view(batch, s_q, heads, -1),
                                       *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
@@ -99,23 +103,32 @@ class SnapMLAForward:
         return self._absorbed_extend(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope)
 
     def _absorbed_extend(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope):
-        """Extend through absorbed MLA: per request, its new tokens are s_q query tokens
-        of the decode kernel (causal among them) over prefix + new tokens in the pool. Host loop: extend batches
-        are not graph-captured and carry CPU lengths."""
+        """Extend through absorbed MLA: each request's new tokens are s_q query tokens of the decode kernel (causal
+        among them) over prefix + new tokens in the pool; requests of similar span share a launch
+        (`extend.plan_absorbed_launches`, planned once per batch). Rows of q past the batch's tokens (a padded
+        prefill-graph bucket) are left unwritten."""
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         q_nope, q_rope = self._split_q(q, q_rope, layer)
-        out = q_nope.new_empty(q_nope.shape[0], layer.tp_q_head_num * nx.KV_LORA_RANK)
-        start = 0
-        for i, (ext, total) in enumerate(zip(forward_batch.extend_seq_lens_cpu, forward_batch.seq_lens_cpu.tolist())):
-            if ext == 0:
-                continue
-            slots = self.req_to_token[forward_batch.req_pool_indices[i], :total]
-            pages = (slots[:: nx.PAGE_SIZE] // nx.PAGE_SIZE).to(torch.int32).unsqueeze(0)
-            seq_len = torch.full((1,), total, dtype=torch.int32, device=q.device)
-            out[start:start + ext] = self._attend(q_nope[start:start + ext], q_rope[start:start + ext], layer,
-                                                  pages, seq_len, s_q=ext)
-            start += ext
+        heads = layer.tp_q_head_num
+        out = q_nope.new_empty(q_nope.shape[0], heads * nx.KV_LORA_RANK)
+        for launch in self._absorbed_launches(forward_batch):
+            attended = self._attend(q_nope.index_select(0, launch.rows), q_rope.index_select(0, launch.rows), layer,
+                                    launch.block_table, launch.seq_lens, s_q=launch.s_q, max_pages=launch.max_pages)
+            out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
+
+    _planned_batch = None  # (forward batch, its launches): every layer of a forward reuses the plan
+
+    def _absorbed_launches(self, forward_batch):
+        # Held by reference, so the batch cannot be freed and another take its id; the lengths guard against a batch
+        # object reused with other contents.
+        key = (tuple(forward_batch.extend_seq_lens_cpu), tuple(forward_batch.seq_lens_cpu.tolist()))
+        if self._planned_batch is None or self._planned_batch[0] is not forward_batch \
+                or self._planned_batch[1] != key:
+            launches = extend.plan_absorbed_launches(list(key[0]), list(key[1]), forward_batch.req_pool_indices,
+                                                     self.req_to_token)
+            self._planned_batch = (forward_batch, key, launches)
+        return self._planned_batch[2]
 
 
 @functools.lru_cache(maxsize=1)

@@ -179,20 +179,37 @@ def _add_once(choices: list, name: str) -> None:
 
 
 def _dispatch_attention_method(attn, forward_batch):
-    """DeepSeek/LongCat per-batch choice of MLA vs MHA. Prefill with any cached prefix goes to MHA (prefix rows
-    fetch-dequantized into FlashInfer's ragged prefill), not only prefixes over SGLang's chunked-prefix threshold:
-    our absorbed-MLA extend runs the decode kernel per request and is far slower for long new spans. The absorbed
-    path stays for captured prefill graphs and for servers with the chunked prefix cache disabled."""
+    """DeepSeek/LongCat per-batch choice of MLA vs MHA. A prefill over a cached prefix takes the route the plugin's
+    cost model finds cheaper (`extend.prefers_absorbed`: absorbed MLA for few new tokens over a long prefix, MHA
+    prefill with the prefix fetch-dequantized otherwise), not SGLang's rule for flashmla (absorbed while the batch's
+    prefixes sum to < 8 192 tokens, whatever the new spans). Captured prefill graphs (absorbed, SGLang's choice),
+    servers with the chunked prefix cache disabled, and batches without a prefix keep SGLang's method."""
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
 
     method = handlers._handle_attention_backend(attn, forward_batch, BACKEND)
-    if (method == AttnForwardMethod.MLA and forward_batch.forward_mode.is_extend_without_speculative()
-            and not attn.disable_chunked_prefix_cache and not _in_captured_prefill()):
+    if (not forward_batch.forward_mode.is_extend_without_speculative() or attn.disable_chunked_prefix_cache
+            or _in_captured_prefill()):
+        return method
+    if _prefers_absorbed(forward_batch, attn.num_local_heads):
+        return AttnForwardMethod.MLA
+    if method == AttnForwardMethod.MLA:
         if handlers._support_mha_one_shot(attn, forward_batch, BACKEND):
             return AttnForwardMethod.MHA_ONE_SHOT
         return AttnForwardMethod.MHA_CHUNKED_KV
     return method
+
+
+_last_route: list = [None, None, None]  # [forward batch, heads, absorbed?]: every layer of a forward asks
+
+
+def _prefers_absorbed(forward_batch, heads: int) -> bool:
+    from .extend import prefers_absorbed
+
+    if _last_route[0] is not forward_batch or _last_route[1] != heads:  # held by reference: its id is not reused
+        _last_route[:] = [forward_batch, heads, prefers_absorbed(forward_batch.extend_prefix_lens_cpu,
+                                                                 forward_batch.extend_seq_lens_cpu, heads)]
+    return _last_route[2]
 
 
 def _in_captured_prefill() -> bool:

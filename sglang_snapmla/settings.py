@@ -11,6 +11,7 @@ import os
 DECODE_IMPL_ENV = "SNAPMLA_DECODE_IMPL"  # auto | cuda | triton
 PDL_ENV = "SNAPMLA_PDL"  # 0 turns programmatic dependent launch off
 CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"  # 1: the public ops check slot ids, page ids and lengths (a host sync)
+EXTEND_ROUTE_ENV = "SNAPMLA_EXTEND_ROUTE"  # auto | mha | absorbed: the route of prefills over a cached prefix
 CUDA_SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"  # kernel development: build the CUDA decode from another source dir
 
 
@@ -25,6 +26,10 @@ def requested_decode_impl() -> str:
 
 def pdl_allowed() -> bool:
     return os.environ.get(PDL_ENV, "1") != "0"
+
+
+def requested_extend_route() -> str:
+    return os.environ.get(EXTEND_ROUTE_ENV, "auto")
 
 
 def index_checks_enabled() -> bool:

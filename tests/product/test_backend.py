@@ -118,3 +118,49 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     mqa = SimpleNamespace(**vars(layer), head_dim=512 + 64)
     again = backend.forward_extend(torch.cat([q, qr], -1), None, None, mqa, fb, save_kv_cache=False)
     assert torch.equal(again, out)
+
+
+def test_absorbed_extend_batches_requests_of_unequal_spans(gen, heads):
+    """Five requests, one launch per group of similar new spans (61 and 48 share a 61-token window, 5 and 4 a 5-token
+    one; a request without new tokens takes none): every real token matches its own request's reference, whatever
+    the padding its window carries; q holds 7 rows past the batch's tokens, as in a padded prefill-graph bucket."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import extend, plugin
+    from sglang_snapmla.backend import SnapMLAForward
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    plugin.register()
+    H = heads
+    prefix, ext = [100, 3, 0, 64, 70], [5, 61, 4, 0, 48]
+    pool = SnapMLATokenToKVPool(size=64 * 12, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512,
+                                qk_rope_head_dim=64, layer_num=1, device="cpu", enable_memory_saver=False)
+    backend = SnapMLAForward()
+    backend.token_to_kv_pool = pool
+    backend.max_pages = 8
+    pages = (torch.randperm(12, generator=gen)[:10] + 1).reshape(5, 2)
+    # request i lives in req_to_token row order[i]: the plan must read each request's own row
+    order = torch.tensor([3, 0, 4, 1, 2])
+    backend.req_to_token = torch.zeros(5, 128, dtype=torch.int32)
+    backend.req_to_token[order] = (pages[:, :, None] * 64 + torch.arange(64)).reshape(5, -1).to(torch.int32)
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=H, scaling=SCALE)
+    for b in range(5):
+        fill(pool, layer, backend.req_to_token[order[b], : prefix[b] + ext[b]], gen)
+    padded = sum(ext) + 7
+    q = torch.randn(padded, H, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(padded, H, 64, generator=gen).to(torch.bfloat16)
+    seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
+    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=None, extend_seq_lens_cpu=ext,
+                         seq_lens_cpu=seq, req_pool_indices=order)
+    launches = extend.plan_absorbed_launches(ext, seq.tolist(), order, backend.req_to_token)
+    assert [(launch.s_q, launch.seq_lens.tolist()) for launch in launches] == [(61, [64, 118]), (5, [105, 4])]
+    out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+    assert out.shape == (padded, H * 512)
+    start = 0
+    for b in range(5):
+        rows = slice(start, start + ext[b])
+        if ext[b]:
+            table = (backend.req_to_token[order[b], ::64] // 64).to(torch.int32).unsqueeze(0)
+            ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0), table, seq[b: b + 1].to(torch.int32))
+            assert_close(out[rows].float().view(1, ext[b], H, 512), ref, rel_l2=1e-2, what=f"request {b}")
+        start += ext[b]

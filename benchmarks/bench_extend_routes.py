@@ -1,0 +1,177 @@
+"""The two routes of a prefill over a cached prefix, timed on the GPU, beside the cost model that chooses between them.
+
+    python -m benchmarks.bench_extend_routes --out routes_out          # on the H100 host, runtime active
+
+Per (heads, requests, prefix p, new tokens e), every request holding p + e tokens of a paged cache:
+* snapmla absorbed: the backend's absorbed extend (`SnapMLAForward._absorbed_extend` with its launch plan cached, as
+  every layer after a batch's first runs it): Q gather + quant, the FP8 decode kernel with s_q = e, scatter;
+* snapmla MHA: fetch-dequant of all p + e rows, kv_b_proj (a [rows, 512] x [512, H x 256] BF16 GEMM), K assembled
+  from K_nope and the RoPE key, FlashInfer's ragged causal prefill at head dims 192 / 128 -- SGLang's one-shot MHA
+  forward for the same batch;
+* flashmla BF16 absorbed: FlashInfer's MLA paged prefill over a BF16 cache (what SGLang runs for flashmla's
+  extends whose prefixes sum to < 8 192 tokens and for every prefill in its captured prefill graphs).
+The new tokens' own projections (q_b_proj, the absorbed route's W_UK / W_UV) are common work and left out. Each
+call is timed between CUDA events (median of repeats, eager as in serving). Prints a table with the model's
+prediction (`extend.route_costs`), the route it picks and the faster measured one; writes JSON and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from sglang_snapmla import extend, ops
+from sglang_snapmla import numerics as nx
+
+CASES = [  # (requests, prefix, new tokens)
+    (16, 4096, 32), (16, 4096, 128), (16, 4096, 512), (4, 16384, 128), (4, 16384, 1024), (1, 32768, 256),
+    (1, 32768, 2048), (1, 57344, 8192), (64, 2048, 128), (8, 1024, 1024),
+]
+SCALE = 192 ** -0.5
+
+
+def timed(fn, repeats: int = 10) -> float:
+    """Median microseconds of fn() between CUDA events (after two warm-up calls)."""
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+class _Pool:
+    def __init__(self, arrays):
+        self.arrays = arrays
+
+    def snapmla_buffers(self, layer_id):
+        return self.arrays
+
+
+def case(heads: int, requests: int, prefix: int, new: int, dev) -> dict:
+    from sglang_snapmla.backend import SnapMLAForward
+
+    total = prefix + new
+    pages_per = math.ceil(total / nx.PAGE_SIZE)
+    n_pages = requests * pages_per
+    latent = torch.randn(n_pages * nx.PAGE_SIZE, 576, device=dev, dtype=torch.bfloat16)
+    pool = ops.pool_from_rows(latent[:, :512], latent[:, 512:])
+    pages = torch.randperm(n_pages, device=dev).view(requests, pages_per)
+    req_to_token = (pages[:, :, None] * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE, device=dev)).view(requests, -1)
+    req_to_token = req_to_token.to(torch.int32)
+    tokens = requests * new
+    res = {"heads": heads, "requests": requests, "prefix": prefix, "new": new}
+
+    backend = SnapMLAForward()
+    backend.token_to_kv_pool, backend.req_to_token, backend.max_pages = _Pool(pool), req_to_token, pages_per + 1
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=heads, scaling=576 ** -0.5)
+    fb = SimpleNamespace(extend_seq_lens_cpu=[new] * requests, seq_lens_cpu=torch.full((requests,), total),
+                         req_pool_indices=torch.arange(requests, device=dev), out_cache_loc=None)
+    q = torch.randn(tokens, heads, 512, device=dev, dtype=torch.bfloat16)
+    qr = torch.randn(tokens, heads, 64, device=dev, dtype=torch.bfloat16)
+    res["snapmla_absorbed_us"] = timed(lambda: backend._absorbed_extend(q, None, layer, fb, False, qr, None))
+
+    import flashinfer
+
+    # MHA: every request's p + e rows, fetch-dequantized, up-projected, ragged causal prefill
+    rows = req_to_token[:, :total].reshape(-1)
+    w_kv = torch.randn(512, heads * 256, device=dev, dtype=torch.bfloat16) * 512 ** -0.5
+    qm = torch.randn(tokens, heads, 192, device=dev, dtype=torch.bfloat16)
+    workspace = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+    qo_indptr = torch.arange(requests + 1, device=dev, dtype=torch.int32) * new
+    kv_indptr = torch.arange(requests + 1, device=dev, dtype=torch.int32) * total
+    ragged.plan(qo_indptr, kv_indptr, heads, heads, 192, head_dim_vo=128, q_data_type=torch.bfloat16, causal=True)
+
+    def mha():
+        c, r = ops.fetch_dequant(rows, *pool)
+        kv = (c @ w_kv).view(-1, heads, 256)
+        k = torch.empty(kv.shape[0], heads, 192, device=dev, dtype=torch.bfloat16)
+        k[..., :128] = kv[..., :128]
+        k[..., 128:] = r[:, None, :]
+        return ragged.run(qm, k, kv[..., 128:])
+
+    res["snapmla_mha_us"] = timed(mha)
+
+    # flashmla BF16's absorbed route: FlashInfer's MLA paged prefill over the BF16 cache (page size 1, SGLang's)
+    try:
+        mla = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="auto")
+        kv_len = torch.full((requests,), total, device=dev, dtype=torch.int32)
+        mla.plan(qo_indptr, kv_indptr, rows, kv_len, heads, 512, 64, 1, True, 576 ** -0.5, torch.bfloat16,
+                 torch.bfloat16)
+        ckv, kpe = latent[:, :512].contiguous().view(-1, 1, 512), latent[:, 512:].contiguous().view(-1, 1, 64)
+        res["flashmla_bf16_absorbed_us"] = timed(lambda: mla.run(q, qr, ckv, kpe))
+    except Exception as e:  # recorded, never hidden
+        res["flashmla_bf16_absorbed_error"] = repr(e)[:200]
+
+    absorbed, mha_s = extend.route_costs([prefix] * requests, [new] * requests, heads)
+    res.update(predicted_absorbed_us=absorbed * 1e6, predicted_mha_us=mha_s * 1e6,
+               picks=("absorbed" if extend.prefers_absorbed([prefix] * requests, [new] * requests, heads) else "mha"),
+               faster=("absorbed" if res["snapmla_absorbed_us"] < res["snapmla_mha_us"] else "mha"))
+    return res
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| heads | requests x prefix + new | snapmla absorbed us (model) | snapmla MHA us (model) | "
+             "flashmla BF16 absorbed us | model picks | faster |", "|---:|---|---:|---:|---:|---|---|"]
+    for r in results:
+        lines.append(f"| {r['heads']} | {r['requests']} x {r['prefix']} + {r['new']} | "
+                     f"{r['snapmla_absorbed_us']:.0f} ({r['predicted_absorbed_us']:.0f}) | "
+                     f"{r['snapmla_mha_us']:.0f} ({r['predicted_mha_us']:.0f}) | "
+                     f"{r.get('flashmla_bf16_absorbed_us', float('nan')):.0f} | {r['picks']} | {r['faster']} |")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for route, marker in (("absorbed", "o"), ("mha", "s")):
+        xs = [r[f"predicted_{route}_us"] for r in results]
+        ys = [r[f"snapmla_{route}_us"] for r in results]
+        ax.scatter(xs, ys, marker=marker, label=f"snapmla {route}")
+    lo = min(min(r["predicted_absorbed_us"], r["predicted_mha_us"]) for r in results)
+    hi = max(max(r["snapmla_absorbed_us"], r["snapmla_mha_us"]) for r in results)
+    ax.plot([lo, hi], [lo, hi], "k:", label="measured = model")
+    ax.set_xscale("log"), ax.set_yscale("log")
+    ax.set_xlabel("cost model (us)"), ax.set_ylabel("measured (us)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", nargs="+", type=int, default=[16, 128])
+    ap.add_argument("--out", type=Path, default=Path("routes_out"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    results = []
+    for heads in args.heads:
+        for requests, prefix, new in CASES:
+            results.append(case(heads, requests, prefix, new, torch.device("cuda")))
+            print(json.dumps(results[-1]), flush=True)
+            torch.cuda.empty_cache()
+    (args.out / "extend_routes.json").write_text(json.dumps(results, indent=1))
+    print(table(results))
+    print("plot:", plot(results, args.out / "extend_routes.png"))
+
+
+if __name__ == "__main__":
+    main()

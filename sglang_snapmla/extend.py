@@ -1,0 +1,156 @@
+"""Prefill over a cached prefix (extend): which of the two routes a batch takes, and the absorbed route's launches.
+
+An extend batch holds, per request i, e_i new tokens after a cached prefix of p_i tokens (t_i = p_i + e_i). Two
+routes read the FP8 cache for it:
+
+* **MHA** (SGLang's one-shot or chunked-prefix forward): fetch-dequant of the p_i + e_i rows to BF16, kv_b_proj
+  up-projects every one of them to H heads of K and V (a prefix shared by k requests is up-projected k times), then
+  FlashInfer's ragged prefill at head dims 192 / 128. Its cost grows with the prefix rows: p_i x H x 2 x 512 x 256
+  FLOP of up-projection per request.
+* **absorbed MLA**: the new tokens are the decode kernel's query rows (s_q per request, causal among them) over the
+  paged FP8 cache: nothing is up-projected, QK and PV run in FP8 at 576 / 512 dims. Its cost grows with new x total
+  tokens: e_i x t_i x H x 2 x (576 + 512) FLOP (a row tile reads every page of its request).
+
+Absorbed wins where few new tokens meet a long prefix (a shared system prompt, the next turn of a conversation);
+MHA wins for long new spans (a fresh prompt, chunked prefill of a long document). `prefers_absorbed` compares the
+two with the per-unit times of `ROUTE_COSTS`; SNAPMLA_EXTEND_ROUTE=mha|absorbed pins a route (measurements).
+
+SGLang itself sends every prefill batch of up to 2 048 tokens (its breakable prefill CUDA graph, attention run
+eagerly between graph segments) to absorbed MLA whatever the route says; `plan_absorbed_launches` turns such a batch
+into a few decode launches: requests of similar new-span length share one launch, each request's tokens at the end
+of its s_q window (left-padded), so that window position j of request i sees keys [0, t_i - s_q + j] -- exactly its
+causal range. Padding positions see shorter (or empty) ranges; their outputs are computed and dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import numerics as nx
+from .settings import requested_extend_route
+
+EXTEND_ROUTES = ("auto", "mha", "absorbed")
+# A request joins the current launch while its new span fills at least this share of the launch's longest one:
+# padding stays under 1 / 0.75 - 1 = 33 % of a launch's query rows.
+LAUNCH_FILL = 0.75
+# Query rows (padded tokens x heads) above which a batch outside captured prefill stays on MHA: the absorbed route
+# holds q and its output at 512 dims per head (1 KB per row in BF16, twice); 2^19 rows is a 4 096-token batch at
+# 128 heads, which SGLang's own absorbed prefill for flashmla also allocates.
+ABSORBED_MAX_ROWS = 1 << 19
+
+
+@dataclass(frozen=True)
+class RouteCosts:
+    """Per-unit times (s) of the two routes' dominant work on an H100 (benchmarks/bench_extend_routes.py fits them):
+    absorbed_pair: one (query row, key) of the FP8 decode kernel, 2 x (576 + 512) FLOP;
+    mha_pair: one (query row, key) of FlashInfer's BF16 ragged prefill, 2 x (192 + 128) FLOP;
+    upproj_row: one (cached token, head) of kv_b_proj, 2 x 512 x 256 FLOP, plus its fetch-dequant share."""
+    absorbed_pair: float
+    mha_pair: float
+    upproj_row: float
+
+
+# From the FLOP counts at measured rates: the decode kernel ~650 TFLOP/s at 128 heads (docs/KERNEL.md), FlashInfer's
+# ragged prefill ~450, a BF16 GEMM ~600.
+ROUTE_COSTS = RouteCosts(absorbed_pair=2176 / 650e12, mha_pair=640 / 450e12, upproj_row=262144 / 600e12)
+
+
+def group_requests(extend_lens: list[int]) -> list[list[int]]:
+    """Requests with new tokens (indices into extend_lens), grouped into launches: sorted by new-span length,
+    longest first; a request joins the current group while its span is >= LAUNCH_FILL x the group's longest."""
+    order = sorted((i for i, e in enumerate(extend_lens) if e > 0), key=lambda i: -extend_lens[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and extend_lens[i] >= LAUNCH_FILL * extend_lens[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int,
+                costs: RouteCosts = ROUTE_COSTS) -> tuple[float, float]:
+    """(absorbed, MHA) predicted attention-side seconds of an extend batch (the new tokens' own projections are
+    the same on both routes and left out)."""
+    absorbed = 0.0
+    for group in group_requests(extend_lens):
+        s_q = extend_lens[group[0]]
+        absorbed += len(group) * s_q * max(prefix_lens[i] + extend_lens[i] for i in group) * heads * costs.absorbed_pair
+    mha = sum(p * heads * costs.upproj_row + e * (p + (e + 1) / 2) * heads * costs.mha_pair
+              for p, e in zip(prefix_lens, extend_lens))
+    return absorbed, mha
+
+
+def padded_rows(extend_lens: list[int], heads: int) -> int:
+    """Query rows the absorbed route launches for a batch (left-padded windows included)."""
+    return sum(len(g) * extend_lens[g[0]] for g in group_requests(extend_lens)) * heads
+
+
+def prefers_absorbed(prefix_lens: list[int] | None, extend_lens: list[int] | None, heads: int) -> bool:
+    """Whether an extend batch outside captured prefill should take absorbed MLA rather than MHA prefill: never
+    without a cached prefix or above ABSORBED_MAX_ROWS, else the cheaper route under ROUTE_COSTS (or the route
+    SNAPMLA_EXTEND_ROUTE pins)."""
+    route = requested_extend_route()
+    if route not in EXTEND_ROUTES:
+        raise ValueError(f"SNAPMLA_EXTEND_ROUTE must be one of {EXTEND_ROUTES}, got {route!r}")
+    if route == "mha" or not prefix_lens or not extend_lens or not any(prefix_lens):
+        return False
+    if padded_rows(extend_lens, heads) > ABSORBED_MAX_ROWS:
+        return False
+    if route == "absorbed":
+        return True
+    absorbed, mha = route_costs(prefix_lens, extend_lens, heads)
+    return absorbed < mha
+
+
+@dataclass
+class AbsorbedLaunch:
+    """One decode launch of an absorbed extend: B requests, s_q query tokens each (left-padded windows).
+    rows [B * s_q] int64: the batch's token row feeding each window position; src / dst [N] int64: window position
+    and batch row of each of the N real tokens; block_table [B, max_pages] int32; seq_lens [B] int32."""
+    s_q: int
+    max_pages: int
+    rows: torch.Tensor
+    src: torch.Tensor
+    dst: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+def plan_absorbed_launches(extend_lens: list[int], seq_lens: list[int], req_pool_indices: torch.Tensor,
+                           req_to_token: torch.Tensor) -> list[AbsorbedLaunch]:
+    """The launches of an absorbed extend (`group_requests`). Tokens of request i are rows [start_i, start_i + e_i)
+    of the batch (SGLang's extend layout); req_to_token [R, max_context] holds each request's slots (page-aligned,
+    page size 64). Index tensors are built on the host and copied once per batch; the block tables are gathered on
+    the device."""
+    device = req_pool_indices.device
+    starts = [0]
+    for e in extend_lens[:-1]:
+        starts.append(starts[-1] + e)
+    launches = []
+    for group in group_requests(extend_lens):
+        s_q = extend_lens[group[0]]
+        rows, src, dst = [], [], []
+        for b, i in enumerate(group):
+            pad = s_q - extend_lens[i]
+            # padding positions read the request's first token (any real row would do: their outputs are dropped)
+            rows += [starts[i]] * pad + list(range(starts[i], starts[i] + extend_lens[i]))
+            src += range(b * s_q + pad, (b + 1) * s_q)
+            dst += range(starts[i], starts[i] + extend_lens[i])
+        lens = [seq_lens[i] for i in group]
+        max_pages = -(-max(lens) // nx.PAGE_SIZE)
+        members = torch.tensor(group, dtype=torch.int64).to(device, non_blocking=True)
+        columns = torch.arange(0, max_pages * nx.PAGE_SIZE, nx.PAGE_SIZE, device=device)
+        table = req_to_token[req_pool_indices.index_select(0, members)[:, None], columns[None, :]]
+        launches.append(AbsorbedLaunch(
+            s_q=s_q, max_pages=max_pages, rows=_index(rows, device), src=_index(src, device), dst=_index(dst, device),
+            block_table=(table // nx.PAGE_SIZE).to(torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True)))
+    return launches
+
+
+def _index(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+

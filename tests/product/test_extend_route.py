@@ -1,0 +1,111 @@
+"""The route of a prefill over a cached prefix (sglang_snapmla.extend): the launch groups, the cost model's choice
+and its pins, and the plugin's dispatch handler that applies it the way SGLang's DeepSeek attention asks per layer."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_snapmla import extend
+
+
+def test_groups_keep_padding_under_a_third_and_skip_empty_spans():
+    lens = [5, 61, 4, 0, 48, 1000, 700, 800]
+    groups = extend.group_requests(lens)
+    assert groups == [[5, 7], [6], [1, 4], [0, 2]]
+    for g in groups:
+        assert all(lens[i] >= extend.LAUNCH_FILL * lens[g[0]] for i in g)
+    assert sorted(i for g in groups for i in g) == [i for i, e in enumerate(lens) if e]
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+def test_short_questions_over_long_prefixes_go_absorbed_long_spans_go_mha(heads, monkeypatch):
+    monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
+    # 16 requests, each a 128-token question after a 4 096-token shared system prompt
+    assert extend.prefers_absorbed([4096] * 16, [128] * 16, heads)
+    # the next turn of a 32k conversation
+    assert extend.prefers_absorbed([32768], [200], heads)
+    # chunked prefill of a long document: 8 192 new tokens after 16k
+    assert not extend.prefers_absorbed([16384], [8192], heads)
+    # no cached prefix: MHA prefill, always
+    assert not extend.prefers_absorbed([0, 0], [16, 16], heads)
+    assert not extend.prefers_absorbed(None, [16], heads)
+
+
+def test_the_cost_model_crossover_sits_where_the_flop_counts_put_it(monkeypatch):
+    """Per (request, head), absorbed costs e x t x absorbed_pair, MHA p x upproj_row + e x (p + e/2) x mha_pair:
+    with a long prefix the crossover is e* ~ upproj_row / (absorbed_pair - mha_pair)."""
+    monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
+    c = extend.ROUTE_COSTS
+    crossover = c.upproj_row / (c.absorbed_pair - c.mha_pair)
+    p = 1 << 20
+    assert extend.prefers_absorbed([p], [int(crossover * 0.9)], 128)
+    assert not extend.prefers_absorbed([p], [int(crossover * 1.1)], 128)
+
+
+def test_row_cap_and_pins(monkeypatch):
+    monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
+    many = [64] * (extend.ABSORBED_MAX_ROWS // (64 * 128) + 1)
+    assert not extend.prefers_absorbed([8192] * len(many), many, 128), "above the row cap a batch stays on MHA"
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "mha")
+    assert not extend.prefers_absorbed([4096] * 16, [128] * 16, 16)
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
+    assert extend.prefers_absorbed([16384], [8192], 16)
+    assert not extend.prefers_absorbed([0], [8192], 16), "without a prefix even the pin keeps MHA"
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "fast")
+    with pytest.raises(ValueError, match="SNAPMLA_EXTEND_ROUTE must be one of"):
+        extend.prefers_absorbed([16], [16], 16)
+
+
+@pytest.fixture
+def dispatch(monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
+
+    from sglang_snapmla import plugin
+
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+
+    plugin.register()
+    monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
+    monkeypatch.setattr(plugin, "_in_captured_prefill", lambda: False)
+
+    def sglang_rule(attn, fb, name):  # SGLang's choice for flashmla outside captured prefill (it needs server args)
+        prefix = sum(fb.extend_prefix_lens_cpu)
+        if prefix == 0 or (prefix >= attn.chunked_prefix_cache_threshold and not attn.disable_chunked_prefix_cache):
+            return AttnForwardMethod.MHA_ONE_SHOT if handlers._support_mha_one_shot(attn, fb, name) else \
+                AttnForwardMethod.MHA_CHUNKED_KV
+        return AttnForwardMethod.MLA
+
+    monkeypatch.setattr(handlers, "_handle_attention_backend", sglang_rule)
+
+    def run(prefix, ext, heads=16, mode=ForwardMode.EXTEND, disabled=False):
+        attn = SimpleNamespace(num_local_heads=heads, disable_chunked_prefix_cache=disabled,
+                               chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
+        fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
+                             seq_lens_cpu=[p + e for p, e in zip(prefix, ext)], get_max_chunk_capacity=lambda: 1 << 17)
+        return plugin._dispatch_attention_method(attn, fb)
+
+    return run, AttnForwardMethod
+
+
+def test_dispatch_applies_the_route_per_batch(dispatch):
+    run, M = dispatch
+    # SGLang's flashmla rule would say MHA here (prefixes sum to >= 8 192): the cost model says absorbed
+    assert run([4096] * 16, [128] * 16) == M.MLA
+    # ... and absorbed there (prefixes sum to < 8 192), where a long new span makes MHA cheaper
+    assert run([4000], [4096]) in (M.MHA_ONE_SHOT, M.MHA_CHUNKED_KV)
+    assert run([0], [4096]) == M.MHA_ONE_SHOT  # a fresh prompt: SGLang's MHA prefill
+    # the chunked prefix cache disabled: SGLang's absorbed path, whatever the cost
+    assert run([4000], [4096], disabled=True) == M.MLA
+
+
+def test_dispatch_keeps_sglangs_choice_in_captured_prefill(dispatch, monkeypatch):
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+
+    from sglang_snapmla import plugin
+
+    run, M = dispatch
+    monkeypatch.setattr(plugin, "_in_captured_prefill", lambda: True)
+    monkeypatch.setattr(handlers, "_handle_attention_backend", lambda *a: M.MLA)  # SGLang pins MLA there
+    assert run([4000], [4096]) == M.MLA
+    assert run([0], [4096]) == M.MLA
