@@ -65,7 +65,9 @@ EXTRA_METRICS = {
 def bench_command(port: int, model: str, workload: dict, seed: int = 1, warmup: bool = False) -> list[str]:
     """`python -m sglang.bench_serving` for a workload (warmup: a few of its requests, 8 output tokens)."""
     w = dict(workload)
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port), "--tokenizer",
+    # bench_serving runs multi-turn conversations through the chat API only
+    api = "sglang-oai-chat" if w.get("num_turns", 1) > 1 and not warmup else "sglang"
+    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", api, "--port", str(port), "--tokenizer",
            model, "--dataset-name", w["dataset"], "--seed", str(seed), "--cache-report"]
     output_len = 8 if warmup else w["output_len"]
     if w["dataset"] == GSP:
@@ -79,7 +81,7 @@ def bench_command(port: int, model: str, workload: dict, seed: int = 1, warmup: 
     else:  # token ids sent as ids: exact lengths (text would be re-tokenized ~11 % longer)
         cmd += ["--random-input-len", str(w["input_len"]), "--random-output-len", str(output_len),
                 "--random-range-ratio", "1.0", "--tokenize-prompt",
-                "--num-prompts", str(min(WARMUP_REQUESTS, w["num_prompts"]) if warmup else w["num_prompts"])]
+                "--num-prompts", str(max(1, min(WARMUP_REQUESTS, w["num_prompts"] // 8)) if warmup else w["num_prompts"])]
     return cmd
 
 

@@ -13,7 +13,7 @@ routes read the FP8 cache for it:
 
 Absorbed wins where few new tokens meet a long prefix (a shared system prompt, the next turn of a conversation);
 MHA wins for long new spans (a fresh prompt, chunked prefill of a long document). `prefers_absorbed` compares the
-two with the per-unit times of `ROUTE_COSTS`; SNAPMLA_EXTEND_ROUTE=mha|absorbed pins a route (measurements).
+two with the per-unit times of `ROUTE_COSTS` (fitted on an H100); SNAPMLA_EXTEND_ROUTE=mha|absorbed pins a route (measurements).
 
 SGLang itself sends every prefill batch of up to 2 048 tokens (its breakable prefill CUDA graph, attention run
 eagerly between graph segments) to absorbed MLA whatever the route says; `plan_absorbed_launches` turns such a batch
@@ -43,18 +43,23 @@ ABSORBED_MAX_ROWS = 1 << 19
 
 @dataclass(frozen=True)
 class RouteCosts:
-    """Per-unit times (s) of the two routes' dominant work on an H100 (benchmarks/bench_extend_routes.py fits them):
-    absorbed_pair: one (query row, key) of the FP8 decode kernel, 2 x (576 + 512) FLOP;
-    mha_pair: one (query row, key) of FlashInfer's BF16 ragged prefill, 2 x (192 + 128) FLOP;
-    upproj_row: one (cached token, head) of kv_b_proj, 2 x 512 x 256 FLOP, plus its fetch-dequant share."""
+    """Per-unit times (s) of the two routes on an H100, fitted to benchmarks/bench_extend_routes.py:
+    absorbed_pair: one (query row = token x head, key) of the absorbed extend (Q gather and quant, the FP8 decode
+    kernel, the scatter), 2 x (576 + 512) FLOP; mha_upproj: one (cached token, head) of the MHA route's prefix work
+    (fetch-dequant, kv_b_proj's 2 x 512 x 256 FLOP, K assembly); mha_pair: one (query row, key) of FlashInfer's ragged
+    prefill, 2 x (192 + 128) FLOP; *_fixed: per batch and layer."""
     absorbed_pair: float
+    absorbed_fixed: float
+    mha_upproj: float
     mha_pair: float
-    upproj_row: float
+    mha_fixed: float
 
 
-# From the FLOP counts at measured rates: the decode kernel ~650 TFLOP/s at 128 heads (docs/KERNEL.md), FlashInfer's
-# ragged prefill ~450, a BF16 GEMM ~600.
-ROUTE_COSTS = RouteCosts(absorbed_pair=2176 / 650e12, mha_pair=640 / 450e12, upproj_row=262144 / 600e12)
+# Fitted (least squares on relative error) to the route benchmark's 20 cases at 16 and 128 heads on an H100 80GB
+# HBM3: 644 TFLOP/s effective for the absorbed pairs, 266 for the prefix up-projection with its memory traffic, 690 for
+# the ragged prefill's pairs; the faster measured route is the cheaper modelled one in all 20 (docs/BENCHMARKS.md).
+ROUTE_COSTS = RouteCosts(absorbed_pair=3.38e-12, absorbed_fixed=2.7e-4, mha_upproj=9.86e-10, mha_pair=9.27e-13,
+                         mha_fixed=3.1e-4)
 
 
 def group_requests(extend_lens: list[int]) -> list[list[int]]:
@@ -74,12 +79,12 @@ def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int,
                 costs: RouteCosts = ROUTE_COSTS) -> tuple[float, float]:
     """(absorbed, MHA) predicted attention-side seconds of an extend batch (the new tokens' own projections are
     the same on both routes and left out)."""
-    absorbed = 0.0
+    absorbed = costs.absorbed_fixed
     for group in group_requests(extend_lens):
         s_q = extend_lens[group[0]]
         absorbed += len(group) * s_q * max(prefix_lens[i] + extend_lens[i] for i in group) * heads * costs.absorbed_pair
-    mha = sum(p * heads * costs.upproj_row + e * (p + (e + 1) / 2) * heads * costs.mha_pair
-              for p, e in zip(prefix_lens, extend_lens))
+    mha = costs.mha_fixed + sum(p * heads * costs.mha_upproj + e * (p + (e + 1) / 2) * heads * costs.mha_pair
+                                for p, e in zip(prefix_lens, extend_lens))
     return absorbed, mha
 
 

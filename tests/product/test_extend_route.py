@@ -32,11 +32,11 @@ def test_short_questions_over_long_prefixes_go_absorbed_long_spans_go_mha(heads,
 
 
 def test_the_cost_model_crossover_sits_where_the_flop_counts_put_it(monkeypatch):
-    """Per (request, head), absorbed costs e x t x absorbed_pair, MHA p x upproj_row + e x (p + e/2) x mha_pair:
-    with a long prefix the crossover is e* ~ upproj_row / (absorbed_pair - mha_pair)."""
+    """Per (request, head), absorbed costs e x t x absorbed_pair, MHA p x mha_upproj + e x (p + e/2) x mha_pair:
+    with a long prefix the crossover is e* ~ mha_upproj / (absorbed_pair - mha_pair)."""
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
     c = extend.ROUTE_COSTS
-    crossover = c.upproj_row / (c.absorbed_pair - c.mha_pair)
+    crossover = c.mha_upproj / (c.absorbed_pair - c.mha_pair)
     p = 1 << 20
     assert extend.prefers_absorbed([p], [int(crossover * 0.9)], 128)
     assert not extend.prefers_absorbed([p], [int(crossover * 1.1)], 128)

@@ -2,24 +2,28 @@
 # On the GPU host (the runtime in .gpu): the prefix-heavy serving matrix (benchmarks/serve_prefix.py), one model
 # after another, run detached in out/prefix so that it outlasts one command; `wait` follows it and copies the
 # tables, JSON, plots and compressed logs to $OUT.
-#   bash tools/gpu_host/prefix_matrix.sh start [MODEL...]   (default: the V2-Lite and V3 shapes)
+#   bash tools/gpu_host/prefix_matrix.sh start [MODEL[:BACKEND,...]...]   (runs in this order; default: the V2-Lite
+#                                                                          and V3 shapes with BACKENDS)
 #   bash tools/gpu_host/prefix_matrix.sh wait SECONDS       (returns when the run ends or SECONDS pass)
-# BACKENDS (default: snapmla snapmla-mha flashmla flashmla-fp8), WORKLOADS (default: all), SERVER_FLAGS (default:
+# BACKENDS (default: snapmla flashmla flashmla-fp8 snapmla-mha), WORKLOADS (default: all), SERVER_FLAGS (default:
 # --cuda-graph-max-bs 512, every backend's decode graphs above the largest burst) choose what runs.
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 DIR=out/prefix
-BACKENDS=${BACKENDS:-snapmla snapmla-mha flashmla flashmla-fp8}
+BACKENDS=${BACKENDS:-snapmla flashmla flashmla-fp8 snapmla-mha}
 SERVER_FLAGS=${SERVER_FLAGS:---cuda-graph-max-bs 512}
 case "${1:-}" in
   start)
     shift
-    models=${*:-configs/models/deepseek-v2-lite-shape configs/models/deepseek-v3-shape}
+    runs=""
+    for item in ${*:-configs/models/deepseek-v2-lite-shape configs/models/deepseek-v3-shape}; do
+      model=${item%%:*}; backends=$BACKENDS; [ "$item" != "$model" ] && backends=${item#*:}
+      runs+="python3 -m benchmarks.serve_prefix --model $model --backends ${backends//,/ } ${WORKLOADS:+--workloads $WORKLOADS} --server-flags='$SERVER_FLAGS' --out $DIR/$(basename $model) --resume; "
+    done
     mkdir -p $DIR && rm -f $DIR/done
-    nohup bash -c "for m in $models; do python3 -m benchmarks.serve_prefix --model \$m --backends $BACKENDS \
-      ${WORKLOADS:+--workloads $WORKLOADS} --server-flags=\"$SERVER_FLAGS\" --out $DIR/\$(basename \$m) --resume; \
-      done; touch $DIR/done" > $DIR/run.log 2>&1 < /dev/null &
-    echo "started: $models ($BACKENDS)" ;;
+    # setsid: its own session, so that the end of the command that started it does not end it
+    setsid nohup bash -c "$runs touch $DIR/done" > $DIR/run.log 2>&1 < /dev/null &
+    echo "started: $runs" ;;
   wait)
     t=0
     until [ -f $DIR/done ] || [ $t -ge "${2:-60}" ]; do sleep 10; t=$((t + 10)); done
