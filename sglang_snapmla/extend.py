@@ -36,9 +36,10 @@ EXTEND_ROUTES = ("auto", "mha", "absorbed")
 # padding stays under 1 / 0.75 - 1 = 33 % of a launch's query rows.
 LAUNCH_FILL = 0.75
 # Query rows (padded tokens x heads) above which a batch outside captured prefill stays on MHA: the absorbed route
-# holds q and its output at 512 dims per head (1 KB per row in BF16, twice); 2^19 rows is a 4 096-token batch at
-# 128 heads, which SGLang's own absorbed prefill for flashmla also allocates.
-ABSORBED_MAX_ROWS = 1 << 19
+# holds ~4 KB of transient buffers per row (Q gathered and quantized, the output before and after its scatter); 2^20
+# rows is an 8 192-token prefill chunk (SGLang's default on an H100) at 128 heads, ~4 GB, less than the MHA route of
+# such a batch over long prefixes allocates (K and V of every prefix token at every head, 896 B per token and head).
+ABSORBED_MAX_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)

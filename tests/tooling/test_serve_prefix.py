@@ -1,0 +1,50 @@
+"""The prefix-heavy serving matrix (benchmarks/serve_prefix.py): the bench_serving command of each workload, the
+summary it parses, the table's ratios."""
+
+from pathlib import Path
+
+from benchmarks import serve_prefix as sp
+
+SUMMARY = """
+Successful requests:                     512
+Total generated tokens (retokenized):    141288
+Output token throughput (tok/s):         5935.75
+Total token throughput (tok/s):          112545.09
+Median TTFT (ms):                        9872.89
+P99 TTFT (ms):                           10005.20
+Median TPOT (ms):                        46.94
+Total prompt tokens:                     2354126
+Total cached tokens:                     2109760
+"""
+
+
+def test_commands_name_the_datasets_and_the_chat_api_for_conversations():
+    shared = sp.bench_command(30000, "m", sp.WORKLOADS["shared-4k"])
+    assert shared[shared.index("--dataset-name") + 1] == sp.GSP
+    assert shared[shared.index("--gsp-system-prompt-len") + 1] == "4096"
+    assert shared[shared.index("--num-prompts") + 1] == str(32 * 16)
+    assert shared[shared.index("--backend") + 1] == "sglang" and "--cache-report" in shared
+    turns = sp.bench_command(30000, "m", sp.WORKLOADS["multi-turn"])
+    assert turns[turns.index("--backend") + 1] == "sglang-oai-chat"  # bench_serving's multi-turn needs chat
+    assert turns[turns.index("--gsp-num-turns") + 1] == "6"
+    warm = sp.bench_command(30000, "m", sp.WORKLOADS["multi-turn"], warmup=True)
+    assert warm[warm.index("--gsp-num-turns") + 1] == "1" and warm[warm.index("--gsp-output-len") + 1] == "8"
+    long = sp.bench_command(30000, "m", sp.WORKLOADS["long-64k"])
+    assert "--tokenize-prompt" in long and long[long.index("--random-input-len") + 1] == "65536"
+    assert sp.bench_command(30000, "m", sp.WORKLOADS["long-64k"], warmup=True)[-1] == "2"
+
+
+def test_parse_and_table(tmp_path: Path):
+    m = sp.parse(SUMMARY)
+    assert (m["output_tok_s"], m["p99_ttft_ms"], m["cached_tokens"], m["prompt_tokens"]) == \
+        (5935.75, 10005.2, 2109760, 2354126)
+    base = {**m, "output_tok_s": 5000.0, "median_ttft_ms": 12000.0}
+    fp8 = {**m, "output_tok_s": 2500.0}
+    results = {"v2": {"snapmla": {"workloads": {"shared-4k": m}},
+                      "flashmla": {"workloads": {"shared-4k": base}, "pool_tokens": 10},
+                      "flashmla-fp8": {"workloads": {"shared-4k": fp8}, "error": "long-64k: timeout"}}}
+    text = sp.table(results)
+    row = next(line for line in text.splitlines() if "| snapmla |" in line)
+    assert "| 1.19x / 2.37x | 0.82x |" in row, row
+    assert "error: long-64k: timeout" in text and "10 tokens" in text
+    assert sp.plot(results, tmp_path / "p.png").exists()
