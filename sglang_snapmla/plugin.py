@@ -124,7 +124,9 @@ def _hooks(HookType) -> dict:
     applied is an integration point this SGLang release does not have (`integration_errors`)."""
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
+    tokenizer_manager = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
     return {
+        f"{tokenizer_manager}._validate_one_request": (_validate_request_hook, HookType.AROUND),
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
@@ -266,6 +268,17 @@ def _kv_cache_dim_hook(original, *args, **kwargs):
     if server_args is not None and is_selected(server_args):
         return snapmla_kv_cache_dim(kwargs["kv_cache_dtype"])
     return original(*args, **kwargs)
+
+
+def _validate_request_hook(original, manager, obj, input_ids, *args, **kwargs):
+    """Around SGLang's per-request validation, whose ValueError the HTTP layer answers with 400: where snapmla
+    serves, also the token ids a client sends (`request_checks`), after SGLang's own checks (and truncation)."""
+    result = original(manager, obj, input_ids, *args, **kwargs)
+    if is_selected(manager.server_args):
+        from .request_checks import check_request_token_ids
+
+        check_request_token_ids(obj, input_ids, manager.model_config.vocab_size)
+    return result
 
 
 def _build_pool_hook(original, configurator, *args, max_total_num_tokens: int, **kwargs):

@@ -195,6 +195,43 @@ def test_combine_skips_splits_without_keys(gen, splits):
     assert torch.allclose(lse_dev.cpu(), ref_lse.view(B, s_q, H).transpose(1, 2), atol=1e-5)
 
 
+@pytest.mark.parametrize("splits", [ops.COMBINE_SPLIT_CHUNK + 1, 2 * ops.COMBINE_SPLIT_CHUNK,
+                                    2 * ops.COMBINE_SPLIT_CHUNK + 1, ops.MAX_SPLITS])
+def test_combine_merges_the_last_split(gen, splits):
+    """The combine reads a row's partials 16 splits per load: the last split, just past a chunk edge or at the end
+    of a full one, carries most of the weight here, so a combine that stops a chunk early is far off."""
+    B, s_q, H = 1, 1, 4
+    o_part = torch.randn(B, H, splits, 512, generator=gen)
+    lse_part = torch.randn(B, H, splits, generator=gen)
+    lse_part[..., -1] += 8.0  # 2^8 times the weight of any other split
+    out, lse = torch.empty(B, H, 512, dtype=torch.bfloat16), torch.empty(B, H, s_q)
+    o_dev, l_dev, out_dev, lse_dev = (t.to(DEV) for t in (o_part, lse_part, out, lse))
+    ops.combine(o_dev, l_dev, out_dev, lse_dev, H, s_q)
+    weights = torch.softmax(lse_part * math.log(2.0), dim=-1)
+    assert_close(out_dev.float().cpu(), (weights[..., None] * o_part).sum(2), rel_l2=4e-3, what=f"{splits} splits")
+
+
+def test_scale_floor_bounds_the_aligned_rope_product(gen):
+    """What the per-token scale floor (numerics.SCALE_FLOOR, docs/DESIGN.md) exists for: a query head whose latent
+    part is all zero meets keys whose content is all zero. Both scales are the floor, both RoPE parts are stored
+    divided by it, and their dot product is accumulated in fp32 as q_rope . k_rope / floor^2 before the two scales
+    bring it back: at 2^-20 that stays finite for RoPE values up to ~2e12 (at 2^-64 a unit RoPE overflows). The
+    kernels' quantizers, the Triton decode and the spec give the exact attention's result there."""
+    p = paged_problem(gen, [70, 130], 8, s_q=2)
+    p["q_nope"][:, :, :3] = 0  # three heads of every query token: latent part zero, RoPE part not
+    p["c_kv"][1::2] = 0  # every other slot: content zero, RoPE key not
+    golden, _ = nx.mla_decode_golden(*golden_args(p))
+    B, s_q, H, _ = p["q_nope"].shape
+    bf16 = {k: p[k].to(torch.bfloat16).to(DEV) for k in ("q_nope", "q_rope", "c_kv", "k_rope")}
+    pool = ops.pool_from_rows(bf16["c_kv"], bf16["k_rope"])
+    out, _ = ops.quantize_and_decode(bf16["q_nope"], bf16["q_rope"], *pool, p["block_table"].to(DEV),
+                                     p["seq_lens"].to(DEV), p["softmax_scale"], impl="triton")
+    # the golden bounds of test_decode_matches_reference_and_golden
+    assert_close(out.float().cpu(), golden.float(), rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="kernels")
+    _, _, ref, _ = run_decode(p)
+    assert_close(ref, golden.float(), rel_l2=5.5e-2, one_minus_cos=1.5e-3, what="spec")
+
+
 def test_decode_reads_no_partial_it_did_not_write(gen, monkeypatch):
     """More splits than a sequence has pages (as in serving, where the count is set for the longest sequence a CUDA
     graph holds): the split kernel leaves the partial rows of splits without keys unwritten and the combine does not

@@ -567,3 +567,26 @@ def test_sizing_budgets_644_bytes(plugin, monkeypatch):
             call = {"server_args": published} if takes_server_args else {}
             assert kcc.calculate_mla_kv_cache_dim(model_config=model, kv_cache_dtype=dtype, **call) == dim
     assert layout.BF16_BYTES_PER_TOKEN / layout.BYTES_PER_TOKEN >= 1.78
+
+
+@pytest.mark.cpu_interpreter
+def test_a_pipeline_stage_pool_indexes_its_own_layers(plugin, gen):
+    """Under --pp-size > 1 a stage's pool holds layers [start_layer, end_layer): SGLang's layer ids stay global, so
+    every accessor translates them. Layers 5 and 6 of a stage that starts at 5, written with different rows, read
+    back their own rows, from arrays 0 and 1."""
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    stage = SnapMLATokenToKVPool(size=128, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
+                                 layer_num=2, device="cpu", enable_memory_saver=False, start_layer=5, end_layer=7)
+    loc = torch.randperm(127, generator=gen)[:9] + 1
+    rows = {}
+    for layer_id in (5, 6):
+        nope = torch.randn(9, 1, 512, generator=gen).to(torch.bfloat16)
+        rope = torch.randn(9, 1, 64, generator=gen).to(torch.bfloat16)
+        stage.set_mla_kv_buffer(SimpleNamespace(layer_id=layer_id), loc, nope, rope)
+        rows[layer_id] = nx.dequantize_kv(nx.quantize_kv(nope[:, 0], rope[:, 0]))
+    for layer_id in (5, 6):
+        got_nope, got_rope = stage.get_mla_kv_buffer(SimpleNamespace(layer_id=layer_id), loc)
+        assert torch.equal(got_nope[:, 0], rows[layer_id][0]) and torch.equal(got_rope[:, 0], rows[layer_id][1])
+        content, _, _ = stage.snapmla_buffers(layer_id)
+        assert content.data_ptr() == stage.kv_buffer[layer_id - 5].data_ptr()

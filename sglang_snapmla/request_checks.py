@@ -1,0 +1,73 @@
+"""Token ids a client sends, checked against the model's vocabulary before the request is scheduled.
+
+SGLang 0.5.17 and 0.5.23 pass a request's prompt token ids (`/generate`'s `input_ids`, the token-id prompts of
+`/v1/completions`) to the embedding gather unchecked: one id outside [0, vocab_size) ends in a device-side assert
+that stops the scheduler, and every request in flight with it (sglang PR #8383, "a request-level DoS", open). Other
+ids a client names reach the GPU as indices too: `stop_token_ids` (the min-new-tokens penalizer scatters them into a
+vocabulary-wide tensor), `logit_bias` keys, `token_ids_logprob`. Where snapmla is the backend the plugin checks all
+of them in `TokenizerManager._validate_one_request`, whose ValueError SGLang's HTTP layer answers with 400 and the
+message; other backends are left as SGLang has them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+PR = "sglang PR #8383"
+
+
+def _first_outside(ids: Iterable, vocab_size: int) -> tuple[int, object] | None:
+    """(position, value) of the first id that is not an integer in [0, vocab_size), or None."""
+    for i, v in enumerate(ids):
+        try:
+            ok = int(v) == v and 0 <= int(v) < vocab_size
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            return i, v
+    return None
+
+
+def _refuse(field: str, where: tuple[int, object], vocab_size: int) -> ValueError:
+    i, v = where
+    return ValueError(f"{field}[{i}] = {v!r} is not a token id of this model: ids must be integers in "
+                      f"[0, {vocab_size}). The request was refused before it reached the GPU ({PR}).")
+
+
+def check_request_token_ids(obj, input_ids, vocab_size: int) -> None:
+    """Raises ValueError (HTTP 400) naming the first out-of-vocabulary id in the prompt `input_ids` or in the
+    request's stop_token_ids, logit_bias keys or token_ids_logprob (`obj`: SGLang's GenerateReqInput or
+    EmbeddingReqInput for one request). The prompt is checked by its extremes first: a long prompt costs one
+    min / max pass."""
+    if input_ids is not None and len(input_ids):
+        try:
+            in_range = 0 <= min(input_ids) and max(input_ids) < vocab_size
+        except TypeError:  # a non-number among them
+            in_range = False
+        if not in_range:
+            raise _refuse("input_ids", _first_outside(input_ids, vocab_size), vocab_size)
+    params = getattr(obj, "sampling_params", None)
+    if isinstance(params, dict):
+        for field, ids in (("stop_token_ids", params.get("stop_token_ids")),
+                           ("logit_bias", list((params.get("logit_bias") or {}).keys()))):
+            bad = _first_outside(_as_ints(ids), vocab_size) if ids else None
+            if bad:
+                raise _refuse(f"sampling_params.{field}", bad, vocab_size)
+    logprob_ids = getattr(obj, "token_ids_logprob", None)
+    if isinstance(logprob_ids, list) and logprob_ids and not isinstance(logprob_ids[0], list):
+        bad = _first_outside(logprob_ids, vocab_size)
+        if bad:
+            raise _refuse("token_ids_logprob", bad, vocab_size)
+
+
+def _as_ints(ids) -> list:
+    """Ids as a client may send them: ints, or strings of ints (logit_bias keys are JSON strings)."""
+    out = []
+    for v in ids:
+        if v is None:  # SGLang drops None from stop_token_ids
+            continue
+        try:
+            out.append(int(v) if isinstance(v, str) else v)
+        except ValueError:
+            out.append(v)
+    return out

@@ -1,0 +1,115 @@
+"""Token ids a client sends, refused with HTTP 400 before they reach the GPU where snapmla serves
+(sglang_snapmla.request_checks): the check itself, SGLang's per-request validation as the plugin hooks it, and a
+/generate request through SGLang's own HTTP app."""
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_snapmla.request_checks import check_request_token_ids
+
+VOCAB = 32000
+
+
+@pytest.mark.parametrize("ids,params,logprob_ids,field", [
+    ([1000000000, -5, 3], {}, None, "input_ids[0] = 1000000000"),
+    ([3, -5], {}, None, "input_ids[1] = -5"),
+    ([0, VOCAB], {}, None, f"input_ids[1] = {VOCAB}"),
+    ([1, 2], {"stop_token_ids": [7, VOCAB + 3]}, None, "sampling_params.stop_token_ids[1]"),
+    ([1, 2], {"logit_bias": {"5": 1.0, "-1": 2.0}}, None, "sampling_params.logit_bias[1] = -1"),
+    ([1, 2], {}, [4, VOCAB], "token_ids_logprob[1]"),
+])
+def test_out_of_vocabulary_ids_are_refused_with_the_field_named(ids, params, logprob_ids, field):
+    obj = SimpleNamespace(sampling_params=params, token_ids_logprob=logprob_ids)
+    with pytest.raises(ValueError, match=re.escape(field) + rf".*\[0, {VOCAB}\)"):
+        check_request_token_ids(obj, ids, VOCAB)
+
+
+def test_ids_inside_the_vocabulary_pass():
+    obj = SimpleNamespace(sampling_params={"stop_token_ids": [0, VOCAB - 1, None], "logit_bias": {"12": -1.0}},
+                          token_ids_logprob=[0, VOCAB - 1])
+    check_request_token_ids(obj, [0, 17, VOCAB - 1], VOCAB)
+    check_request_token_ids(SimpleNamespace(sampling_params=None), None, VOCAB)  # a text prompt, tokenized later
+
+
+@pytest.fixture(scope="module")
+def manager_for():
+    """TokenizerManager for one backend, with the fields SGLang's `_validate_one_request` reads (its constructor
+    starts the tokenizer and the sockets to the scheduler); the method itself is SGLang's, hooked by the plugin."""
+    from pathlib import Path
+
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_snapmla import plugin
+
+    plugin.register()
+    model = str(Path(__file__).resolve().parents[2] / "configs/models/deepseek-v2-lite-shape")
+
+    def make(backend: str):
+        tm = object.__new__(TokenizerManager)
+        flags = ["--model-path", model, "--attention-backend", backend, "--device", "cpu"]
+        tm.server_args = prepare_server_args(flags)
+        tm.model_config = SimpleNamespace(vocab_size=VOCAB, hidden_size=2048)
+        tm.context_len, tm.num_reserved_tokens, tm.allow_auto_truncate = 4096, 0, False
+        tm.validate_total_tokens, tm.is_generation = True, True
+        return tm
+
+    return make
+
+
+def request(**kw):
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    obj = GenerateReqInput(**{"sampling_params": {"max_new_tokens": 4}, **kw})
+    obj.normalize_batch_and_arguments()
+    return obj
+
+
+@pytest.mark.cpu_interpreter  # the server args of a snapmla server on --device cpu
+def test_sglangs_request_validation_refuses_them_where_snapmla_serves(manager_for):
+    tm = manager_for("snapmla")
+    obj = request(input_ids=[1000000000, -5, 3])
+    with pytest.raises(ValueError, match=r"input_ids\[0\] = 1000000000 is not a token id"):
+        tm._validate_one_request(obj, obj.input_ids)
+    obj = request(input_ids=[5, 6], sampling_params={"max_new_tokens": 4, "stop_token_ids": [VOCAB],
+                                                     "min_new_tokens": 2})
+    with pytest.raises(ValueError, match=r"stop_token_ids\[0\]"):
+        tm._validate_one_request(obj, obj.input_ids)
+    good = request(input_ids=[5, 6, VOCAB - 1])
+    tm._validate_one_request(good, good.input_ids)
+
+
+@pytest.mark.cpu_interpreter
+def test_other_backends_keep_sglangs_validation(manager_for):
+    tm = manager_for("triton")
+    obj = request(input_ids=[VOCAB + 1])
+    tm._validate_one_request(obj, obj.input_ids)  # SGLang's own check passes it (the plugin leaves it alone)
+
+
+@pytest.mark.cpu_interpreter
+def test_generate_answers_400_with_the_message(manager_for, monkeypatch):
+    """POST /generate through SGLang's FastAPI app; its tokenizer manager validates the request with the hooked
+    method and would go on to schedule it (never reached here)."""
+    from fastapi.testclient import TestClient
+    from sglang.srt.entrypoints import http_server
+
+    tm = manager_for("snapmla")
+    scheduled = []
+
+    async def generate_request(obj, request=None):
+        obj.normalize_batch_and_arguments()
+        tm._validate_one_request(obj, obj.input_ids)
+        scheduled.append(obj.input_ids)
+        yield {"text": "", "output_ids": [], "meta_info": {}}
+
+    monkeypatch.setattr(http_server, "_global_state", SimpleNamespace(tokenizer_manager=SimpleNamespace(
+        generate_request=generate_request, create_abort_task=lambda obj: None)))
+    client = TestClient(http_server.app)
+    bad = client.post("/generate", json={"input_ids": [1000000000, -5, 3], "sampling_params": {"max_new_tokens": 2}})
+    assert bad.status_code == 400, bad.text
+    assert "is not a token id of this model" in bad.text
+    ok = client.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+    assert ok.status_code == 200, ok.text
+    assert scheduled == [[1, 2, 3]]
