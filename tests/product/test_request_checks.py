@@ -33,12 +33,15 @@ def test_ids_inside_the_vocabulary_pass():
     check_request_token_ids(SimpleNamespace(sampling_params=None), None, VOCAB)  # a text prompt, tokenized later
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def manager_for():
-    """TokenizerManager for one backend, with the fields SGLang's `_validate_one_request` reads (its constructor
-    starts the tokenizer and the sockets to the scheduler); the method itself is SGLang's, hooked by the plugin."""
+    """TokenizerManager for one backend, with the fields SGLang's `_validate_one_request` reads and the server args
+    published as its process publishes them (its constructor also starts the tokenizer and the sockets to the
+    scheduler); the method itself is SGLang's, hooked by the plugin. The published config is reset afterwards."""
     from pathlib import Path
 
+    from sglang.srt import runtime_context
+    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.server_args import prepare_server_args
 
@@ -49,14 +52,16 @@ def manager_for():
 
     def make(backend: str):
         tm = object.__new__(TokenizerManager)
-        flags = ["--model-path", model, "--attention-backend", backend, "--device", "cpu"]
-        tm.server_args = prepare_server_args(flags)
-        tm.model_config = SimpleNamespace(vocab_size=VOCAB, hidden_size=2048)
+        tm.server_args = prepare_server_args(["--model-path", model, "--attention-backend", backend, "--device", "cpu"])
+        runtime_context.publish(tm.server_args, role="tokenizer")
+        tm.model_config = ModelConfig.from_server_args(tm.server_args)  # the bundled config: vocab 32 000
+        assert tm.model_config.vocab_size == VOCAB
         tm.context_len, tm.num_reserved_tokens, tm.allow_auto_truncate = 4096, 0, False
         tm.validate_total_tokens, tm.is_generation = True, True
         return tm
 
-    return make
+    yield make
+    runtime_context.reset_context()
 
 
 def request(**kw):
