@@ -22,6 +22,8 @@ What is registered:
   (`snapmla_decode_graph_max_bs`), before SGLang reserves memory for the graphs; batches above the largest captured
   graph decode eagerly at about half the rate. Not with DP attention, where SGLang's reserve for the graphs grows
   with the DP size;
+* request validation: where snapmla serves, `TokenizerManager._validate_one_request` also refuses token ids outside
+  the vocabulary with HTTP 400 (`request_checks`; SGLang sends prompt ids to the GPU unchecked);
 * server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
   accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
   error for a non-MLA model, kv_lora_rank != 512, rope != 64, a non-CUDA device, a --kv-cache-dtype other than

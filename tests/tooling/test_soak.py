@@ -1,0 +1,112 @@
+"""tools/soak.py against a loopback stand-in of SGLang's HTTP API: a server that holds up passes every check; one
+that dies during the load, answers a well-formed request with 500, lets a bad id through, or leaks pool tokens
+fails the check that names it."""
+
+import json
+import threading
+import time
+
+import pytest
+
+from local_http import QuietHandler, local_http_server
+from tools import soak
+
+VOCAB = 1000
+
+
+def stand_in(fault: str | None):
+    """A handler class: /generate (whole or streamed, greedy output = a function of the prompt), /abort_request,
+    /health, /metrics (tokens in use = tokens of requests in flight). `fault`: "dies" (after 40 requests every
+    answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
+    "leaks" (the gauge never returns to 0)."""
+    state = {"requests": 0, "in_flight": 0, "lock": threading.Lock()}
+
+    class Handler(QuietHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _send(self, status, body: bytes, content_type="application/json"):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def dead(self):
+            return fault == "dies" and state["requests"] > 40
+
+        def do_GET(self):
+            if self.dead():
+                return self._send(503, b"")
+            if self.path == "/health":
+                return self._send(200, b"")
+            if self.path == "/metrics":
+                used = state["in_flight"] * 100 + (7 if fault == "leaks" else 0)
+                return self._send(200, f'sglang:num_used_tokens{{tp_rank="0"}} {used}\n'.encode(), "text/plain")
+            return self._send(404, b"{}")
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with state["lock"]:
+                state["requests"] += 1
+                n = state["requests"]
+            if self.dead():
+                self.close_connection = True
+                return
+            if self.path == "/abort_request":
+                return self._send(200, b"{}")
+            try:
+                req = json.loads(body)
+                ids, new = req["input_ids"], int(req["sampling_params"].get("max_new_tokens", 4))
+                stop = req["sampling_params"].get("stop_token_ids") or []
+                float(req["sampling_params"].get("temperature", 0))
+                if fault != "lets-bad-ids-through" and (
+                        new < 0 or any(not isinstance(i, int) or not 0 <= i < VOCAB for i in [*ids, *stop])):
+                    raise ValueError("token id out of range")
+            except (ValueError, KeyError, TypeError) as e:
+                return self._send(400, json.dumps({"error": {"message": str(e)}}).encode())
+            if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
+                return self._send(500, b'{"error": "internal"}')
+            out = [(sum(ids) + k) % VOCAB for k in range(new)]
+            state["in_flight"] += 1
+            try:
+                if not req.get("stream"):
+                    return self._send(200, json.dumps({"output_ids": out}).encode())
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for k in range(len(out)):
+                    self.wfile.write(f"data: {json.dumps({'output_ids': out[: k + 1]})}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.002)
+                self.close_connection = True
+            except OSError:  # the client cut the stream
+                self.close_connection = True
+            finally:
+                state["in_flight"] -= 1
+
+    return Handler
+
+
+def run(fault):
+    with local_http_server(stand_in(fault)) as server:
+        return soak.soak(server.server_port, seconds=3, clients=6, vocab=VOCAB, probe_count=3, probe_tokens=4,
+                         max_new_tokens=24, idle_seconds=3)
+
+
+def test_a_server_that_holds_up_passes_every_check():
+    result = run(None)
+    assert all(result["checks"].values()), soak.table(result)
+    assert all(result["statuses"][k] for k in soak.WEIGHTS), result["statuses"]
+
+
+@pytest.mark.parametrize("fault,failed", [
+    ("dies", ["server alive (/health)", "no 5xx or broken connection for well-formed requests"]),
+    ("500", ["no 5xx or broken connection for well-formed requests"]),
+    ("lets-bad-ids-through", ["malformed answered 4xx with a message"]),
+    ("leaks", ["tokens in use back to 0 when idle"]),
+])
+def test_each_fault_fails_its_check(fault, failed):
+    result = run(fault)
+    seen = [name for name, ok in result["checks"].items() if not ok]
+    # a server that died fails whatever needs it afterwards too (probes, the idle gauge)
+    assert set(failed) <= set(seen) if fault == "dies" else seen == failed, soak.table(result)

@@ -1,0 +1,292 @@
+"""Soak a running SGLang server with what clients send: complete, streamed-and-cut, aborted and malformed requests
+over shared prefixes, for a set time, then check that it is still the server it was.
+
+    python -m tools.soak --port 30000 --seconds 300 --clients 160 --server-log server.log --out soak_out
+    python -m tools.soak --start snapmla --model CKPT --server-flags "--max-total-tokens 65536" --out soak_out
+(the second starts the server itself, `harness.server.RUNS[backend]` with metrics on, the checkpoint's weights, and
+stops it afterwards; its log is `--out`/server.log)
+
+Load (`--clients` threads until `--seconds` pass, each drawing a request kind by WEIGHTS): `complete` (/generate,
+greedy, whole response), `cut` (a stream read for a few chunks, then the connection closed), `abort` (a stream
+with its own rid, aborted through /abort_request after its first chunk), `malformed` (MALFORMED: broken JSON,
+wrong types, token ids outside the vocabulary, negative lengths). Prompts are token ids: a few shared prefixes
+(PREFIXES groups) plus a random tail, so the radix cache shares pages and the pool can be made small enough to force
+retractions. Probes (fixed greedy prompts, `--probes`) run alone before the load, once inside it and alone after.
+
+Checks (the table, JSON under --out; exit 1 if one fails): no 5xx or connection error for a well-formed request;
+every malformed request answered 4xx with a message; the server's tokens in use back to 0 once idle (its
+/metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import random
+import re
+import shlex
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+WEIGHTS = {"complete": 0.45, "cut": 0.25, "abort": 0.15, "malformed": 0.15}
+PREFIXES, PREFIX_LEN = 8, 512
+VOCAB_FALLBACK = 32000
+# name -> (body as bytes, or a function of the vocabulary size giving the JSON payload)
+MALFORMED = {
+    "broken-json": lambda v: b'{"input_ids": [1, 2, 3], "sampling_params": {',
+    "text-and-ids-missing": lambda v: {"sampling_params": {"max_new_tokens": 4}},
+    "ids-not-ints": lambda v: {"input_ids": ["a", None, 3], "sampling_params": {"max_new_tokens": 4}},
+    "id-above-vocab": lambda v: {"input_ids": [1000000000, -5, 3], "sampling_params": {"max_new_tokens": 4}},
+    "id-at-vocab": lambda v: {"input_ids": [1, v], "sampling_params": {"max_new_tokens": 4}},
+    "negative-id": lambda v: {"input_ids": [5, -1, 7], "sampling_params": {"max_new_tokens": 4}},
+    "stop-id-above-vocab": lambda v: {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 4, "min_new_tokens": 2,
+                                                                               "stop_token_ids": [v + 7]}},
+    "negative-max-new-tokens": lambda v: {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": -3}},
+    "temperature-not-a-number": lambda v: {"input_ids": [5, 6], "sampling_params": {"temperature": "hot"}},
+}
+
+
+class Server:
+    """The few HTTP calls the soak makes, against 127.0.0.1:port."""
+
+    def __init__(self, port: int, timeout: float = 120):
+        self.port, self.timeout = port, timeout
+
+    def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        """(status, body); status 0 for a connection that failed or broke."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (OSError, http.client.HTTPException):
+            return 0, b""
+
+    def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+        except (OSError, http.client.HTTPException):
+            return 0, b""
+
+    def stream(self, payload: dict, chunks: int, on_first=None) -> int:
+        """A streamed /generate read for `chunks` chunks (then the connection is closed) -> HTTP status (0: the
+        connection failed or broke before a chunk). on_first() runs after the first chunk."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+        try:
+            conn.request("POST", "/generate", json.dumps({**payload, "stream": True}),
+                         {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            if r.status != 200:
+                r.read()
+                return r.status
+            for i in range(chunks):
+                if not r.readline():
+                    break
+                if i == 0 and on_first:
+                    on_first()
+            return 200
+        except (OSError, http.client.HTTPException):
+            return 0
+        finally:
+            conn.close()
+
+    def used_tokens(self) -> float | None:
+        """Tokens the KV pool holds now (SGLang's /metrics gauge, summed over ranks); None without metrics."""
+        status, body = self.get("/metrics")
+        values = re.findall(r"^sglang:num_used_tokens\{[^}]*\}\s+(\S+)", body.decode("utf-8", "replace"), re.M)
+        return sum(float(v) for v in values) if status == 200 and values else None
+
+
+def generate_payload(ids: list[int], new_tokens: int, greedy: bool = True, **extra) -> dict:
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0 if greedy else 0.8,
+                                                  "ignore_eos": True}, **extra}
+
+
+def probes(server: Server, prompts: list[list[int]], new_tokens: int) -> list[list[int] | str]:
+    """Greedy outputs of the probe prompts, one at a time (an error string where a probe failed)."""
+    out = []
+    for ids in prompts:
+        status, body = server.post("/generate", json.dumps(generate_payload(ids, new_tokens)).encode())
+        out.append(json.loads(body)["output_ids"] if status == 200 else f"HTTP {status}")
+    return out
+
+
+class Load:
+    """The mixed load: per request kind, the statuses seen; malformed answers without a message are kept."""
+
+    def __init__(self, server: Server, vocab: int, seed: int, max_new_tokens: int):
+        self.server, self.vocab, self.max_new_tokens = server, vocab, max_new_tokens
+        rng = random.Random(seed)
+        self.prefixes = [[rng.randrange(100, vocab - 1) for _ in range(PREFIX_LEN)] for _ in range(PREFIXES)]
+        self.statuses: dict[str, Counter] = {k: Counter() for k in WEIGHTS}
+        self.unexplained: list[str] = []
+        self.lock = threading.Lock()
+        self.seed = seed
+
+    def prompt(self, rng: random.Random) -> list[int]:
+        tail = [rng.randrange(100, self.vocab - 1) for _ in range(rng.randrange(16, 512))]
+        return self.prefixes[rng.randrange(PREFIXES)] + tail
+
+    def one(self, rng: random.Random) -> None:
+        kind = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        new = rng.randrange(8, self.max_new_tokens + 1)
+        if kind == "complete":
+            status, _ = self.server.post("/generate", json.dumps(generate_payload(self.prompt(rng), new,
+                                                                                  greedy=rng.random() < 0.5)).encode())
+        elif kind == "cut":
+            status = self.server.stream(generate_payload(self.prompt(rng), new), chunks=rng.randrange(1, 6))
+        elif kind == "abort":
+            rid = f"soak-{self.seed}-{rng.getrandbits(48):x}"
+            status = self.server.stream(generate_payload(self.prompt(rng), self.max_new_tokens, rid=rid), chunks=10**6,
+                                        on_first=lambda: self.server.post("/abort_request",
+                                                                          json.dumps({"rid": rid}).encode(), 30))
+        else:
+            name = rng.choice(list(MALFORMED))
+            payload = MALFORMED[name](self.vocab)
+            status, body = self.server.post("/generate", payload if isinstance(payload, bytes)
+                                            else json.dumps(payload).encode())
+            if not (400 <= status < 500 and body.strip()):
+                with self.lock:
+                    self.unexplained.append(f"{name}: HTTP {status} {body[:200]!r}")
+        with self.lock:
+            self.statuses[kind][status] += 1
+
+    def run(self, clients: int, seconds: float) -> None:
+        end = time.time() + seconds
+
+        def worker(i):
+            rng = random.Random(self.seed * 1000 + i)
+            while time.time() < end:
+                self.one(rng)
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def wait_idle_tokens(server: Server, seconds: float) -> float | None:
+    """The pool's tokens in use once idle: polled until 0 or `seconds` pass (the last value seen)."""
+    end, used = time.time() + seconds, None
+    while time.time() < end:
+        used = server.used_tokens()
+        if used == 0 or used is None:
+            return used
+        time.sleep(1)
+    return used
+
+
+def checks(result: dict) -> dict[str, bool]:
+    """The soak's verdicts from its result (see the module docstring)."""
+    well_formed = [s for k in ("complete", "cut", "abort") for s, n in result["statuses"][k].items() if n]
+    return {
+        "no 5xx or broken connection for well-formed requests": all(200 <= int(s) < 500 for s in well_formed),
+        "malformed answered 4xx with a message": result["statuses"]["malformed"] and not result["unexplained"],
+        "tokens in use back to 0 when idle": result["idle_used_tokens"] == 0,
+        "probes after == before": result["probes_after"] == result["probes_before"]
+        and not any(isinstance(p, str) for p in result["probes_before"]),
+        "server alive (/health)": result["health"] == 200,
+        "no traceback in the server log": result["tracebacks"] == 0,
+    }
+
+
+def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
+         probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
+         idle_seconds: float = 60) -> dict:
+    server = Server(port)
+    rng = random.Random(seed + 1)
+    prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
+    log_start = server_log.stat().st_size if server_log and server_log.exists() else 0
+    result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab}
+    result["probes_before"] = probes(server, prompts, probe_tokens)
+    load = Load(server, vocab, seed, max_new_tokens)
+    t0 = time.time()
+    inside = {}
+    loader = threading.Thread(target=load.run, args=(clients, seconds), daemon=True)
+    loader.start()
+    time.sleep(min(seconds / 2, 30))
+    inside["probes"] = probes(server, prompts, probe_tokens)
+    loader.join()
+    result["load_s"] = round(time.time() - t0, 1)
+    result["statuses"] = {k: {str(s): n for s, n in c.items()} for k, c in load.statuses.items()}
+    result["unexplained"] = load.unexplained[:20]
+    result["probes_inside_equal"] = sum(a == b for a, b in zip(inside["probes"], result["probes_before"]))
+    result["idle_used_tokens"] = wait_idle_tokens(server, idle_seconds)
+    result["probes_after"] = probes(server, prompts, probe_tokens)
+    result["health"] = server.get("/health")[0]
+    text = server_log.read_bytes()[log_start:].decode("utf-8", "replace") if server_log and server_log.exists() else ""
+    result["tracebacks"] = text.count("Traceback (most recent call last)")
+    result["checks"] = checks(result)
+    return result
+
+
+def table(result: dict) -> str:
+    lines = ["| request kind | answers (HTTP status: count) |", "|---|---|"]
+    for kind, statuses in result["statuses"].items():
+        lines.append(f"| {kind} | " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())) + " |")
+    lines += ["", f"probes inside the load equal to before: {result['probes_inside_equal']} of "
+                  f"{len(result['probes_before'])}; tokens in use when idle: {result['idle_used_tokens']}", "",
+              "| check | verdict |", "|---|---|"]
+    lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in result["checks"].items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--seconds", type=float, default=300)
+    ap.add_argument("--clients", type=int, default=160)
+    ap.add_argument("--vocab", type=int, default=None, help="the model's vocabulary size (default: /get_model_info)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--server-log", type=Path, help="the server's log, read for tracebacks written during the soak")
+    ap.add_argument("--idle-seconds", type=float, default=60)
+    ap.add_argument("--start", metavar="BACKEND", help="start a server of this harness run (RUNS) for the soak")
+    ap.add_argument("--model", help="with --start: the checkpoint (its weights are loaded)")
+    ap.add_argument("--server-flags", default="", help="with --start: more server flags, in one string")
+    ap.add_argument("--out", type=Path, default=Path("soak_out"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.start:
+        from harness.server import RUNS, kill_servers_on_exit, serving
+
+        kill_servers_on_exit()
+        args.server_log = args.out / "server.log"
+        flags = [*RUNS[args.start], "--enable-metrics", *shlex.split(args.server_flags)]
+        with serving(args.model, args.port, flags, args.server_log, 900, load_format="auto"):
+            result = run_soak(args)
+    else:
+        result = run_soak(args)
+    (args.out / "soak.json").write_text(json.dumps(result, indent=1))
+    print(table(result))
+    return 0 if all(result["checks"].values()) else 1
+
+
+def run_soak(args) -> dict:
+    vocab = args.vocab or model_vocab(Server(args.port)) or VOCAB_FALLBACK
+    return soak(args.port, args.seconds, args.clients, vocab, args.seed, max_new_tokens=args.max_new_tokens,
+                server_log=args.server_log, idle_seconds=args.idle_seconds)
+
+
+def model_vocab(server: Server) -> int | None:
+    """The served model's vocabulary size from /get_model_info (SGLang reports it as `vocab_size` where it does)."""
+    status, body = server.get("/get_model_info")
+    try:
+        return int(json.loads(body)["vocab_size"]) if status == 200 else None
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
