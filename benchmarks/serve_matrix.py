@@ -147,6 +147,16 @@ def merge_into(results: dict, other: dict) -> dict:
     return results
 
 
+def load_results(saved: Path, merge: list[Path] | None, resume: bool) -> dict:
+    """The results a matrix run starts from: the merged files of `merge`, or with `resume` those already `saved`."""
+    results: dict = {}
+    for f in merge or []:
+        merge_into(results, json.loads(f.read_text()))
+    if not merge and resume and saved.exists():
+        results = json.loads(saved.read_text())
+    return results
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (model, workload, backend); ratios vs the same model's flashmla BF16 run and vs its
     flashmla run with MHA prefill (where measured)."""
@@ -255,13 +265,8 @@ def main(argv: list[str] | None = None):
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "serve_matrix.json"
-    results: dict = {}
-    if args.merge:
-        for f in args.merge:
-            merge_into(results, json.loads(f.read_text()))
-    else:
-        if args.resume and saved.exists():
-            results = json.loads(saved.read_text())
+    results = load_results(saved, args.merge, args.resume)
+    if not args.merge:
         kill_servers_on_exit()
         for i, backend in enumerate(args.backends):
             done = results.get(args.model, {}).get(backend, {})

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from benchmarks import gpu_time
 from benchmarks.serve_and_bench import parse_metrics, peak_running_requests, pool_tokens
-from benchmarks.serve_matrix import merge_into
+from benchmarks.serve_matrix import load_results
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GSP = "generated-shared-prefix"
@@ -79,9 +79,9 @@ def bench_command(port: int, model: str, workload: dict, seed: int = 1, warmup: 
                 "--gsp-num-turns", str(1 if warmup else w.get("num_turns", 1)),
                 "--num-prompts", str(groups * per_group)]
     else:  # token ids sent as ids: exact lengths (text would be re-tokenized ~11 % longer)
+        prompts = max(1, min(WARMUP_REQUESTS, w["num_prompts"] // 8)) if warmup else w["num_prompts"]
         cmd += ["--random-input-len", str(w["input_len"]), "--random-output-len", str(output_len),
-                "--random-range-ratio", "1.0", "--tokenize-prompt",
-                "--num-prompts", str(max(1, min(WARMUP_REQUESTS, w["num_prompts"] // 8)) if warmup else w["num_prompts"])]
+                "--random-range-ratio", "1.0", "--tokenize-prompt", "--num-prompts", str(prompts)]
     return cmd
 
 
@@ -225,13 +225,8 @@ def main(argv: list[str] | None = None):
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "serve_prefix.json"
-    results: dict = {}
-    if args.merge:
-        for f in args.merge:
-            merge_into(results, json.loads(f.read_text()))
-    else:
-        if args.resume and saved.exists():
-            results = json.loads(saved.read_text())
+    results = load_results(saved, args.merge, args.resume)
+    if not args.merge:
         kill_servers_on_exit()
         for i, backend in enumerate(args.backends):
             done = results.get(args.model, {}).get(backend, {}).get("workloads", {})

@@ -13,7 +13,8 @@ routes read the FP8 cache for it:
 
 Absorbed wins where few new tokens meet a long prefix (a shared system prompt, the next turn of a conversation);
 MHA wins for long new spans (a fresh prompt, chunked prefill of a long document). `prefers_absorbed` compares the
-two with the per-unit times of `ROUTE_COSTS` (fitted on an H100); SNAPMLA_EXTEND_ROUTE=mha|absorbed pins a route (measurements).
+two with the per-unit times of `ROUTE_COSTS` (fitted on an H100); SNAPMLA_EXTEND_ROUTE=mha|absorbed pins a route
+(measurements).
 
 SGLang itself sends every prefill batch of up to 2 048 tokens (its breakable prefill CUDA graph, attention run
 eagerly between graph segments) to absorbed MLA whatever the route says; `plan_absorbed_launches` turns such a batch
