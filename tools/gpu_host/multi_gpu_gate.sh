@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# On a 2- or 4-GPU Hopper host (the runtime in .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) under
+# On a 2-, 4- or 8-GPU Hopper host (the runtime in .gpu): the serving-scale accuracy gate (tools/accuracy_gate.py) under
 # SGLang's parallel layouts, on the 128-head trained checkpoint. Per layout, served at once on the layout's GPUs
 # (--concurrent): flashmla BF16 at that layout (the reference), snapmla, and snapmla with the capture-view bug put
 # back (tools/gpu_host/mutant.sh; the gate must fail it).
 #   tp2: --tp 2    dp2: --tp 2 --enable-dp-attention --dp 2    dp4: --tp 4 --enable-dp-attention --dp 4
-# With 4 GPUs tp2 and dp2 run side by side (GPUs 0,1 and 2,3), then dp4; with 2, one after the other.
+#   dp8: --tp 8 --enable-dp-attention --dp 8
+# With 4 GPUs tp2 and dp2 run side by side (GPUs 0,1 and 2,3), then dp4 (and dp8 with 8); with 2, one after the other.
 #   usage: [RUNS="flashmla snapmla mutant"] [ON_GPUS=2,3] bash tools/gpu_host/multi_gpu_gate.sh [layouts, default: all
 #          that fit]   (ON_GPUS: one layout on other GPUs of a larger host)
 # Results accumulate in .gpucache/gate_<layout>/ (a call cut by the time limit is continued by the next call on the
@@ -40,7 +41,7 @@ gate() {  # layout, GPU list, first port
   tar czf "$OUT/gate_$1_server_logs.tgz" -C .gpucache/gate_$1 $(cd .gpucache/gate_$1 && ls *.log)
 }
 
-layouts=${*:-tp2 dp2 $([ "$GPUS" -ge 4 ] && echo dp4)}
+layouts=${*:-tp2 dp2 $([ "$GPUS" -ge 4 ] && echo dp4) $([ "$GPUS" -ge 8 ] && echo dp8)}
 if [ "$GPUS" -ge 4 ] && [[ " $layouts " == *" tp2 "* ]] && [[ " $layouts " == *" dp2 "* ]]; then
   gate tp2 0,1 33000 & gate dp2 2,3 34000 & wait
   layouts=${layouts//tp2/}; layouts=${layouts//dp2/}
