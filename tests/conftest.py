@@ -6,16 +6,14 @@ set; printed in the header so a failure can be replayed) and the test's id.
 
 import os
 import random
-import sys
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
 
 # tests/product: the plugin, pool, backend and kernels as SGLang uses them; tests/tooling: the benchmarks, the
-# accuracy study and the tools; tests/support: what both import (helpers, the Triton interpreter fix-up, stand-ins)
-sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+# accuracy study and the tools; tests/support (on the path through pyproject's pytest `pythonpath`): what both
+# import (helpers, the Triton interpreter fix-up, stand-ins)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -5,7 +5,7 @@
 
 #include "snapmla_decode_sm90.h"
 
-// Shapes and dtypes are validated by sglang_snapmla.ops.decode before this is called; here only what the
+// Shapes and dtypes are validated by sglang_snapmla.ops.decode_quantized before this is called; here only what the
 // kernel's address arithmetic relies on is re-checked.
 // Either o_part / lse_part (split partials for the combine; out and lse_out empty) or, with num_splits == 1, out
 // [B, s_q, H, 512] bf16 / lse_out [B, H, s_q] fp32 (final outputs; o_part and lse_part empty).

@@ -1,6 +1,6 @@
 // The sm_90a SnapMLA split decode's host interface: the launcher (snapmla_decode_sm90.cu) and its launch flags,
 // shared by the kernel's file, the torch binding (binding.cpp) and, through ops.CUDA_LAUNCH_FLAGS (checked against
-// this file by tests/test_kernels.py), the Python dispatch. Torch-free, so the kernel compiles on its own.
+// this file by tests/product/test_kernels.py), the Python dispatch. Torch-free, so the kernel compiles on its own.
 #pragma once
 
 #include <cuda_runtime.h>
