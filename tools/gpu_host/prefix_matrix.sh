@@ -21,7 +21,7 @@ case "${1:-}" in
       runs+="python3 -m benchmarks.serve_prefix --model $model --backends ${backends//,/ } ${WORKLOADS:+--workloads $WORKLOADS} --server-flags='$SERVER_FLAGS' --out $DIR/$(basename $model) --resume; "
     done
     mkdir -p $DIR && rm -f $DIR/done
-    # setsid: its own session, so that the end of the command that started it does not end it
+    # setsid: detached from the starting command's process group, whose end would end it too
     setsid nohup bash -c "$runs touch $DIR/done" > $DIR/run.log 2>&1 < /dev/null &
     echo "started: $runs" ;;
   wait)
