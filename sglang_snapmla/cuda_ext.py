@@ -1,8 +1,11 @@
-"""The sm_90a CUDA decode extension: built with torch's C++ extension machinery at first use, cached.
+"""The sm_90a CUDA decode: the prebuilt library shipped in the package (`prebuilt`, no nvcc needed where it serves),
+or the torch C++ extension built at first use with nvcc and cached (the developer path).
 
-`load()` returns the compiled module, or None with the reason logged once (no CUDA device, not an sm_90 GPU, no
-nvcc, a failed build). Callers fall back to the Triton kernels; `ops.decode_quantized` uses this module by default on
-sm_90 (SNAPMLA_DECODE_IMPL=auto; `triton` opts out, `cuda` makes its absence an error).
+`load()` returns a module with `decode_split` -- the prebuilt library where it is shipped and passes its check on
+this GPU, else the extension where nvcc builds it -- or None with the reason logged once (no CUDA device, not an
+sm_90 GPU, neither a usable library nor nvcc, a failed build). Callers fall back to the Triton kernels;
+`ops.decode_quantized` uses this module by default on sm_90 (SNAPMLA_DECODE_IMPL=auto; `triton` opts out, `cuda`
+makes its absence an error). SNAPMLA_CUDA_SOURCE_DIR (kernel development) always builds from its sources.
 """
 
 from __future__ import annotations
@@ -24,21 +27,19 @@ SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
 # it gets its own extension name so that torch's build cache keeps both.
 SOURCE_DIR_ENV = settings.CUDA_SOURCE_DIR_ENV
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
-# -lineinfo: Nsight Compute can map SASS back to source lines (no effect on the code)
-NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas=-v", "-lineinfo")
+# the kernel's code generation, shared with the prebuilt library (`prebuilt.NVCC_FLAGS`); -lineinfo: Nsight Compute
+# can map SASS back to source lines (no effect on the code)
+CODEGEN_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
+NVCC_FLAGS = (*CODEGEN_FLAGS, "-Xptxas=-v")
 
 
 def unavailable_reason() -> str | None:
-    """Why the extension cannot run here, or None when it can be built and run."""
+    """Why no sm_90a decode can run on this machine's GPU, or None when one can (prebuilt or built)."""
     if not torch.cuda.is_available():
         return "no CUDA device"
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) != (9, 0):
         return f"needs an sm_90 GPU (H100/H200), found sm_{major}{minor}"
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME is None:
-        return "nvcc not found (CUDA_HOME unset)"
     return None
 
 
@@ -58,14 +59,28 @@ def build(build_directory: str | None = None, verbose: bool = False):
 
 @functools.lru_cache(maxsize=1)
 def load():
-    """The compiled extension module, or None (reason logged once)."""
+    """The sm_90a decode module (prebuilt library, else built extension), or None (reason logged once)."""
     reason = unavailable_reason()
     if reason is None:
-        try:
-            module = build()
-            log.info("SnapMLA decode: sm_90a CUDA kernel (SNAPMLA_DECODE_IMPL=triton selects the Triton kernel)")
+        from . import prebuilt
+
+        module, why_not = (None, "kernel development build") if settings.cuda_source_dir() else prebuilt.load()
+        if module is not None:
+            log.info("SnapMLA decode: sm_90a CUDA kernel, prebuilt library (SNAPMLA_DECODE_IMPL=triton selects the "
+                     "Triton kernel)")
             return module
-        except Exception as e:  # a failed build is reported, the Triton path stays usable
-            reason = f"build failed: {e!r:.500}"
-    log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels", reason)
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME is None:
+            reason = f"{why_not}; and nvcc not found (CUDA_HOME unset) to build it"
+        else:
+            try:
+                module = build()
+                log.info("SnapMLA decode: sm_90a CUDA kernel, built here with nvcc (%s; SNAPMLA_DECODE_IMPL=triton "
+                         "selects the Triton kernel)", why_not)
+                return module
+            except Exception as e:  # a failed build is reported, the Triton path stays usable
+                reason = f"{why_not}; build failed: {e!r:.500}"
+    log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels, several times slower at 128 "
+                "heads (docs/BENCHMARKS.md)", reason)
     return None

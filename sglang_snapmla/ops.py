@@ -323,8 +323,8 @@ def decode_impl(requested: str | None = None) -> str:
     if cuda_ext.load() is not None:
         return "cuda"
     if want == "cuda":
-        raise SnapMLAInputError(f"SNAPMLA_DECODE_IMPL=cuda but the sm90 kernel is unavailable: "
-                                f"{cuda_ext.unavailable_reason() or 'its build failed (see the log)'}")
+        why = cuda_ext.unavailable_reason() or "neither the prebuilt library nor a build here (see the log)"
+        raise SnapMLAInputError(f"SNAPMLA_DECODE_IMPL=cuda but the sm90 kernel is unavailable: {why}")
     return "triton"  # auto: cuda_ext.load() logged why
 
 

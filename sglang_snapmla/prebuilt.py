@@ -1,0 +1,156 @@
+"""The sm_90a decode as a prebuilt shared library: built ahead with nvcc (no GPU needed), shipped in the package, loaded
+with ctypes where it serves -- no nvcc, no build step, no torch ABI to match there.
+
+    python -m sglang_snapmla.prebuilt            # builds kernels/cuda/prebuilt/libsnapmla_decode_sm90.so (~1-2 min)
+
+Run it before `pip wheel .` (the wheel then carries the library) or while preparing a container image. `cuda_ext.load`
+prefers this library where it is present and passes `self_check` on the GPU (one small decode against the Triton
+kernel); otherwise it builds the torch extension with nvcc, the developer path.
+
+`PrebuiltDecode.decode_split` has the torch binding's signature (kernels/cuda/binding.cpp) and checks what the
+kernel's address arithmetic relies on, as the binding does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from .cuda_ext import CODEGEN_FLAGS, SOURCE_DIR as CUDA_DIR
+
+log = logging.getLogger(__name__)
+LIBRARY = CUDA_DIR / "prebuilt" / "libsnapmla_decode_sm90.so"
+SOURCES = ("snapmla_decode_sm90.cu", "c_api.cu")
+SYMBOL = "snapmla_decode_split_sm90"
+# the CUDA runtime linked statically: the library then needs only a driver for the CUDA release that built it
+NVCC_FLAGS = (*CODEGEN_FLAGS, "-shared", "-Xcompiler", "-fPIC", "-cudart", "static")
+_P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+ARGTYPES = [_P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _I32, _I32, _I64, _I32, _I32, _I32, _F32, _I32, _I32,
+            _I32, _P]
+
+
+def build(out: Path = LIBRARY, nvcc: str | None = None, source_dir: Path = CUDA_DIR) -> Path:
+    """Compile the library with nvcc (no GPU needed) -> its path."""
+    nvcc = nvcc or shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: building the prebuilt SnapMLA decode needs the CUDA toolkit (12.8+)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [nvcc, *NVCC_FLAGS, f"-I{source_dir}", "-o", str(out), *(str(source_dir / s) for s in SOURCES)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({' '.join(cmd)}):\n{res.stderr[-3000:]}")
+    return out
+
+
+class PrebuiltDecode:
+    """The library's decode behind the torch binding's `decode_split` signature."""
+
+    def __init__(self, path: Path = LIBRARY):
+        self.path = path
+        self.lib = ctypes.CDLL(str(path))
+        self.fn = getattr(self.lib, SYMBOL)
+        self.fn.argtypes, self.fn.restype = ARGTYPES, ctypes.c_int
+        self.lib.snapmla_error_string.argtypes, self.lib.snapmla_error_string.restype = [ctypes.c_int], ctypes.c_char_p
+
+    def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+                     out, lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
+                     launch_flags: int) -> None:
+        for t in (q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
+            if not (t.is_cuda and t.is_contiguous()):
+                raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
+        final = out.numel() > 0
+        if final and not (num_splits == 1 and lse_out.numel() > 0 and out.dtype == torch.bfloat16
+                          and lse_out.dtype == torch.float32):
+            raise RuntimeError("snapmla sm90 decode: final outputs (bf16 out, fp32 lse) only with num_splits == 1")
+        if not final and not (o_part.numel() > 0 and lse_part.numel() > 0):
+            raise RuntimeError("snapmla sm90 decode: pass either the split partials or the final outputs")
+        slots = 1 if final else o_part.shape[2]
+        if not final and not (o_part.dim() == 4 and lse_part.dim() == 3 and lse_part.shape[2] == slots
+                              and slots >= num_splits):
+            raise RuntimeError("snapmla sm90 decode: o_part [B, R, slots, 512] and lse_part [B, R, slots] with "
+                               "slots >= num_splits")
+        if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+            raise RuntimeError("block_table must be int32 with unit stride in its last dim")
+        storage = block_table.untyped_storage().nbytes() // 4 - block_table.storage_offset()
+        if not 0 <= bt_entries <= storage:
+            raise RuntimeError("snapmla sm90 decode: bt_entries exceeds the block table's storage")
+        err = self.fn(q8.data_ptr(), q_scale.data_ptr(), q_rope.data_ptr(), kv_content.data_ptr(), kv_scale.data_ptr(),
+                      kv_rope.data_ptr(), kv_content.shape[0], block_table.data_ptr(), seq_lens.data_ptr(),
+                      None if final else o_part.data_ptr(), None if final else lse_part.data_ptr(),
+                      out.data_ptr() if final else None, lse_out.data_ptr() if final else None, q8.shape[0],
+                      block_table.stride(0), bt_entries, R, H, S_Q, qk_scale_log2, num_splits, slots, launch_flags,
+                      torch.cuda.current_stream(q8.device).cuda_stream)
+        if err != 0:
+            raise RuntimeError(f"snapmla sm90 decode launch failed: {self.lib.snapmla_error_string(err).decode()}"
+                               + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be "
+                                  "16-byte aligned)" if err == 1 else ""))
+
+
+def self_check(module) -> str | None:
+    """One small decode (2 sequences over page edges, 16 heads, one split and three) through `module` against the
+    Triton kernel on this GPU -> None, or what differed. Catches a library that loads but does not run right here."""
+    from . import ops
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, H, s_q, lens = 2, 16, 2, [130, 64]
+    pages = 3
+    latent = torch.randn(B * pages * 64 + 64, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    pool = ops.pool_from_rows(latent[:, :512], latent[:, 512:])
+    table = (torch.randperm(B * pages, device="cuda", generator=gen) + 1).to(torch.int32).view(B, pages)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(B * s_q, H, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    q8, qs, qr = (t.view(B, s_q, *t.shape[1:]) for t in ops.quantize_q(q[..., :512].contiguous(),
+                                                                         q[..., 512:].contiguous()))
+    for splits in (1, 3):
+        ref, _ = ops.decode_quantized(q8, qs, qr, *pool, table, seq_lens, 576 ** -0.5, splits, impl="triton")
+        out = torch.empty_like(ref)
+        lse = torch.empty(B, H, s_q, device="cuda")
+        slots = ops.partial_slots(B, s_q * H, splits, "cuda")
+        o_part = torch.empty(B, s_q * H, slots, 512, device="cuda") if splits > 1 else lse[:0]
+        lse_part = torch.empty(B, s_q * H, slots, device="cuda") if splits > 1 else lse[:0]
+        module.decode_split(q8, qs, qr, *pool, table, seq_lens, o_part, lse_part, out if splits == 1 else out[:0],
+                            lse if splits == 1 else lse[:0], s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634,
+                            splits, ops.block_table_entries(table), 0)
+        if splits > 1:
+            ops.combine(o_part, lse_part, out, lse, H, s_q, splits=splits)
+        torch.cuda.synchronize()
+        rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+        if not rel <= 2e-2:
+            return f"{splits} split(s): rel-L2 {rel:.3g} against the Triton decode"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> tuple[PrebuiltDecode | None, str | None]:
+    """(the library's decode, None) where it is shipped, loads and passes `self_check` on this GPU, else (None, why)."""
+    if not LIBRARY.exists():
+        return None, f"no prebuilt library ({LIBRARY.name} not shipped; `python -m sglang_snapmla.prebuilt` builds it)"
+    try:
+        module = PrebuiltDecode()
+        problem = self_check(module)
+    except Exception as e:  # a library that does not load or run here: reported, the other paths stay usable
+        return None, f"prebuilt library unusable here: {e!r:.300}"
+    if problem:
+        return None, f"prebuilt library failed its check on this GPU: {problem}"
+    return module, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="build the prebuilt sm_90a SnapMLA decode library")
+    ap.add_argument("--out", type=Path, default=LIBRARY)
+    args = ap.parse_args(argv)
+    print(build(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The prebuilt sm_90a decode (sglang_snapmla.prebuilt): built with nvcc on this GPU-less machine, a library for sm_90a
+that exports the C entry point and loads without torch's build machinery, carried by the wheel, and refusing inputs
+the kernel cannot take as the torch binding does. (On the GPU, `cuda_ext.load` runs its self-check against the
+Triton decode before serving with it.)"""
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang_snapmla import prebuilt
+
+ROOT = Path(__file__).resolve().parents[2]
+MEMBER = "sglang_snapmla/kernels/cuda/prebuilt/libsnapmla_decode_sm90.so"
+
+
+def _tool(name):
+    from tools.kernel_dev.sass_schedule import find_tool
+
+    try:
+        return find_tool(name)
+    except SystemExit:
+        pytest.skip(f"{name} not installed")
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory):
+    return prebuilt.build(tmp_path_factory.mktemp("prebuilt") / "libsnapmla_decode_sm90.so", nvcc=_tool("nvcc"))
+
+
+def assert_sm90a_decode(path: Path):
+    elf = subprocess.run([_tool("cuobjdump"), "-elf", str(path)], capture_output=True, text=True).stdout
+    assert "arch = sm_90a" in elf, elf[:2000]
+    sass = subprocess.run([_tool("cuobjdump"), "-sass", str(path)], capture_output=True, text=True).stdout
+    assert "HGMMA" in sass, "no warpgroup MMA in the library's SASS"
+
+
+def test_library_is_sm90a_and_exports_the_entry_point(library):
+    assert_sm90a_decode(library)
+    decode = prebuilt.PrebuiltDecode(library)  # no GPU needed to load it: the CUDA runtime is linked in
+    assert decode.lib.snapmla_error_string(1) == b"invalid argument"
+    needed = subprocess.run(["ldd", str(library)], capture_output=True, text=True).stdout
+    assert "libcudart" not in needed and "libtorch" not in needed, needed
+
+
+def test_decode_split_refuses_what_the_binding_refuses(library):
+    decode = prebuilt.PrebuiltDecode(library)
+    t = torch.zeros(1, 4, 512)
+    with pytest.raises(RuntimeError, match="CUDA, contiguous tensors expected"):
+        decode.decode_split(t, t, t, t, t, t, t.int(), t.int(), t, t, t, t, 4, 4, 1, 1.0, 1, 1, 0)
+
+
+def test_the_wheel_carries_the_library(library, tmp_path):
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name) if src.exists() else (src.mkdir(), shutil.copy(ROOT / name, src / name))
+    for name in ("sglang_snapmla", "kernels"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (src / "kernels/cuda/prebuilt").mkdir()
+    shutil.copy(library, src / "kernels/cuda/prebuilt" / library.name)
+    res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                          str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("sglang_snapmla-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert MEMBER in z.namelist(), [n for n in z.namelist() if "kernels" in n]
+        (tmp_path / "from_wheel.so").write_bytes(z.read(MEMBER))
+    assert_sm90a_decode(tmp_path / "from_wheel.so")
+
+
+def test_without_the_library_load_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(prebuilt, "LIBRARY", tmp_path / "absent.so")
+    module, why = prebuilt.load.__wrapped__()
+    assert module is None and "python -m sglang_snapmla.prebuilt" in why
