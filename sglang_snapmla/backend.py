@@ -146,6 +146,9 @@ def backend_class() -> type:
                     "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
             # Static page bound for the split heuristic: the same number at capture and at every replay.
             self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
+            # The decode implementation resolved (and logged, once) at startup, outside any CUDA graph capture: the
+            # prebuilt library's check and the extension's build run here, not inside the first captured decode.
+            ops.decode_impl()
 
     return SnapMLABackend
 

@@ -132,6 +132,8 @@ def load() -> tuple[PrebuiltDecode | None, str | None]:
     """(the library's decode, None) where it is shipped, loads and passes `self_check` on this GPU, else (None, why)."""
     if not LIBRARY.exists():
         return None, f"no prebuilt library ({LIBRARY.name} not shipped; `python -m sglang_snapmla.prebuilt` builds it)"
+    if torch.cuda.is_current_stream_capturing():  # the check synchronizes: never inside a graph capture
+        return None, "prebuilt library not checked: first asked for inside a CUDA graph capture"
     try:
         module = PrebuiltDecode()
         problem = self_check(module)
