@@ -44,6 +44,12 @@ def parse_counters(text: str) -> dict[str, float]:
     return out
 
 
+def read_counters(url: str, timeout: float = 5) -> dict[str, float]:
+    """One scrape of a server's /metrics (`url`) -> `parse_counters`; raises OSError where it fails."""
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return parse_counters(resp.read().decode("utf-8", "replace"))
+
+
 class GpuTimeSampler:
     """Reads the server's /metrics every `period` seconds in a thread, from start() to stop() -> the samples
     [{"time": ISO local time, "seconds": {category: GPU s}}] (local time, as the server's log lines). A scrape that
@@ -69,8 +75,7 @@ class GpuTimeSampler:
     def _run(self):
         while not self._stop.is_set():
             try:
-                with urllib.request.urlopen(self.url, timeout=5) as resp:
-                    seconds = parse_counters(resp.read().decode("utf-8", "replace"))
+                seconds = read_counters(self.url)
                 if seconds:
                     self.samples.append({"time": datetime.now().isoformat(), "seconds": seconds})
             except OSError as e:  # connection refused, timeout, HTTP error

@@ -117,7 +117,7 @@ class SnapMLAForward:
             out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
 
-    _planned_batch = None  # (forward batch, its launches): every layer of a forward reuses the plan
+    _planned_batch = None  # (forward batch, its lengths, its launches): every layer of a forward reuses the plan
 
     def _absorbed_launches(self, forward_batch):
         # Held by reference, so the batch cannot be freed and another take its id; the lengths guard against a batch

@@ -77,12 +77,12 @@ def group_requests(extend_lens: list[int]) -> list[list[int]]:
     return groups
 
 
-def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int,
-                costs: RouteCosts = ROUTE_COSTS) -> tuple[float, float]:
+def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int, costs: RouteCosts = ROUTE_COSTS,
+                groups: list[list[int]] | None = None) -> tuple[float, float]:
     """(absorbed, MHA) predicted attention-side seconds of an extend batch (the new tokens' own projections are
-    the same on both routes and left out)."""
+    the same on both routes and left out). `groups`: `group_requests(extend_lens)`, where the caller has it."""
     absorbed = costs.absorbed_fixed
-    for group in group_requests(extend_lens):
+    for group in (groups if groups is not None else group_requests(extend_lens)):
         s_q = extend_lens[group[0]]
         absorbed += len(group) * s_q * max(prefix_lens[i] + extend_lens[i] for i in group) * heads * costs.absorbed_pair
     mha = costs.mha_fixed + sum(p * heads * costs.mha_upproj + e * (p + (e + 1) / 2) * heads * costs.mha_pair
@@ -90,9 +90,10 @@ def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int,
     return absorbed, mha
 
 
-def padded_rows(extend_lens: list[int], heads: int) -> int:
+def padded_rows(extend_lens: list[int], heads: int, groups: list[list[int]] | None = None) -> int:
     """Query rows the absorbed route launches for a batch (left-padded windows included)."""
-    return sum(len(g) * extend_lens[g[0]] for g in group_requests(extend_lens)) * heads
+    groups = groups if groups is not None else group_requests(extend_lens)
+    return sum(len(g) * extend_lens[g[0]] for g in groups) * heads
 
 
 def prefers_absorbed(prefix_lens: list[int] | None, extend_lens: list[int] | None, heads: int) -> bool:
@@ -104,11 +105,12 @@ def prefers_absorbed(prefix_lens: list[int] | None, extend_lens: list[int] | Non
         raise ValueError(f"SNAPMLA_EXTEND_ROUTE must be one of {EXTEND_ROUTES}, got {route!r}")
     if route == "mha" or not prefix_lens or not extend_lens or not any(prefix_lens):
         return False
-    if padded_rows(extend_lens, heads) > ABSORBED_MAX_ROWS:
+    groups = group_requests(extend_lens)
+    if padded_rows(extend_lens, heads, groups) > ABSORBED_MAX_ROWS:
         return False
     if route == "absorbed":
         return True
-    absorbed, mha = route_costs(prefix_lens, extend_lens, heads)
+    absorbed, mha = route_costs(prefix_lens, extend_lens, heads, groups=groups)
     return absorbed < mha
 
 
