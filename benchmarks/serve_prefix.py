@@ -19,7 +19,9 @@ Workloads (WORKLOADS; all requests sent at once, so TTFT includes the wait for a
 Before each workload the radix cache is flushed (no hits carried over) and an unmeasured run of a few of its
 requests compiles what the measured one needs. Per row: output and total tok/s, TTFT p50 / p99, TPOT p50, the
 prompt tokens served from the cache (bench_serving's `--cache-report`), the peak running batch (server log) and the
-GPU seconds in prefill and decode forwards (the server's device timer, `benchmarks.gpu_time`). Prints a table with
+GPU seconds in prefill and decode forwards (the server's device timer, `benchmarks.gpu_time`) and their share of the
+run's duration ("GPU busy": near 100 % the row is bound by the engine's forwards, well below it by what lies outside
+them -- the server's intake and tokenization, the streamed output path). Prints a table with
 ratios against flashmla BF16 and SGLang's FP8 (`flashmla-fp8`) of the same model, writes serve_prefix.json and
 serve_prefix.png.
 """
@@ -55,6 +57,8 @@ CONTEXT_LENGTH = 131072  # long-64k and the multi-turn histories fit
 WARMUP_REQUESTS = 8
 EXTRA_METRICS = {
     "p99_ttft_ms": r"P99 TTFT \(ms\):\s+([\d.]+)",
+    "mean_ttft_ms": r"Mean TTFT \(ms\):\s+([\d.]+)",
+    "peak_output_tok_s": r"Peak output token throughput \(tok/s\):\s+([\d.]+)",
     "cached_tokens": r"Total cached tokens:\s+(\d+)",
     "prompt_tokens": r"Total prompt tokens:\s+(\d+)",
     "requests": r"Successful requests:\s+(\d+)",
@@ -149,12 +153,32 @@ def _ratio(value, base) -> str:
     return f"{value / base:.2f}x" if value and base else "-"
 
 
+def _busy(m: dict) -> str:
+    """The share of the run's duration the GPU spent in forwards (the two timers overlap a little: up to ~105 %)."""
+    if m.get("gpu_prefill_s") is None or m.get("gpu_decode_s") is None or not m.get("duration_s"):
+        return "-"
+    return f"{(m['gpu_prefill_s'] + m['gpu_decode_s']) / m['duration_s']:.0%}"
+
+
+def reparse(results: dict, folder: Path) -> dict:
+    """`results` with each row's bench_serving metrics read again from its saved output in `folder` (bench_*.txt), so
+    that a table gains the metrics parse() learned after the run; the server-side fields stay as measured."""
+    for model, backends in results.items():
+        for backend, run in backends.items():
+            for name, m in run.get("workloads", {}).items():
+                saved = folder / f"bench_{Path(model).name}_{backend}_{name}.txt"
+                if saved.exists():
+                    m.update({k: v for k, v in parse(saved.read_text(errors="replace")).items() if v is not None})
+    return results
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (model, workload, backend), ratios of output tok/s and of median TTFT against flashmla
     BF16 and SGLang FP8 of the same model."""
-    lines = ["| model | workload | backend | output tok/s | total tok/s | TTFT p50 / p99 s | TPOT p50 ms | cached / "
-             "prompt tokens | peak running | GPU s prefill / decode | output vs BF16 / vs FP8 | TTFT p50 vs BF16 |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | workload | backend | output tok/s | total tok/s | TTFT p50 / mean / p99 s | TPOT p50 ms | "
+             "cached / prompt tokens | peak running | GPU s prefill / decode | GPU busy | output vs BF16 / vs FP8 | "
+             "TTFT p50 / mean vs BF16 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model, backends in results.items():
         for name in WORKLOADS:
             ref = backends.get(REFERENCE, {}).get("workloads", {}).get(name, {})
@@ -163,20 +187,21 @@ def table(results: dict) -> str:
                 m = run.get("workloads", {}).get(name)
                 if not m:
                     continue
-                ttft = (f"{m['median_ttft_ms'] / 1e3:.2f} / {m['p99_ttft_ms'] / 1e3:.2f}"
-                        if m.get("median_ttft_ms") is not None and m.get("p99_ttft_ms") is not None else "-")
+                ttft = " / ".join(f"{m[k] / 1e3:.2f}" if m.get(k) is not None else "-"
+                                  for k in ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms"))
                 lines.append(
                     f"| {Path(model).name} | {name} | {backend} | {m['output_tok_s']:.0f} | {m['total_tok_s']:.0f} | "
                     f"{ttft} | {m.get('median_tpot_ms')} | {m.get('cached_tokens') or 0:.0f} / "
                     f"{m.get('prompt_tokens') or 0:.0f} | {m.get('peak_running')} | {m.get('gpu_prefill_s')} / "
-                    f"{m.get('gpu_decode_s')} | {_ratio(m['output_tok_s'], ref.get('output_tok_s'))} / "
+                    f"{m.get('gpu_decode_s')} | {_busy(m)} | {_ratio(m['output_tok_s'], ref.get('output_tok_s'))} / "
                     f"{_ratio(m['output_tok_s'], fp8.get('output_tok_s'))} | "
-                    f"{_ratio(m.get('median_ttft_ms'), ref.get('median_ttft_ms'))} |")
+                    f"{_ratio(m.get('median_ttft_ms'), ref.get('median_ttft_ms'))} / "
+                    f"{_ratio(m.get('mean_ttft_ms'), ref.get('mean_ttft_ms'))} |")
         for backend, run in backends.items():
             if run.get("error"):
-                lines.append(f"| {Path(model).name} | - | {backend} | error: {run['error']} | | | | | | | | |")
+                lines.append(f"| {Path(model).name} | - | {backend} | error: {run['error']} | | | | | | | | | |")
             if run.get("pool_tokens"):
-                lines.append(f"| {Path(model).name} | pool | {backend} | {run['pool_tokens']} tokens | | | | | | | | |")
+                lines.append(f"| {Path(model).name} | pool | {backend} | {run['pool_tokens']} tokens | | | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -217,6 +242,9 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--server-flags", default="", help='more server flags in one string, e.g. "--tp 2 ..."')
     ap.add_argument("--resume", action="store_true", help="keep (model, backend, workload) results already in --out")
     ap.add_argument("--merge", nargs="+", type=Path, help="only merge these serve_prefix.json files, table + plot")
+    ap.add_argument("--redraw", action="store_true",
+                    help="only the table and plot of --out's serve_prefix.json, its metrics read again from the saved "
+                         "bench_serving outputs beside it")
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--bench-timeout", type=float, default=900)
     ap.add_argument("--port", type=int, default=32000)
@@ -224,8 +252,12 @@ def main(argv: list[str] | None = None):
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "serve_prefix.json"
-    results = load_results(saved, args.merge, args.resume)
-    if not args.merge:
+    if args.redraw and not saved.exists():
+        raise SystemExit(f"--redraw: no {saved}")
+    results = load_results(saved, args.merge, args.resume or args.redraw)
+    if args.redraw:
+        results = reparse(results, args.out)
+    elif not args.merge:
         kill_servers_on_exit()
         for i, backend in enumerate(args.backends):
             done = results.get(args.model, {}).get(backend, {}).get("workloads", {})

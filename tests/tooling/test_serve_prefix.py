@@ -10,6 +10,9 @@ Successful requests:                     512
 Total generated tokens (retokenized):    141288
 Output token throughput (tok/s):         5935.75
 Total token throughput (tok/s):          112545.09
+Benchmark duration (s):                  24.81
+Peak output token throughput (tok/s):    11964.00
+Mean TTFT (ms):                          9900.10
 Median TTFT (ms):                        9872.89
 P99 TTFT (ms):                           10005.20
 Median TPOT (ms):                        46.94
@@ -38,13 +41,25 @@ def test_parse_and_table(tmp_path: Path):
     m = sp.parse(SUMMARY)
     assert (m["output_tok_s"], m["p99_ttft_ms"], m["cached_tokens"], m["prompt_tokens"]) == \
         (5935.75, 10005.2, 2109760, 2354126)
-    base = {**m, "output_tok_s": 5000.0, "median_ttft_ms": 12000.0}
+    assert (m["mean_ttft_ms"], m["peak_output_tok_s"], m["duration_s"]) == (9900.1, 11964.0, 24.81)
+    m.update(gpu_prefill_s=9.33, gpu_decode_s=8.11)
+    base = {**m, "output_tok_s": 5000.0, "median_ttft_ms": 12000.0, "mean_ttft_ms": 9000.1}
     fp8 = {**m, "output_tok_s": 2500.0}
     results = {"v2": {"snapmla": {"workloads": {"shared-4k": m}},
                       "flashmla": {"workloads": {"shared-4k": base}, "pool_tokens": 10},
                       "flashmla-fp8": {"workloads": {"shared-4k": fp8}, "error": "long-64k: timeout"}}}
     text = sp.table(results)
     row = next(line for line in text.splitlines() if "| snapmla |" in line)
-    assert "| 1.19x / 2.37x | 0.82x |" in row, row
+    assert "| 9.87 / 9.90 / 10.01 |" in row and "| 9.33 / 8.11 | 70% |" in row, row
+    assert "| 1.19x / 2.37x | 0.82x / 1.10x |" in row, row
     assert "error: long-64k: timeout" in text and "10 tokens" in text
     assert sp.plot(results, tmp_path / "p.png").exists()
+
+
+def test_redraw_reads_the_saved_outputs_again(tmp_path: Path):
+    """A row saved before parse() knew a metric gains it from its bench_serving output; the server-side fields stay."""
+    row = {"output_tok_s": 1.0, "gpu_prefill_s": 3.0}
+    results = {"configs/models/v2": {"snapmla": {"workloads": {"shared-4k": row}}}}
+    (tmp_path / "bench_v2_snapmla_shared-4k.txt").write_text(SUMMARY)
+    sp.reparse(results, tmp_path)
+    assert (row["mean_ttft_ms"], row["output_tok_s"], row["gpu_prefill_s"]) == (9900.1, 5935.75, 3.0)
