@@ -57,11 +57,15 @@ def ablate(source: str, name: str) -> str:
 
 
 def write(source_dir: Path, out: Path, name: str) -> Path:
-    """OUT/NAME/kernels/cuda: a copy of source_dir with the ablated kernel."""
+    """OUT/NAME/kernels/cuda: a copy of source_dir's sources with the ablated kernel (not its built prebuilt/ library,
+    which is today's kernel under the ablation's name)."""
     dest = out / name / "kernels" / "cuda"
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(source_dir, dest)
+    dest.mkdir(parents=True)
+    for source in source_dir.iterdir():
+        if source.is_file():
+            shutil.copy2(source, dest / source.name)
     (dest / KERNEL).write_text(ablate((source_dir / KERNEL).read_text(), name))
     return dest
 
