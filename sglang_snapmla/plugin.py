@@ -127,13 +127,19 @@ def _hooks(HookType) -> dict:
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
     tokenizer_manager = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
-    return {
+    hooks = {
         f"{tokenizer_manager}._validate_one_request": (_validate_request_hook, HookType.AROUND),
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
+    if release.installed() == release.HICACHE_RELEASE:  # host_pool subclasses this release's MLA host pool
+        from .host_pool import adopt_snapmla_device_pool
+
+        hooks["sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__"] = (adopt_snapmla_device_pool,
+                                                                                      HookType.AROUND)
+    return hooks
 
 
 def _resolve(target: str):
@@ -397,6 +403,29 @@ SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,
                      "handle_gpu_memory_settings": _graph_size_step, "page_size": _page_size_step}
 
 
+def _check_hierarchical_cache(args) -> None:
+    """HiCache settings the snapmla host pool (host_pool.py) serves; one clear error each."""
+    from . import host_pool_settings as hp
+
+    installed = release.installed()
+    if installed != release.HICACHE_RELEASE:
+        raise SnapMLAConfigError(
+            f"--enable-hierarchical-cache with --attention-backend snapmla is built on SGLang "
+            f"{release.HICACHE_RELEASE}'s host pool; this is SGLang {installed}. Install sglang=="
+            f"{release.HICACHE_RELEASE} or drop the flag.")
+    for flag, value, allowed in (("--hicache-mem-layout", getattr(args, "hicache_mem_layout", None), hp.LAYOUTS),
+                                 ("--hicache-io-backend", getattr(args, "hicache_io_backend", None), hp.IO_BACKENDS)):
+        if value is not None and value not in allowed:
+            raise SnapMLAConfigError(f"{flag} {value} is not supported with --attention-backend snapmla; use one of "
+                                     f"{', '.join(allowed)}.")
+    storage = getattr(args, "hicache_storage_backend", None)
+    if storage is not None and storage not in hp.STORAGE_BACKENDS:
+        raise SnapMLAConfigError(
+            f"--hicache-storage-backend {storage} is not supported with --attention-backend snapmla (its pages are "
+            f"644-byte records that only the {', '.join(hp.STORAGE_BACKENDS)} backend is verified to store); use "
+            f"--hicache-storage-backend {' or '.join(hp.STORAGE_BACKENDS)}, or none (host memory only).")
+
+
 def snapmla_server_args_pass(view) -> dict:
     """Post-process pass: nothing unless snapmla is selected; else validate and declare page size 64."""
     return {"page_size": check_server_args(view)} if is_selected(view) else {}
@@ -416,10 +445,7 @@ def check_server_args(args) -> int:
             f"--attention-backend snapmla stores its own KV layout (FP8 e4m3 content, one fp32 scale per "
             f"token, BF16 RoPE): got --kv-cache-dtype {kv_dtype}. Drop the flag or pass fp8_e4m3.")
     if getattr(args, "enable_hierarchical_cache", False):
-        raise SnapMLAConfigError(
-            "--enable-hierarchical-cache is not supported with --attention-backend snapmla: SGLang's MLA "
-            "host pool copies one 576-wide array per layer, snapmla's pool holds three (FP8 content, "
-            "scales, BF16 RoPE). Drop the flag.")
+        _check_hierarchical_cache(args)
     problems = _unsupported_setups(args)
     if problems:
         raise SnapMLAConfigError("\n".join(problems))

@@ -27,6 +27,7 @@ from typing import Callable
 # torch 2.11 can run
 SUPPORTED = ("0.5.17", "0.5.23")
 GPU_VERIFIED = "0.5.17"
+HICACHE_RELEASE = "0.5.17"  # the release whose MLA host pool host_pool.SnapMLATokenToKVPoolHost subclasses
 
 # A server-args step of ours: fn(server_args, previous) where previous(server_args) runs SGLang's own step.
 Step = Callable[[object, Callable[[object], None]], object]
