@@ -38,6 +38,9 @@ RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashm
 # for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md). The same decode and
 # pool as `flashmla`; isolates the decode's share of a throughput ratio.
 RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
+# the hierarchical cache: evicted prefix pages kept in host memory (4x the device pool) and loaded back on a hit
+HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4"]
+RUNS |= {f"{run}-hicache": [*RUNS[run], *HICACHE] for run in ("snapmla", "flashmla", "flashmla-fp8")}
 RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode instead of the sm_90a one
 # snapmla with every prefill over a cached prefix on MHA outside captured prefill graphs (the route model off)
 RUNS["snapmla-mha"] = RUNS["snapmla"]

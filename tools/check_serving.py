@@ -11,6 +11,12 @@ Scenarios (token ids drawn with a fixed seed, greedy, 32 new tokens):
   prefix : 32 prompts = one shared 2048-token prefix + 64 distinct tokens; on `cached` they run one at a time after
            the prefix is cached (cached_tokens must be >= 2048), then all 32 at once; on `plain` one at a time
   chunked: one 16384-token prompt
+With --hicache a third server per backend runs the hierarchical cache over a small device pool:
+  hicache: --enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens HICACHE_POOL (+ --hicache-storage-backend
+           file with --hicache-storage): the shared prefix is cached, then distinct prompts of twice the device pool
+           evict it to host memory, then the 32 prefix prompts run one at a time -- their prefixes come back from host
+           (or storage) and their outputs must equal `plain`'s (cached tokens include host hits; where the server
+           reports them, the host / storage share is recorded)
 Prints a table (identical sequences, token agreement vs `plain`) and writes check_serving.json. With a trained
 checkpoint (tools/train_tiny_mla.py; `--load-format auto --context-length 4096 --long-len 3584 --chunk 1024`)
 the logits are no longer flat and the comparison becomes a sharp detector. Agreement below
@@ -36,7 +42,8 @@ NEW_TOKENS = 32
 
 def generate(port: int, ids: list[int]) -> dict:
     r = greedy_generate(port, ids, NEW_TOKENS, timeout=600)
-    return {"ids": r["output_ids"], "cached": r["meta_info"].get("cached_tokens", 0)}
+    return {"ids": r["output_ids"], "cached": r["meta_info"].get("cached_tokens", 0),
+            "cached_details": r["meta_info"].get("cached_tokens_details")}
 
 
 def flush(port: int) -> None:
@@ -58,6 +65,10 @@ def prompts(vocab: int, long_len: int, seed: int = 0):
 def run_server(backend: str, mode: str, args, port: int) -> dict:
     if mode == "cached":
         flags = ["--chunked-prefill-size", str(args.chunk)]
+    elif mode == "hicache":
+        flags = ["--chunked-prefill-size", str(args.chunk), "--enable-hierarchical-cache", "--hicache-ratio", "4",
+                 "--max-total-tokens", str(args.hicache_pool), "--enable-cache-report",
+                 *(["--hicache-storage-backend", "file"] if args.hicache_storage else [])]
     else:
         flags = ["--disable-radix-cache", "--chunked-prefill-size", "-1"]
     res = {}
@@ -74,6 +85,14 @@ def run_server(backend: str, mode: str, args, port: int) -> dict:
 def _check(port: int, mode: str, args, res: dict) -> None:
     """Prefix-cache and chunked-prefill requests against one server; their outputs into `res`."""
     prefix_prompts, long_prompt = prompts(args.vocab, args.long_len)
+    if mode == "hicache":
+        flush(port)
+        generate(port, prefix_prompts[0])  # the shared prefix on the device (and written through to host)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(2 * args.hicache_pool // args.chunk):  # distinct prompts: the device pool turns over twice
+            generate(port, torch.randint(100, args.vocab - 100, (args.chunk - NEW_TOKENS,), generator=g).tolist())
+        res["hicache_reload"] = [generate(port, p) for p in prefix_prompts]
+        return
     seq = []
     for p in prefix_prompts:
         if mode == "plain":
@@ -104,6 +123,9 @@ def main():
     ap.add_argument("--chunk", type=int, default=4096, help="--chunked-prefill-size of the `cached` server")
     ap.add_argument("--load-format", default="dummy", help="'auto' for a trained checkpoint")
     ap.add_argument("--context-length", type=int, default=32768)
+    ap.add_argument("--hicache", action="store_true", help="also the hierarchical cache's reload scenario")
+    ap.add_argument("--hicache-pool", type=int, default=16384, help="--max-total-tokens of the HiCache server")
+    ap.add_argument("--hicache-storage", action="store_true", help="the HiCache server also stores to file storage")
     ap.add_argument("--startup-timeout", type=float, default=300)
     ap.add_argument("--out", type=Path, default=Path("check_out"))
     args = ap.parse_args()
@@ -113,9 +135,11 @@ def main():
     for i, backend in enumerate(args.runs):
         plain = run_server(backend, "plain", args, 31000 + 2 * i)
         cached = run_server(backend, "cached", args, 31001 + 2 * i)
+        if args.hicache:
+            cached.update(run_server(backend, "hicache", args, 31100 + i))
         results[backend] = {"plain": plain, "cached": cached}
         (args.out / "check_serving.json").write_text(json.dumps(results))
-        for scen in ("prefix_sequential", "prefix_batched", "chunked"):
+        for scen in ("prefix_sequential", "prefix_batched", "chunked", *(["hicache_reload"] if args.hicache else [])):
             if scen not in cached or "prefix_sequential" not in plain:
                 rows.append(f"| {backend} | {scen} | error: {cached.get('error') or plain.get('error')} | | |")
                 continue

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the Hopper host (the runtime in .gpu): the hierarchical cache with snapmla on the small trained checkpoint.
+#  1. tools/check_serving.py --hicache: a prefix evicted from a 4 096-token device pool to host memory (and, with
+#     STORAGE=1, to file storage) and loaded back gives the greedy outputs of a server that never evicted it;
+#  2. the accuracy gate with the hierarchical cache on over a small device pool (probes repeat across levels, so their
+#     prefixes come back from host memory), flashmla BF16 as the reference, and the host pool with the scale left
+#     uncopied (the gate must fail it);
+#  3. with MATRIX=1, the multi-turn workload of benchmarks/serve_prefix.py with and without the hierarchical cache on
+#     a device pool below the working set (--mem-fraction-static ${FRACTION:-0.30}).
+#   usage: [STORAGE=1] [MATRIX=1] bash tools/gpu_host/hicache.sh
+set -uo pipefail
+source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+CKPT=.gpucache/tiny-mla-h${HEADS:-16}
+train_checkpoint $CKPT ${HEADS:-16}
+python3 -m tools.check_serving --model $CKPT --load-format auto --context-length 4096 --long-len 3584 --chunk 1024 \
+  --runs snapmla flashmla --hicache --hicache-pool 4096 ${STORAGE:+--hicache-storage} --out "$OUT/check" 2>&1 | tail -12
+# the mutant: a copy of the plugin whose host pool drops the scale bytes on load
+rm -rf /tmp/mutant-hicache && mkdir -p /tmp/mutant-hicache && cp -r sglang_snapmla kernels pyproject.toml /tmp/mutant-hicache/
+ln -sfn /tmp/mutant-hicache/kernels /tmp/mutant-hicache/sglang_snapmla/kernels
+sed -i 's|    for v, (lo, hi) in zip(views, FIELDS):|    for v, (lo, hi) in list(zip(views, FIELDS))[::2]:|' /tmp/mutant-hicache/sglang_snapmla/host_pool.py
+grep -q "zip(views, FIELDS))\[::2\]" /tmp/mutant-hicache/sglang_snapmla/host_pool.py \
+  || { echo "hicache.sh: the mutation no longer applies (host_pool.unpack_into changed)"; exit 1; }
+MUTANT="snapmla-hicache-scale-dropped=snapmla-hicache:PYTHONSAFEPATH=1;PYTHONPATH=/tmp/mutant-hicache:$PYTHONPATH"
+python3 -m tools.accuracy_gate --model $CKPT --runs flashmla snapmla-hicache "$MUTANT" \
+  --server-flags "--max-total-tokens 16384" --out "$OUT/gate" 2>&1 | tail -12
+if [ -n "${MATRIX:-}" ]; then
+  python3 -m benchmarks.serve_prefix --model configs/models/deepseek-v2-lite-shape --workloads multi-turn \
+    --backends snapmla-hicache flashmla-hicache snapmla flashmla \
+    --server-flags="--cuda-graph-max-bs 512 --mem-fraction-static ${FRACTION:-0.30}" --out "$OUT/matrix" 2>&1 | tail -12
+fi
