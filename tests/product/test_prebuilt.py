@@ -60,7 +60,7 @@ def test_the_wheel_carries_the_library(library, tmp_path):
         shutil.copy(ROOT / name, src / name) if src.exists() else (src.mkdir(), shutil.copy(ROOT / name, src / name))
     for name in ("sglang_snapmla", "kernels"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (src / "kernels/cuda/prebuilt").mkdir()
+    (src / "kernels/cuda/prebuilt").mkdir(exist_ok=True)  # a checkout where the library was built has the folder
     shutil.copy(library, src / "kernels/cuda/prebuilt" / library.name)
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                           str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
