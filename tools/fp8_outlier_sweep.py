@@ -112,7 +112,7 @@ def _flashmla(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_scale
 
 
 def path_output(path: str, inputs) -> torch.Tensor:
-    from sglang_snapmla import ablations, accuracy
+    from study import ablations, accuracy
 
     if path == "snapmla-spec":
         return ablations.decode_with_config("SnapMLA", *inputs)[0]
@@ -123,7 +123,7 @@ def path_output(path: str, inputs) -> torch.Tensor:
 
 def kernel_level(model_dir: Path, windows: list[list[int]], paths=PATHS) -> dict:
     """Per layer: activation ranges, and per path rel-L2 / 1-cos against the float64 golden (NaN stays NaN)."""
-    from sglang_snapmla.activations import capture_decode_inputs
+    from study.activations import capture_decode_inputs
     from sglang_snapmla.numerics import error_metrics, mla_decode_golden
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from sglang_snapmla.testing import golden_args, paged_problem
+from harness.problems import golden_args, paged_problem
 
-from sglang_snapmla.ablations import decode_with_config
+from study.ablations import decode_with_config
 from sglang_snapmla.numerics import error_metrics, mla_decode_golden
 
 CONFIGS = ("SnapMLA", "SnapMLA-boundP", "SnapMLA-pow2P", "BF16")

@@ -7,8 +7,8 @@ import torch
 
 from helpers import apply_extreme_scales, assert_close, golden_args, paged_problem
 from sglang_snapmla import numerics as nx
-from sglang_snapmla.ablations import decode_with_config
-from sglang_snapmla.accuracy import SyntheticSpec, synthetic_layer
+from study.ablations import decode_with_config
+from study.accuracy import SyntheticSpec, synthetic_layer
 
 # ------------------------------------------------------------------------------------------------------
 # Independent definitions of the two roundings (tables and bit arithmetic, no torch casts)
@@ -276,7 +276,7 @@ def test_log_domain_schedule_equals_reference(gen, seq_lens, s_q, case):
 
 
 def test_pow2_scale_is_the_smallest_power_of_two_not_below_the_amax_scale():
-    from sglang_snapmla.ablations import pow2_scale
+    from study.ablations import pow2_scale
     from sglang_snapmla.numerics import P_SCALE_FLOOR, amax_scale
 
     amax = torch.tensor([448.0, 449.0, 896.0, 300.0, 1e-3, 0.0, 3.3e4])

@@ -58,7 +58,7 @@ def test_the_wheel_carries_the_library(library, tmp_path):
     src = tmp_path / "src"
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name) if src.exists() else (src.mkdir(), shutil.copy(ROOT / name, src / name))
-    for name in ("sglang_snapmla", "kernels"):
+    for name in ("sglang_snapmla", "kernels", "study", "harness"):  # the folders beside the package come along
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     (src / "kernels/cuda/prebuilt").mkdir(exist_ok=True)  # a checkout where the library was built has the folder
     shutil.copy(library, src / "kernels/cuda/prebuilt" / library.name)
@@ -68,6 +68,11 @@ def test_the_wheel_carries_the_library(library, tmp_path):
     (wheel,) = (tmp_path / "dist").glob("sglang_snapmla-*.whl")
     with zipfile.ZipFile(wheel) as z:
         assert MEMBER in z.namelist(), [n for n in z.namelist() if "kernels" in n]
+        # the product only: no accuracy study, no test or benchmark support
+        shipped = [n for n in z.namelist() if n.endswith(".py")]
+        assert all(n.startswith("sglang_snapmla/") for n in shipped), shipped
+        assert not {"accuracy.py", "ablations.py", "activations.py", "testing.py", "problems.py"} & \
+            {Path(n).name for n in shipped}, shipped
         (tmp_path / "from_wheel.so").write_bytes(z.read(MEMBER))
     assert_sm90a_decode(tmp_path / "from_wheel.so")
 

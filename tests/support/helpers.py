@@ -1,11 +1,11 @@
-"""Test helpers: NaN-proof comparisons, and the problem builders of `sglang_snapmla.testing` under their names."""
+"""Test helpers: NaN-proof comparisons, and the problem builders of `harness.problems` under their names."""
 
 from __future__ import annotations
 
 import torch
 
 from sglang_snapmla.numerics import error_metrics
-from sglang_snapmla.testing import (  # noqa: F401  (re-exported for the tests)
+from harness.problems import (  # noqa: F401  (re-exported for the tests)
     paged_problem,
     apply_extreme_scales,
     pool_arrays,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sglang_snapmla import accuracy
+from study import accuracy
 
 
 def test_accuracy_report_small(tmp_path, capsys):
@@ -23,7 +23,7 @@ def test_accuracy_report_small(tmp_path, capsys):
 def test_the_study_names_its_extra_when_a_dependency_is_missing(monkeypatch):
     import sys
 
-    from sglang_snapmla import accuracy
+    from study import accuracy
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # an import of tqdm now fails, as where it is not installed
     with pytest.raises(ImportError, match=r"pip install 'sglang-snapmla\[accuracy\]'"):

@@ -108,7 +108,7 @@ def test_captured_decode_inputs_reproduce_the_models_attention(sharp_checkpoint)
     from transformers import AutoModelForCausalLM
 
     from sglang_snapmla import numerics as nx
-    from sglang_snapmla.activations import capture_decode_inputs
+    from study.activations import capture_decode_inputs
 
     checkpoint, windows = sharp_checkpoint  # 100 tokens: a partial second page
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
@@ -132,7 +132,7 @@ def test_captured_decode_inputs_reproduce_the_models_attention(sharp_checkpoint)
 
 
 def test_accuracy_report_on_real_activations(checkpoint, tmp_path):
-    from sglang_snapmla import accuracy
+    from study import accuracy
 
     accuracy.main(["--checkpoint", str(checkpoint), "--windows", "2", "--window-len", "100", "--out", str(tmp_path),
                    "--no-progress"])

@@ -26,7 +26,7 @@ if [ "${CHECK:-0}" = 1 ]; then
 fi
 if [ "${LAYERWISE:-1}" = 1 ]; then
   echo "== layerwise error on real activations (configs A-D, SnapMLA, BF16, and the shipped kernels)"
-  python3 -m sglang_snapmla.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
+  python3 -m study.accuracy --checkpoint $CKPT --windows 8 --window-len 1024 --kernel --no-progress \
     --out "$OUT/layerwise" 2>&1 | tail -12
 fi
 echo "== through the server: perplexity, greedy agreement, drift"

@@ -4,7 +4,7 @@ row and by output half. Usage: python -m tools.kernel_dev.debug_cuda"""
 
 import torch
 
-from sglang_snapmla.testing import paged_problem, pool_arrays
+from harness.problems import paged_problem, pool_arrays
 
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_snapmla.testing import CUDA_DECODE_SMALL_CASES, golden_args, paged_problem, pool_arrays
+from harness.problems import CUDA_DECODE_SMALL_CASES, golden_args, paged_problem, pool_arrays
 
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from sglang_snapmla.layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
 
 def _rotary(attn):

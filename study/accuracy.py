@@ -1,7 +1,7 @@
 """Accuracy report: SnapMLA and the paper's ablation configurations A-D against a float64 golden.
 
-    python -m sglang_snapmla.accuracy [--layers 12 --seeds 4 --batch 4 --heads 16 --seq-len 2048 ...]
-    python -m sglang_snapmla.accuracy --checkpoint DIR [--windows 8 --window-len 1024] [--kernel]
+    python -m study.accuracy [--layers 12 --seeds 4 --batch 4 --heads 16 --seq-len 2048 ...]
+    python -m study.accuracy --checkpoint DIR [--windows 8 --window-len 1024] [--kernel]
 
 Synthetic caches shaped like real MLA latents (see `synthetic_layer`), many layers x seeds averaged, because a
 single sample is noisy when attention is peaked; or, with --checkpoint, the real per-layer activations of a trained
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from .ablations import CONFIGS, decode_with_config
-from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
-from .numerics import error_metrics, mla_decode_golden
+from study.ablations import CONFIGS, decode_with_config
+from sglang_snapmla.layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from sglang_snapmla.numerics import error_metrics, mla_decode_golden
 
 METRICS = ("rmse", "one_minus_cos", "rel_l2")
 KERNEL_ROW = "shipped kernels"  # the row `run_report(kernel=True)` adds beside the configurations
@@ -132,7 +132,7 @@ def _kernel_decode(q_nope, q_rope, c_kv, k_rope, block_table, seq_lens, softmax_
     """The shipped kernels on the same inputs (CUDA only): K-append into a pool, Q-quant + decode + combine."""
     if not torch.cuda.is_available():
         raise SystemExit("--kernel needs a CUDA GPU (the CPU interpreter path is for tests)")
-    from . import ops
+    from sglang_snapmla import ops
 
     dev = torch.device("cuda")
     pool = ops.pool_from_rows(c_kv.to(dev, torch.bfloat16), k_rope.to(dev, torch.bfloat16))
@@ -148,7 +148,7 @@ def summarize(per_layer):
 def _kernel_description() -> str:
     """Which decode ran in the kernel row: ops.decode_quantized picks the sm_90a CUDA kernel where it builds (an
     H100), else Triton; the append and Q-quant are Triton either way."""
-    from . import ops
+    from sglang_snapmla import ops
 
     try:
         impl = ops.decode_impl() if torch.cuda.is_available() else "triton"
@@ -191,7 +191,7 @@ def plot(per_layer, path: Path) -> None:
 
 def main(argv=None) -> None:
     spec_defaults = SyntheticSpec()
-    p = argparse.ArgumentParser(prog="python -m sglang_snapmla.accuracy", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m study.accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=12, help="synthetic layers (each its own distribution draw)")
     p.add_argument("--seeds", type=int, default=4, help="seeds averaged per layer")
@@ -211,7 +211,7 @@ def main(argv=None) -> None:
     spec = SyntheticSpec(**{f: getattr(args, f) for f in asdict(spec_defaults)})
     t0 = time.time()
     if args.checkpoint:  # real activations of a trained model: one draw per layer
-        from .activations import capture_decode_inputs
+        from study.activations import capture_decode_inputs
 
         held = json.loads((args.checkpoint / "heldout.json").read_text())
         windows = [w[:args.window_len] for w in held["ppl_windows"][:args.windows]]

@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from .layout import PAGE_SIZE
-from .numerics import (P_SCALE_FLOOR, LatentCache, QuantizedQuery, amax_p_scale, amax_scale, quantize_kv, quantize_q,
+from sglang_snapmla.layout import PAGE_SIZE
+from sglang_snapmla.numerics import (P_SCALE_FLOOR, LatentCache, QuantizedQuery, amax_p_scale, amax_scale, quantize_kv, quantize_q,
                        quantize_with_scale, snapmla_decode_reference)
 
 

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
-from .numerics import gather_sequence
+from sglang_snapmla.layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from sglang_snapmla.numerics import gather_sequence
 
 
 def paged_problem(gen: torch.Generator, seq_lens, heads: int, s_q: int = 1, zero_rows: int = 0,
