@@ -11,8 +11,9 @@ import statistics
 import torch
 
 from sglang_snapmla import ops
+from sglang_snapmla.layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
-PAGE = 64
+PAGE = PAGE_SIZE  # the name benchmarks and tools import
 L2_ROTATE_BYTES = 256 << 20
 
 
@@ -44,14 +45,16 @@ def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int =
 
 
 def make_inputs(b, sk, h, s_q, copies, dev):
-    """Per copy: bf16 latent pool [pages*64, 576] with a shuffled page table; SnapMLA pool from it."""
+    """Per copy: bf16 latent pool [pages*64, 576] with a shuffled page table; SnapMLA pool from it. (Timing inputs:
+    every copy on the device, for L2 rotation; harness.problems builds the problems that are checked.)"""
     pages = math.ceil(sk / PAGE)
+    dim = KV_LORA_RANK + ROPE_DIM
     out = []
     for _ in range(copies):
         n = b * pages
-        ckv = torch.randn(n * PAGE, 576, device=dev, dtype=torch.bfloat16)
+        ckv = torch.randn(n * PAGE, dim, device=dev, dtype=torch.bfloat16)
         bt = torch.randperm(n, device=dev, dtype=torch.int32).view(b, pages)
-        q = torch.randn(b, s_q, h, 576, device=dev, dtype=torch.bfloat16)
-        kv8, ks, kr = ops.pool_from_rows(ckv[:, :512], ckv[:, 512:])
+        q = torch.randn(b, s_q, h, dim, device=dev, dtype=torch.bfloat16)
+        kv8, ks, kr = ops.pool_from_rows(ckv[:, :KV_LORA_RANK], ckv[:, KV_LORA_RANK:])
         out.append(dict(ckv=ckv, bt=bt, q=q, kv8=kv8, ks=ks, kr=kr))
     return out

@@ -25,15 +25,16 @@ import logging
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-from . import numerics as nx
+from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
 from .host_pool_settings import IO_BACKENDS, LAYOUTS
 
 logger = logging.getLogger(__name__)
 
-CONTENT_BYTES = nx.KV_LORA_RANK  # fp8: one byte per channel
+CONTENT_BYTES = KV_LORA_RANK  # fp8: one byte per channel
 SCALE_BYTES = 4
-ROPE_BYTES = nx.ROPE_DIM * 2
-RECORD_BYTES = CONTENT_BYTES + SCALE_BYTES + ROPE_BYTES  # 644
+ROPE_BYTES = ROPE_DIM * 2
+RECORD_BYTES = CONTENT_BYTES + SCALE_BYTES + ROPE_BYTES
+assert RECORD_BYTES == BYTES_PER_TOKEN  # the device pool's bytes per token and layer, 644
 # byte ranges of a record, in the order of the device pool's arrays (content, scale, rope)
 FIELDS = ((0, CONTENT_BYTES), (CONTENT_BYTES, CONTENT_BYTES + SCALE_BYTES), (CONTENT_BYTES + SCALE_BYTES, RECORD_BYTES))
 
