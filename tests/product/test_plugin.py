@@ -92,7 +92,9 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
         return
     # SGLang's default on an 80 GiB GPU at TP 1 is 256, sized for a BF16 pool; snapmla's holds 1152 / 644 x the tokens
     assert bf16.cuda_graph_config.decode.max_bs == 256
-    assert plugin.snapmla_decode_graph_max_bs(256) == 480 == args.cuda_graph_config.decode.max_bs
+    from sglang_snapmla.server_policy import snapmla_decode_graph_max_bs
+
+    assert snapmla_decode_graph_max_bs(256) == 480 == args.cuda_graph_config.decode.max_bs
     assert args.cuda_graph_config.decode.bs == bf16.cuda_graph_config.decode.bs + list(range(272, 481, 16))
     # SGLang reserves 2 MB per captured batch size of memory for the graphs: the memory fraction leaves room for them
     assert args.mem_fraction_static == pytest.approx(bf16.mem_fraction_static - (480 - 256) * 2 / (80 * 1024),
@@ -333,7 +335,7 @@ def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatc
     assert any("SGLang 0.5.20 is installed" in m for m in plugin.integration_errors({}))
     monkeypatch.setattr(plugin, "_integration_errors", [message])
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
-        plugin.check_server_args(SimpleNamespace(attention_backend="snapmla"))
+        plugin.snapmla_server_args_pass(SimpleNamespace(attention_backend="snapmla"))
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
         plugin._create_backend(SimpleNamespace())
 
