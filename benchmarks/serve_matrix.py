@@ -4,7 +4,7 @@
         --backends snapmla flashmla flashmla-fp8 triton --out matrix_v2lite
     python -m benchmarks.serve_matrix --model configs/models/deepseek-v3-shape --backends snapmla flashmla \
         --out matrix_v3
-    python -m benchmarks.serve_matrix --merge matrix_v2lite/serve_matrix.json matrix_v3/serve_matrix.json --out docs/serve
+    python -m benchmarks.serve_matrix --merge matrix_v2lite/serve_matrix.json matrix_v3/serve_matrix.json --out results/serve
 
 Workloads (`python -m sglang.bench_serving`, random-ids, range ratio 1.0): throughput at in 4096 / out 512 / 320
 prompts, in 32768 / out 1024 / 64 prompts, in 1024 / out 1024 / 512 prompts, and latency (in 4096 / out 512) at

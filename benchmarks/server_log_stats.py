@@ -1,7 +1,7 @@
 """Engine-side numbers of a measured run, from an SGLang server log (the `server_*.log` that serve_matrix.py and
 serve_and_bench.py keep next to each benchmark), for telling the engine's rate from what the client saw:
 
-    python -m benchmarks.server_log_stats docs/serve/v2lite_h100_in4096/server_*.log.xz   (plain or xz-compressed)
+    python -m benchmarks.server_log_stats results/serve/v2lite_h100_in4096/server_*.log.xz   (plain or xz-compressed)
 
 Per log: the peak number of running requests, the decode rate near that peak (the fifth-highest `gen throughput`
 line: the top few are short bursts at the end of a run), the largest KV-pool usage, and the measured run's prefill
@@ -105,7 +105,7 @@ def startup_report(text: str, gaps: int = 4) -> dict:
 
 
 def read_log(path: Path) -> str:
-    """A server log's text, plain or xz-compressed (the logs kept under docs/serve are)."""
+    """A server log's text, plain or xz-compressed (the logs kept under results/serve are)."""
     raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
     return raw.decode(errors="replace")
 

@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--redraw", type=Path, default=None,
                     help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")
     args = ap.parse_args(argv)
-    if args.redraw:  # a saved sweep, or its xz-compressed copy (docs/accuracy)
+    if args.redraw:  # a saved sweep, or its xz-compressed copy (results/accuracy)
         text = lzma.open(args.redraw, "rt").read() if args.redraw.suffix == ".xz" else args.redraw.read_text()
         report(json.loads(text), args.runs, Path(str(args.redraw).removesuffix(".xz")).with_suffix(".png"))
         return

@@ -85,7 +85,7 @@ def test_point_rows_compare_with_the_reference_at_the_same_point():
 @pytest.mark.parametrize("heads", [128, 16])
 def test_saved_sweep_reports_what_the_docs_quote(heads, tmp_path, capsys):
     """The committed H100 sweep redraws into the tables docs/ACCURACY.md quotes."""
-    saved = ROOT / "docs" / "accuracy" / f"fp8_outlier_sweep_h{heads}.json.xz"
+    saved = ROOT / "results" / "accuracy" / f"fp8_outlier_sweep_h{heads}.json.xz"
     copy = tmp_path / saved.name
     copy.write_bytes(saved.read_bytes())
     sweep.main(["--redraw", str(copy)])
