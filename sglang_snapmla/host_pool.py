@@ -25,8 +25,8 @@ import logging
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
 from .host_pool_settings import IO_BACKENDS, LAYOUTS
+from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
 
 logger = logging.getLogger(__name__)
 
