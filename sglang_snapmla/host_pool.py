@@ -20,6 +20,7 @@ device pool, wherever SGLang builds one, is this class.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -90,11 +91,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         if io_backend not in IO_BACKENDS:
             raise ValueError(f"--hicache-io-backend {io_backend} is not supported with --attention-backend snapmla; "
                              f"use one of {', '.join(IO_BACKENDS)}")
-        if not getattr(SnapMLATokenToKVPoolHost, "_io_noted", False):
-            SnapMLATokenToKVPoolHost._io_noted = True
-            logger.info("snapmla HiCache: pages move as 644-byte records (FP8 content, scale, RoPE) gathered and "
-                        "scattered with torch copies; --hicache-io-backend %s's transfer kernels move one array "
-                        "per layer and are not used", io_backend)
+        _log_io_backend(io_backend)
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend):
         """Host records of host_indices -> the device pool's three arrays of layer_id at device_indices."""
@@ -104,7 +101,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         host_indices, device_indices = self.dcp_kernel_indices(host_indices), self.dcp_kernel_indices(device_indices)
         page, offset = self._host_slots(host_indices)
         records = self._layer_pages(self._host_layer_index(layer_id))[page, offset]
-        views = _device_views(device_pool, layer_id)
+        views = byte_views(*device_pool.layer_arrays(layer_id))  # not snapmla_buffers(): it waits for this load
         unpack_into(views, device_indices.to(views[0].device, torch.int64),
                     records.to(views[0].device, non_blocking=True))
 
@@ -113,16 +110,18 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         self._note_io_backend(io_backend)
         host_indices, device_indices = self.dcp_kernel_indices(host_indices), self.dcp_kernel_indices(device_indices)
         page, offset = self._host_slots(host_indices)
+        loc = device_indices.to(device_pool.kv_buffer[0].device, torch.int64)
         for layer_id in self._owned_device_layer_ids(device_pool):
-            views = _device_views(device_pool, layer_id)
-            records = pack(views, device_indices.to(views[0].device, torch.int64))
+            records = pack(byte_views(*device_pool.layer_arrays(layer_id)), loc)
             self._layer_pages(self._host_layer_index(layer_id))[page, offset] = records.to(self.kv_buffer.device)
 
 
-def _device_views(device_pool, layer_id: int) -> tuple[torch.Tensor, ...]:
-    # the arrays themselves, not snapmla_buffers(): that waits for this very load (layer_transfer_counter)
-    return byte_views(device_pool.kv_buffer[layer_id], device_pool.kv_scale_buffer[layer_id],
-                      device_pool.kv_rope_buffer[layer_id])
+@functools.lru_cache(maxsize=1)
+def _log_io_backend(io_backend: str) -> None:
+    """Once per process: what moves the pages, whichever io backend the server names."""
+    logger.info("snapmla HiCache: pages move as 644-byte records (FP8 content, scale, RoPE) gathered and scattered "
+                "with torch copies; --hicache-io-backend %s's transfer kernels move one array per layer and are not "
+                "used", io_backend)
 
 
 def adopt_snapmla_device_pool(original, host_pool, device_pool, *args, **kwargs):

@@ -70,7 +70,11 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         """(kv_content [N, 512], kv_scale [N], kv_rope [N, 64]) of one layer, as the SnapMLA kernels take them."""
         if self.layer_transfer_counter is not None:
             self.layer_transfer_counter.wait_until(layer_id - self.start_layer)
-        i = layer_id - self.start_layer
+        return self.layer_arrays(layer_id - self.start_layer)
+
+    def layer_arrays(self, i: int):
+        """(content, scale, rope) of the pool's i-th layer (local index), without waiting for a layer being loaded:
+        for what moves the layers themselves (offload, the hierarchical cache's host pool)."""
         return self.kv_buffer[i], self.kv_scale_buffer[i], self.kv_rope_buffer[i]
 
     def get_key_buffer(self, layer_id: int):
@@ -117,7 +121,7 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         chunk = self.cpu_offloading_chunk_size
         out = []
         for layer in range(self.layer_num):
-            arrays = (self.kv_buffer[layer], self.kv_scale_buffer[layer], self.kv_rope_buffer[layer])
+            arrays = self.layer_arrays(layer)
             out.append([tuple(a[indices[i:i + chunk]].to("cpu", non_blocking=True) for a in arrays)
                         for i in range(0, len(indices), chunk)])
         self._sync()
@@ -127,7 +131,7 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         self._sync()
         chunk = self.cpu_offloading_chunk_size
         for layer in range(self.layer_num):
-            arrays = (self.kv_buffer[layer], self.kv_scale_buffer[layer], self.kv_rope_buffer[layer])
+            arrays = self.layer_arrays(layer)
             for i in range(0, len(indices), chunk):
                 idx = indices[i:i + chunk]
                 for dst, src in zip(arrays, kv_cache_cpu[layer][i // chunk]):

@@ -135,17 +135,19 @@ def main():
     for i, backend in enumerate(args.runs):
         plain = run_server(backend, "plain", args, 31000 + 2 * i)
         cached = run_server(backend, "cached", args, 31001 + 2 * i)
-        if args.hicache:
-            cached.update(run_server(backend, "hicache", args, 31100 + i))
         results[backend] = {"plain": plain, "cached": cached}
+        scenarios = [(scen, cached) for scen in ("prefix_sequential", "prefix_batched", "chunked")]
+        if args.hicache:
+            results[backend]["hicache"] = run_server(backend, "hicache", args, 31100 + i)
+            scenarios.append(("hicache_reload", results[backend]["hicache"]))
         (args.out / "check_serving.json").write_text(json.dumps(results))
-        for scen in ("prefix_sequential", "prefix_batched", "chunked", *(["hicache_reload"] if args.hicache else [])):
-            if scen not in cached or "prefix_sequential" not in plain:
-                rows.append(f"| {backend} | {scen} | error: {cached.get('error') or plain.get('error')} | | |")
+        for scen, served in scenarios:  # served: the `cached` or `hicache` server's outputs
+            if scen not in served or "prefix_sequential" not in plain:
+                rows.append(f"| {backend} | {scen} | error: {served.get('error') or plain.get('error')} | | |")
                 continue
             ref = plain["chunked"] if scen == "chunked" else plain["prefix_sequential"]
-            same, tok = agreement(cached[scen], ref)
-            hits = sum(r["cached"] >= 2048 for r in cached[scen])
+            same, tok = agreement(served[scen], ref)
+            hits = sum(r["cached"] >= 2048 for r in served[scen])
             rows.append(f"| {backend} | {scen} | {same}/{len(ref)} | {100 * tok:.1f} % | {hits}/{len(ref)} |")
         print(rows[-1], flush=True)
     print(f"\nmodel {args.model}: greedy {NEW_TOKENS} tokens, `cached` server vs `plain` server (no radix cache, "
