@@ -21,7 +21,12 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null || compgen -G ".whl/*.whl" > /dev/
   python3 -m pip install -q --no-deps --no-index --target /tmp/sglang-runtime $(compgen -G ".gpu/wheels/*.whl"; compgen -G ".whl/*.whl") > "$OUT/pip_wheels.log" 2>&1 \
     || { cat "$OUT/pip_wheels.log"; exit 1; }
 fi
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+# once per driver: scripts started side by side from one that has installed the plugin (SNAPMLA_PLUGIN_INSTALLED
+# exported) do not run pip into the same runtime at once
+if [ -z "${SNAPMLA_PLUGIN_INSTALLED:-}" ]; then
+  python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+  export SNAPMLA_PLUGIN_INSTALLED=1
+fi
 # A file the call's second transfer brings into .whl (pd_transfer.sh, the suite's MTP part): wait up to SECONDS for
 # one matching .whl/GLOB, then 5 s more for its copy to finish; 1 when none came
 #   wait_for_whl GLOB SECONDS

@@ -7,13 +7,14 @@
 #     uncopied (the gate must fail it);
 #  3. with MATRIX=1, the multi-turn workload of benchmarks/serve_prefix.py with and without the hierarchical cache on
 #     a device pool below the working set (--mem-fraction-static ${FRACTION:-0.30}).
-#   usage: [STORAGE=1] [MATRIX=1] bash tools/gpu_host/hicache.sh
+#   usage: [STORAGE=1] [MATRIX=1] [CHECK_RUNS="snapmla"] bash tools/gpu_host/hicache.sh   (CHECK_RUNS: step 1's
+#   backends, default snapmla flashmla)
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 CKPT=.gpucache/tiny-mla-h${HEADS:-16}
 train_checkpoint $CKPT ${HEADS:-16}
 python3 -m tools.check_serving --model $CKPT --load-format auto --context-length 4096 --long-len 3584 --chunk 1024 \
-  --runs snapmla flashmla --hicache --hicache-pool 4096 ${STORAGE:+--hicache-storage} --out "$OUT/check" 2>&1 | tail -12
+  --runs ${CHECK_RUNS:-snapmla flashmla} --hicache --hicache-pool 4096 ${STORAGE:+--hicache-storage} --out "$OUT/check" 2>&1 | tail -12
 # the mutant: a copy of the plugin whose host pool drops the scale bytes on load
 rm -rf /tmp/mutant-hicache && mkdir -p /tmp/mutant-hicache && cp -r sglang_snapmla kernels pyproject.toml /tmp/mutant-hicache/
 ln -sfn /tmp/mutant-hicache/kernels /tmp/mutant-hicache/sglang_snapmla/kernels

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # On the Hopper host (the runtime in .gpu): tools/soak.py against a server of the small trained checkpoint with a
 # pool small enough to force retractions, per backend in turn (default: snapmla flashmla). SERVER_FLAGS adds server
-# flags (e.g. "--tp 2 --enable-dp-attention --dp 2"), SOAK_SECONDS sets the soak's length (default 300). Per backend
+# flags (e.g. "--tp 2 --enable-dp-attention --dp 2"), SOAK_SECONDS sets the soak's length (default 300), SOAK_PORT the
+# first server's port (default 31700; soaks side by side on one host each take their own). Per backend
 # the table, soak.json and the server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 CKPT=.gpucache/tiny-mla-h${HEADS:-16}
 train_checkpoint $CKPT ${HEADS:-16}
-port=31700
+port=${SOAK_PORT:-31700}
 for backend in ${@:-snapmla flashmla}; do
   python3 -m tools.soak --start "$backend" --model $CKPT --port $port --seconds "${SOAK_SECONDS:-300}" \
     --server-flags "--max-total-tokens 65536 --max-running-requests 256 ${SERVER_FLAGS:-}" --out "$OUT/soak_$backend"
