@@ -16,6 +16,9 @@ difference| of the generated tokens up to the first token where the two greedy o
 match the reference token for token. The error at level 1 is the run's FP8 floor on these prompts; the gate passes
 when no level's error exceeds GATE_FACTOR x that floor + GATE_SLACK (an error that grows with batch size is a batch-
 dependent bug, e.g. a wrong page at one split), and fails otherwise. Prints a table, writes accuracy_gate.json.
+With `--evict-tokens N`, distinct prompts of N tokens in all (one new token each) run between the level-1 pass and
+the radix pass: the probes' cached prefixes leave a device pool smaller than N, so under the hierarchical cache the
+radix pass reads them back from host memory (the host pool's load path is gated), and without it recomputes them.
 A run `name=base:KEY=VALUE;KEY=VALUE` serves `base`'s flags with that environment (e.g. another build of the plugin
 on PYTHONPATH, or SNAPMLA_DECODE_IMPL=triton). `--server-flags` gives every run the same parallel layout (tensor
 parallelism, DP attention: the reference then runs at that layout too); `--concurrent` serves all runs at once.
@@ -40,6 +43,9 @@ LEVELS = (1, 8, 64, 160, 512)
 # from the radix cache (snapmla: fetch-dequant of the cached rows into the MHA prefill), compared like a level
 RADIX = "radix"
 PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
+# --evict-tokens' prompts start with EVICT_FIRST_TOKEN + i (ids of the tokenizer's ordinary range), so that no two
+# share a cached prefix, however the fillers repeat
+EVICT_FIRST_TOKEN = 1000
 # The pool is capped (the same for every run) because SGLang 0.5.17's FP8 paths for MLA dequantize a layer's whole pool
 # at once: flashmla's prefix extend (the radix level, chunked prefill) and FlashInfer MLA's every step cast
 # get_key_buffer(layer) to BF16. At SGLang's default memory fraction that copy of the small trained model's per-layer
@@ -129,8 +135,22 @@ def max_running(log_path: Path) -> int:
     return max(found, default=0)
 
 
+def evict(port: int, fillers: list[list[int]], tokens: int) -> int:
+    """Prompts of the fillers, each with a distinct first token (no prefix shared with another or with a probe), `tokens`
+    prompt tokens in all, one new token each, 16 at a time: what the device pool held before is pushed out of it.
+    Returns the tokens sent."""
+    prompts, sent = [], 0
+    while sent < tokens:
+        f = fillers[len(prompts) % len(fillers)]
+        prompts.append([EVICT_FIRST_TOKEN + len(prompts), *f])
+        sent += len(prompts[-1])
+    with ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda ids: greedy_generate(port, ids, 1), prompts))
+    return sent
+
+
 def measure_run(model: str, name: str, flags: list[str], env: dict, port: int, out: Path, startup_timeout: float,
-                layout_flags: list[str]) -> dict:
+                layout_flags: list[str], evict_tokens: int = 0) -> dict:
     """One server of run `name`, every level against it -> {"levels", "max_running", "env", "seconds", "startup_s"}, or
     {"error"} (reported in the table). `layout_flags` (e.g. --tp 2 --enable-dp-attention --dp 2) come last."""
     probes, fillers = workload(json.loads((Path(model) / "heldout.json").read_text()))
@@ -150,6 +170,8 @@ def measure_run(model: str, name: str, flags: list[str], env: dict, port: int, o
                 flush_cache(port)
                 levels[str(level)] = generate_level(port, probes, fillers, level)
                 if level == 1:  # the same probes again, alone: their prompts are now radix-cache hits
+                    if evict_tokens:
+                        evict(port, fillers, evict_tokens)
                     levels[RADIX] = generate_level(port, probes, fillers, 1)
         return {"levels": levels, "max_running": max_running(log_path), "env": env,
                 "seconds": round(time.time() - t0, 1), "startup_s": round(startup, 1)}
@@ -169,6 +191,9 @@ def main():
                     help="serve all runs at once on the same GPUs, each measured by its own client; pass a "
                          "--mem-fraction-static in --server-flags that leaves room for all of them")
     ap.add_argument("--port", type=int, default=33000, help="run i serves on port + PORT_STRIDE x i")
+    ap.add_argument("--evict-tokens", type=int, default=0,
+                    help="distinct prompt tokens sent between the level-1 and the radix pass (above the device pool: "
+                         "the radix pass reads the probes' prefixes back from the hierarchical cache's host pool)")
     ap.add_argument("--startup-timeout", type=float, default=400)
     ap.add_argument("--out", type=Path, default=Path("gate_out"))
     args = ap.parse_args()
@@ -189,7 +214,8 @@ def main():
 
     def measure(job):
         name, flags, env, port = job
-        return name, measure_run(args.model, name, flags, env, port, args.out, args.startup_timeout, layout_flags)
+        return name, measure_run(args.model, name, flags, env, port, args.out, args.startup_timeout, layout_flags,
+                                 args.evict_tokens)
 
     with ThreadPoolExecutor(max(1, len(pending)) if args.concurrent else 1) as ex:
         for name, result in ex.map(measure, pending):

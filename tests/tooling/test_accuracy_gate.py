@@ -87,3 +87,45 @@ def test_concurrent_runs_under_dp_attention_get_disjoint_ports():
 
     runs = [ports(35000 + ag.PORT_STRIDE * i) for i in range(4)]
     assert all(not (runs[i] & runs[j]) for i in range(4) for j in range(i + 1, 4))
+
+
+def test_eviction_runs_between_the_level_one_and_the_radix_pass(monkeypatch, tmp_path):
+    """--evict-tokens: between the probes' first pass and their radix pass, distinct prompts (no shared first token)
+    of at least that many tokens, so that the radix pass finds the probes' prefixes outside the device pool."""
+    import contextlib
+    import json
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    probes = [[7, 8, 9, i] for i in range(ag.PROBES)]
+    (model / "heldout.json").write_text(json.dumps({"prompts": probes, "ppl_windows": [[5] * 2000]}))
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_serving(model_dir, port, flags, log_path, timeout, **kw):
+        log_path.write_text("")
+        yield None
+
+    def fake_generate(port, ids, new_tokens, **kw):
+        calls.append(("probe" if ids in probes else "other", list(ids), new_tokens))
+        out = {"output_ids": [1] * new_tokens}
+        if kw.get("return_logprob"):
+            out["meta_info"] = {"output_token_logprobs": [[-0.1]] * new_tokens}
+        return out
+
+    monkeypatch.setattr(ag, "serving", fake_serving)
+    monkeypatch.setattr(ag, "greedy_generate", fake_generate)
+    monkeypatch.setattr(ag, "flush_cache", lambda port: None)
+    monkeypatch.setattr(ag, "LEVELS", (1, 40))  # 8 fillers for level 40, which runs after the radix pass
+    monkeypatch.setattr(ag.time, "sleep", lambda s: None)
+    result = ag.measure_run(str(model), "snapmla-hicache", [], {}, 33000, tmp_path, 10, [], evict_tokens=20000)
+    assert set(result["levels"]) == {"1", ag.RADIX, "40"}
+    kinds = [k for k, _, _ in calls]
+    first_pass_end = 1 + ag.PROBES  # the warm-up request, then level 1's probes
+    assert kinds[1:first_pass_end] == ["probe"] * ag.PROBES
+    radix_start = kinds.index("probe", first_pass_end)
+    assert kinds[radix_start:radix_start + ag.PROBES] == ["probe"] * ag.PROBES
+    evicting = calls[first_pass_end:radix_start]
+    assert evicting and all(k == "other" and new == 1 for k, _, new in evicting)
+    assert sum(len(ids) for _, ids, _ in evicting) >= 20000
+    assert len({ids[0] for _, ids, _ in evicting}) == len(evicting)  # no two share a cached prefix

@@ -32,7 +32,7 @@ def stand_in(fault: str | None):
             self.wfile.write(body)
 
         def dead(self):
-            return fault == "dies" and state["requests"] > 40
+            return (fault == "dies" and state["requests"] > 40) or state.get("gathered-bad-id", False)
 
         def do_GET(self):
             if self.dead():
@@ -59,6 +59,11 @@ def stand_in(fault: str | None):
                 ids, new = req["input_ids"], int(req["sampling_params"].get("max_new_tokens", 4))
                 stop = req["sampling_params"].get("stop_token_ids") or []
                 float(req["sampling_params"].get("temperature", 0))
+                if fault == "dies-of-bad-ids" and any(isinstance(i, int) and not 0 <= i < VOCAB
+                                                       for i in [*ids, *stop]):
+                    state["gathered-bad-id"] = True  # SGLang's way: the id reaches the GPU and the scheduler dies
+                    self.close_connection = True
+                    return
                 if fault != "lets-bad-ids-through" and (
                         new < 0 or any(not isinstance(i, int) or not 0 <= i < VOCAB for i in [*ids, *stop])):
                     raise ValueError("token id out of range")
@@ -87,10 +92,10 @@ def stand_in(fault: str | None):
     return Handler
 
 
-def run(fault):
+def run(fault, **kw):
     with local_http_server(stand_in(fault)) as server:
         return soak.soak(server.server_port, seconds=3, clients=6, vocab=VOCAB, probe_count=3, probe_tokens=4,
-                         max_new_tokens=24, idle_seconds=3)
+                         max_new_tokens=24, idle_seconds=3, **kw)
 
 
 def test_a_server_that_holds_up_passes_every_check():
@@ -110,3 +115,15 @@ def test_each_fault_fails_its_check(fault, failed):
     seen = [name for name, ok in result["checks"].items() if not ok]
     # a server that died fails whatever needs it afterwards too (probes, the idle gauge)
     assert set(failed) <= set(seen) if fault == "dies" else seen == failed, soak.table(result)
+
+
+
+def test_a_backend_without_id_checks_dies_of_out_of_range_ids_and_is_soaked_without_them():
+    """A stand-in that dies of the first out-of-range id (SGLang without snapmla's checks) fails the full soak; the
+    kinds of --without-out-of-range-ids hold none of those, and its soak passes."""
+    assert not run("dies-of-bad-ids")["checks"]["server alive (/health)"]
+    kinds = soak.malformed_kinds(without_out_of_range_ids=True)
+    assert kinds and not set(kinds) & set(soak.OUT_OF_RANGE_IDS)
+    assert soak.malformed_kinds(without_out_of_range_ids=False) == tuple(soak.MALFORMED)
+    result = run("dies-of-bad-ids", malformed=kinds)
+    assert all(result["checks"].values()), soak.table(result)

@@ -2,9 +2,10 @@
 # On the Hopper host (the runtime in .gpu): the hierarchical cache with snapmla on the small trained checkpoint.
 #  1. tools/check_serving.py --hicache: a prefix evicted from a 4 096-token device pool to host memory (and, with
 #     STORAGE=1, to file storage) and loaded back gives the greedy outputs of a server that never evicted it;
-#  2. the accuracy gate with the hierarchical cache on over a small device pool (probes repeat across levels, so their
-#     prefixes come back from host memory), flashmla BF16 as the reference, and the host pool with the scale left
-#     uncopied (the gate must fail it);
+#  2. the accuracy gate with the hierarchical cache on over a 16 384-token device pool, flashmla BF16 as the reference,
+#     and the host pool with the scale left uncopied (the gate must fail it): 32 768 tokens of other prompts between
+#     the probes' first pass and their radix pass push the probes' prefixes out of the device pool, so the radix pass
+#     reads them back from host memory (which holds 4 x 16 384 tokens: the probes and the evicting prompts fit);
 #  3. with MATRIX=1, the multi-turn workload of benchmarks/serve_prefix.py with and without the hierarchical cache on
 #     a device pool below the working set (--mem-fraction-static ${FRACTION:-0.30}).
 #   usage: [STORAGE=1] [MATRIX=1] [CHECK_RUNS="snapmla"] bash tools/gpu_host/hicache.sh   (CHECK_RUNS: step 1's
@@ -23,7 +24,7 @@ grep -q "zip(views, FIELDS))\[::2\]" /tmp/mutant-hicache/sglang_snapmla/host_poo
   || { echo "hicache.sh: the mutation no longer applies (host_pool.unpack_into changed)"; exit 1; }
 MUTANT="snapmla-hicache-scale-dropped=snapmla-hicache:PYTHONSAFEPATH=1;PYTHONPATH=/tmp/mutant-hicache:$PYTHONPATH"
 python3 -m tools.accuracy_gate --model $CKPT --runs flashmla snapmla-hicache "$MUTANT" \
-  --server-flags "--max-total-tokens 16384" --out "$OUT/gate" 2>&1 | tail -12
+  --server-flags "--max-total-tokens 16384" --evict-tokens 32768 --out "$OUT/gate" 2>&1 | tail -12
 if [ -n "${MATRIX:-}" ]; then
   python3 -m benchmarks.serve_prefix --model configs/models/deepseek-v2-lite-shape --workloads multi-turn \
     --backends snapmla-hicache flashmla-hicache snapmla flashmla \
