@@ -1,4 +1,5 @@
-"""Token ids a client sends, checked against the model's vocabulary before the request is scheduled.
+"""What a client sends, checked before the request is scheduled: token ids against the model's vocabulary, and the
+sampling parameters SGLang compares as numbers.
 
 SGLang 0.5.17 and 0.5.23 pass a request's prompt token ids (`/generate`'s `input_ids`, the token-id prompts of
 `/v1/completions`) to the embedding gather unchecked: one id outside [0, vocab_size) ends in a device-side assert
@@ -7,6 +8,9 @@ ids a client names reach the GPU as indices too: `stop_token_ids` (the min-new-t
 vocabulary-wide tensor), `logit_bias` keys, `token_ids_logprob`. Where snapmla is the backend the plugin checks all
 of them in `TokenizerManager._validate_one_request`, whose ValueError SGLang's HTTP layer answers with 400 and the
 message; other backends are left as SGLang has them.
+
+A sampling parameter of the wrong type (`"temperature": "hot"`) fails later, in SamplingParams' arithmetic, with a
+TypeError that SGLang 0.5.17 answers with HTTP 500; the same hook refuses it with 400, naming the field.
 """
 
 from __future__ import annotations
@@ -58,6 +62,24 @@ def check_request_token_ids(obj, input_ids, vocab_size: int) -> None:
         bad = _first_outside(logprob_ids, vocab_size)
         if bad:
             raise _refuse("token_ids_logprob", bad, vocab_size)
+
+
+# the sampling parameters SamplingParams compares or computes with (None: SGLang's default)
+NUMERIC_SAMPLING_PARAMS = ("max_new_tokens", "min_new_tokens", "n", "temperature", "top_p", "top_k", "min_p",
+                           "frequency_penalty", "presence_penalty", "repetition_penalty")
+
+
+def check_sampling_numbers(obj) -> None:
+    """Raises ValueError (HTTP 400) naming the first of NUMERIC_SAMPLING_PARAMS in the request's sampling_params that
+    is neither a number nor None (booleans included: JSON's true is no temperature)."""
+    params = getattr(obj, "sampling_params", None)
+    if not isinstance(params, dict):
+        return
+    for field in NUMERIC_SAMPLING_PARAMS:
+        v = params.get(field)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"sampling_params.{field} = {v!r} is not a number. The request was refused before it "
+                             "was scheduled.")
 
 
 def _as_ints(ids) -> list:

@@ -1,5 +1,5 @@
-"""Token ids a client sends, refused with HTTP 400 before they reach the GPU where snapmla serves
-(sglang_snapmla.request_checks): the check itself, SGLang's per-request validation as the plugin hooks it, and a
+"""Token ids and sampling numbers a client sends, refused with HTTP 400 before they reach the GPU where snapmla
+serves (sglang_snapmla.request_checks): the check itself, SGLang's per-request validation as the plugin hooks it, and a
 /generate request through SGLang's own HTTP app."""
 
 import re
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_snapmla.request_checks import check_request_token_ids
+from sglang_snapmla.request_checks import check_request_token_ids, check_sampling_numbers
 
 VOCAB = 32000
 
@@ -31,6 +31,19 @@ def test_ids_inside_the_vocabulary_pass():
                           token_ids_logprob=[0, VOCAB - 1])
     check_request_token_ids(obj, [0, 17, VOCAB - 1], VOCAB)
     check_request_token_ids(SimpleNamespace(sampling_params=None), None, VOCAB)  # a text prompt, tokenized later
+
+
+@pytest.mark.parametrize("field,value", [("temperature", "hot"), ("top_p", [0.5]), ("max_new_tokens", "8"),
+                                         ("top_k", True), ("repetition_penalty", {"x": 1})])
+def test_sampling_numbers_of_another_type_are_refused_with_the_field_named(field, value):
+    with pytest.raises(ValueError, match=rf"sampling_params.{field} = .* is not a number"):
+        check_sampling_numbers(SimpleNamespace(sampling_params={"max_new_tokens": 4, field: value}))
+
+
+def test_sampling_numbers_pass():
+    check_sampling_numbers(SimpleNamespace(sampling_params={"temperature": 0, "top_p": 0.9, "top_k": -1,
+                                                            "max_new_tokens": 16, "min_p": None}))
+    check_sampling_numbers(SimpleNamespace(sampling_params=None))
 
 
 @pytest.fixture
@@ -82,6 +95,9 @@ def test_sglangs_request_validation_refuses_them_where_snapmla_serves(manager_fo
                                                      "min_new_tokens": 2})
     with pytest.raises(ValueError, match=r"stop_token_ids\[0\]"):
         tm._validate_one_request(obj, obj.input_ids)
+    obj = request(input_ids=[5, 6], sampling_params={"max_new_tokens": 4, "temperature": "hot"})
+    with pytest.raises(ValueError, match=r"sampling_params.temperature = 'hot' is not a number"):
+        tm._validate_one_request(obj, obj.input_ids)
     good = request(input_ids=[5, 6, VOCAB - 1])
     tm._validate_one_request(good, good.input_ids)
 
@@ -115,6 +131,9 @@ def test_generate_answers_400_with_the_message(manager_for, monkeypatch):
     bad = client.post("/generate", json={"input_ids": [1000000000, -5, 3], "sampling_params": {"max_new_tokens": 2}})
     assert bad.status_code == 400, bad.text
     assert "is not a token id of this model" in bad.text
+    hot = client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"temperature": "hot"}})
+    # 0.5.17 reaches the hooked validation (ours names the field); 0.5.23 refuses the type when it parses the body
+    assert hot.status_code == 400 and ("is not a number" in hot.text or "expected f64" in hot.text), hot.text
     ok = client.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
     assert ok.status_code == 200, ok.text
     assert scheduled == [[1, 2, 3]]
