@@ -294,8 +294,9 @@ V3 = ROOT / "configs/models/deepseek-v3-shape"
       "--speculative-num-draft-tokens", "4"], "eagle-topk 1"),
     (["--enable-unified-memory"], "enable-unified-memory is not supported"),
     (["--enable-kv-cache-sharding", "--tp", "2"], "enable-kv-cache-sharding is not supported"),
+    (["--enable-torch-compile"], "enable-torch-compile is not supported"),
 ], ids=["dcp", "pd-offload", "pd-pp", "no-ragged", "fp16", "eagle3", "standalone", "tree-draft", "unified-memory",
-        "kv-sharding"])
+        "kv-sharding", "torch-compile"])
 def test_setups_that_assume_sglangs_pool_fail_at_startup(plugin, extra, match):
     """Options whose code paths read SGLang's 576-wide pool or need a kernel snapmla lacks: refused while the
     arguments are parsed, with the fix, before anything is allocated. The unified pool (whose page reads go through
