@@ -14,8 +14,9 @@ Scenarios (token ids drawn with a fixed seed, greedy, 32 new tokens):
 With --hicache a third server per backend runs the hierarchical cache over a small device pool:
   hicache: --enable-hierarchical-cache --hicache-ratio 4 --max-total-tokens HICACHE_POOL (+ --hicache-storage-backend
            file with --hicache-storage): the shared prefix is cached, then distinct prompts of twice the device pool
-           evict it to host memory, then the 32 prefix prompts run one at a time -- their prefixes come back from host
-           (or storage) and their outputs must equal `plain`'s (cached tokens include host hits; where the server
+           (with storage: twice the device and host pools) evict it to host memory (to storage), then the 32 prefix
+           prompts run one at a time -- their prefixes come back from host (storage) and their outputs must equal
+           `plain`'s (cached tokens include host hits; where the server
            reports them, the host / storage share is recorded)
 Prints a table (identical sequences, token agreement vs `plain`) and writes check_serving.json. With a trained
 checkpoint (tools/train_tiny_mla.py; `--load-format auto --context-length 4096 --long-len 3584 --chunk 1024`)
@@ -38,6 +39,7 @@ import torch
 from harness.server import RUNS, greedy_generate, kill_servers_on_exit, serving
 
 NEW_TOKENS = 32
+HICACHE_RATIO = 4  # the HiCache server's host pool: 4 x its device pool
 
 
 def generate(port: int, ids: list[int]) -> dict:
@@ -66,7 +68,8 @@ def run_server(backend: str, mode: str, args, port: int) -> dict:
     if mode == "cached":
         flags = ["--chunked-prefill-size", str(args.chunk)]
     elif mode == "hicache":
-        flags = ["--chunked-prefill-size", str(args.chunk), "--enable-hierarchical-cache", "--hicache-ratio", "4",
+        flags = ["--chunked-prefill-size", str(args.chunk), "--enable-hierarchical-cache", "--hicache-ratio",
+                 str(HICACHE_RATIO),
                  "--max-total-tokens", str(args.hicache_pool), "--enable-cache-report",
                  *(["--hicache-storage-backend", "file"] if args.hicache_storage else [])]
     else:
@@ -89,7 +92,10 @@ def _check(port: int, mode: str, args, res: dict) -> None:
         flush(port)
         generate(port, prefix_prompts[0])  # the shared prefix on the device (and written through to host)
         g = torch.Generator().manual_seed(1)
-        for _ in range(2 * args.hicache_pool // args.chunk):  # distinct prompts: the device pool turns over twice
+        # distinct prompts: the device pool turns over twice, and with file storage the host pool too, so that the
+        # prefix comes back from storage
+        turnover = args.hicache_pool * (1 + HICACHE_RATIO if args.hicache_storage else 1)
+        for _ in range(2 * turnover // args.chunk):
             generate(port, torch.randint(100, args.vocab - 100, (args.chunk - NEW_TOKENS,), generator=g).tolist())
         res["hicache_reload"] = [generate(port, p) for p in prefix_prompts]
         return
