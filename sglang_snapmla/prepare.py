@@ -1,0 +1,183 @@
+"""Compile once what a snapmla server compiles at its first start, so that an image or a persistent volume carries it
+and every replica starts without a compiler and without the JIT wait.
+
+    python -m sglang_snapmla.prepare --model-path deepseek-ai/DeepSeek-V3-0324 --tp 8 --trust-remote-code
+
+Run it where the image is built, on a machine with nvcc and the serving GPUs' architecture, with the flags the
+servers will use (any `sglang serve` flags; `--attention-backend snapmla` is added). It starts SGLang's server, which
+compiles at its first start (SGLang's FlashInfer and tvm-ffi kernels, the Triton kernels of the decode-graph capture,
+snapmla's decode extension where the package carries no prebuilt library), waits for it, sends requests that reach
+each prefill path once (a prompt, a prompt over its cached prefix with few and with many new tokens -- the two routes
+of `extend.prefers_absorbed` -- a prompt longer than one prefill chunk, a concurrent batch), stops it, and prints the
+cache folders it filled with the variables that point a server at them (README, "Start-up time"). Keep those folders
+in the image (or set the variables to a volume): a server started there compiles nothing.
+Exit status 0 when the server started and answered every request; 1 otherwise, with the tail of its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+# (what is cached, its environment variable, its default folder): the compile caches of a first start
+CACHES = (
+    ("Triton kernels", "TRITON_CACHE_DIR", "~/.triton/cache"),
+    ("snapmla's decode extension (torch C++ extension, where no prebuilt library is shipped)", "TORCH_EXTENSIONS_DIR",
+     "~/.cache/torch_extensions"),
+    ("FlashInfer JIT (SGLang's norms, sampling, prefill)", "FLASHINFER_WORKSPACE_BASE", "~"),
+    ("SGLang's JIT kernels (tvm-ffi)", "TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
+)
+PROMPT_IDS = range(100, 1100)  # token ids every MLA model's vocabulary holds
+PREFIX_TOKENS, FEW_NEW, NEW_TOKENS, BATCH = 2048, 32, 8, 8
+
+
+def server_command(server_flags: list[str], port: int) -> list[str]:
+    """SGLang's server with the given flags, snapmla's backend and `port`."""
+    flags = list(server_flags)
+    if "--attention-backend" not in flags:
+        flags += ["--attention-backend", "snapmla"]
+    return [sys.executable, "-m", "sglang.launch_server", *flags, "--port", str(port)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _call(port: int, path: str, payload: dict | None = None, timeout: float = 600) -> dict:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"} if data else {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        body = r.read()
+    return json.loads(body) if body.strip() else {}
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float) -> None:
+    """Until /health answers 200; RuntimeError if the server exits or `timeout` s pass."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with status {proc.returncode} before it answered")
+        try:
+            _call(port, "/health", timeout=5)
+            return
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(2)
+    raise RuntimeError(f"the server did not answer /health within {timeout:.0f} s")
+
+
+def prompt(n: int, offset: int = 0) -> list[int]:
+    return [PROMPT_IDS[(offset + i) % len(PROMPT_IDS)] for i in range(n)]
+
+
+def generate(port: int, ids: list[int]) -> None:
+    out = _call(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS,
+                                                                          "temperature": 0}})
+    if "output_ids" not in out and "text" not in out:
+        raise RuntimeError(f"/generate answered without output: {str(out)[:200]}")
+
+
+def warm_requests(port: int, max_prompt: int, chunk: int | None) -> list[str]:
+    """The requests that reach each prefill path once; returns what was sent, one line each."""
+    sent = []
+    prefix = prompt(min(PREFIX_TOKENS, max_prompt // 2))
+    for name, ids in (("prompt", prefix),
+                      ("cached prefix + few new tokens", prefix + prompt(FEW_NEW, 7)),
+                      ("cached prefix + many new tokens", prefix + prompt(min(PREFIX_TOKENS, max_prompt // 2), 13))):
+        generate(port, ids)
+        sent.append(f"{name}: {len(ids)} tokens")
+    if chunk and chunk + 64 <= max_prompt:
+        generate(port, prompt(chunk + 64, 29))
+        sent.append(f"longer than one prefill chunk: {chunk + 64} tokens")
+    with ThreadPoolExecutor(BATCH) as ex:
+        list(ex.map(lambda i: generate(port, prompt(64 + 32 * i, 101 * i)), range(BATCH)))
+    sent.append(f"{BATCH} concurrent prompts")
+    return sent
+
+
+def server_limits(port: int) -> tuple[int, int | None]:
+    """(longest prompt the server takes, its prefill chunk or None) from /server_info (4 096 and None where it does
+    not answer)."""
+    try:
+        info = _call(port, "/server_info", timeout=30)
+    except (urllib.error.URLError, OSError, ValueError):
+        return 4096 - NEW_TOKENS, None
+    max_prompt = info.get("max_req_input_len") or info.get("context_length") or 4096
+    chunk = info.get("chunked_prefill_size")
+    return int(max_prompt) - NEW_TOKENS, (int(chunk) if chunk and int(chunk) > 0 else None)
+
+
+def cache_report() -> list[str]:
+    lines = ["| cache | variable | folder | MB |", "|---|---|---|---:|"]
+    for what, var, default in CACHES:
+        folder = Path(os.path.expanduser(os.environ.get(var, default)))
+        if var == "FLASHINFER_WORKSPACE_BASE":
+            folder = folder / ".cache" / "flashinfer"
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+        lines.append(f"| {what} | {var} | {folder} | {size / 1e6:.1f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Other arguments go to the server (sglang serve's flags).")
+    ap.add_argument("--startup-timeout", type=float, default=1800, help="seconds for the first start (default 1800)")
+    ap.add_argument("--server-log", type=Path, help="the server's log (default: a temporary file)")
+    args, server_flags = ap.parse_known_args(argv)
+    if "--model-path" not in server_flags:
+        ap.error("--model-path is required (with the flags the servers will use)")
+    if "--port" in server_flags:
+        ap.error("--port: the preparation picks a free port of its own")
+    backend = server_flags[server_flags.index("--attention-backend") + 1] if "--attention-backend" in server_flags \
+        else "snapmla"
+    if backend != "snapmla":
+        ap.error(f"--attention-backend {backend}: this prepares snapmla servers")
+    port = free_port()
+    log_path = args.server_log or Path(tempfile.mkstemp(prefix="snapmla_prepare_", suffix=".log")[1])
+    cmd = server_command(server_flags, port)
+    print("starting:", " ".join(cmd), f"(log: {log_path})", flush=True)
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_ready(port, proc, args.startup_timeout)
+            print(f"ready after {time.time() - t0:.0f} s", flush=True)
+            sent = warm_requests(port, *server_limits(port))
+        except (RuntimeError, urllib.error.URLError, OSError) as e:
+            tail = log_path.read_text(errors="replace").splitlines()[-30:]
+            print(f"sglang-snapmla prepare: {e}\n--- the server log's last lines ---\n" + "\n".join(tail),
+                  file=sys.stderr)
+            return 1
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+    print("sent: " + "; ".join(sent))
+    decode = [line for line in log_path.read_text(errors="replace").splitlines() if "SnapMLA decode:" in line
+              or "SnapMLA sm90 CUDA decode unavailable" in line]
+    if decode:
+        print("decode: " + decode[0].split("] ", 1)[-1])
+    print(f"done in {time.time() - t0:.0f} s; the caches this start filled (keep them, or point the variables at a "
+          "volume that holds them):")
+    print("\n".join(cache_report()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

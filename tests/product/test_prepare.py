@@ -1,0 +1,97 @@
+"""`python -m sglang_snapmla.prepare` against a loopback stand-in of SGLang's server (a script serving /health,
+/server_info and /generate): it starts the server with snapmla's backend, sends the requests that reach each prefill
+path, stops the server and reports the cache folders; a server that fails a request or never starts ends it with
+status 1 and the log's tail."""
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from sglang_snapmla import prepare
+
+STAND_IN = textwrap.dedent('''
+    import json, sys
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    port, record, fault = int(sys.argv[sys.argv.index("--port") + 1]), sys.argv[1], sys.argv[2]
+    print("SnapMLA decode: sm_90a CUDA kernel, prebuilt library", flush=True)
+    if fault == "never-starts":
+        sys.exit(3)
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def send(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/server_info":
+                return self.send(200, {"max_req_input_len": 20000, "chunked_prefill_size": 8192})
+            self.send(200 if self.path == "/health" else 404, {})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with open(record, "a") as f:
+                f.write(json.dumps(len(req["input_ids"])) + "\\n")
+            if fault == "500" and len(req["input_ids"]) > 8192:
+                return self.send(500, {"error": "internal"})
+            self.send(200, {"output_ids": [1] * req["sampling_params"]["max_new_tokens"]})
+
+    HTTPServer(("127.0.0.1", port), H).serve_forever()
+''')
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    script, record = tmp_path / "server.py", tmp_path / "requests.jsonl"
+    script.write_text(STAND_IN)
+    launched, real_command = [], prepare.server_command
+
+    def use(fault="none"):
+        def command(flags, port):
+            launched.append(real_command(flags, port))
+            return [sys.executable, str(script), str(record), fault, "--port", str(port)]
+
+        monkeypatch.setattr(prepare, "server_command", command)
+        return launched, record
+
+    return use
+
+
+def test_prepares_a_snapmla_server_through_every_prefill_path(stand_in, tmp_path, capsys, monkeypatch):
+    launched, record = stand_in()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    (tmp_path / "triton").mkdir()
+    (tmp_path / "triton" / "kernel.cubin").write_bytes(b"x" * 2_000_000)
+    code = prepare.main(["--model-path", "some/model", "--tp", "2", "--server-log", str(tmp_path / "server.log")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    cmd = launched[0]
+    assert cmd[cmd.index("--attention-backend") + 1] == "snapmla" and cmd[cmd.index("--tp") + 1] == "2"
+    lengths = [json.loads(line) for line in record.read_text().splitlines()]
+    prefix = prepare.PREFIX_TOKENS
+    assert lengths[:4] == [prefix, prefix + prepare.FEW_NEW, 2 * prefix, 8192 + 64]  # then the concurrent batch
+    assert len(lengths) == 4 + prepare.BATCH
+    assert "decode: SnapMLA decode: sm_90a CUDA kernel, prebuilt library" in out
+    assert f"| Triton kernels | TRITON_CACHE_DIR | {tmp_path / 'triton'} | 2.0 |" in out
+
+
+@pytest.mark.parametrize("fault,message", [("500", "HTTP Error 500"), ("never-starts", "exited with status 3")])
+def test_a_server_that_fails_ends_it_with_the_log(stand_in, tmp_path, capsys, fault, message):
+    stand_in(fault)
+    assert prepare.main(["--model-path", "m", "--server-log", str(tmp_path / "server.log")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "SnapMLA decode:" in err  # the log's tail comes with the reason
+
+
+def test_flags_it_owns_or_cannot_serve_are_refused():
+    for argv in (["--tp", "2"], ["--model-path", "m", "--port", "3000"],
+                 ["--model-path", "m", "--attention-backend", "flashmla"]):
+        with pytest.raises(SystemExit):
+            prepare.main(argv)
