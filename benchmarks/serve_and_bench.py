@@ -17,28 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
-import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness.bench_serving import bench_serving
+from harness.server_log import peak_running_requests, pool_tokens
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server,
                             stop_server, wait_healthy)
-
-METRICS = {
-    "total_tok_s": r"Total token throughput \(tok/s\):\s+([\d.]+)",
-    "output_tok_s": r"Output token throughput \(tok/s\):\s+([\d.]+)",
-    "median_tpot_ms": r"Median TPOT \(ms\):\s+([\d.]+)",
-    "median_itl_ms": r"Median ITL \(ms\):\s+([\d.]+)",
-    "median_ttft_ms": r"Median TTFT \(ms\):\s+([\d.]+)",
-    "duration_s": r"Benchmark duration \(s\):\s+([\d.]+)",
-    "completed": r"Successful requests:\s+(\d+)",
-    "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
-}
-
 
 def check_endpoints(port: int, model: str) -> dict:
     gen = post(port, "/generate", {"text": "def fibonacci(n):", "sampling_params": {"max_new_tokens": 16,
@@ -52,76 +38,6 @@ def check_endpoints(port: int, model: str) -> dict:
     assert all(isinstance(v, str) for v in out.values()), out
     assert gen["meta_info"]["completion_tokens"] == 16, gen["meta_info"]
     return out
-
-
-def bench_serving(port: int, model: str, input_len: int, output_len: int, num_prompts: int, timeout: float,
-                  seed: int = 1, max_concurrency: int | None = None, details: Path | None = None,
-                  stream: bool = True, range_ratio: float = 1.0) -> tuple[dict, str]:
-    """`python -m sglang.bench_serving` (random-ids) against the server -> (METRICS, raw output). Lengths are drawn
-    uniformly in [range_ratio x len, len] (1.0: every request the same).
-    stream=False: `--disable-stream` (whole responses; no per-token client work, no TTFT / TPOT).
-    With `details` (a JSONL path bench_serving appends to), the metrics also carry the per-request TTFTs (s) and
-    input lengths, in the order bench_serving lists them: what a median hides (a few slow first requests)."""
-    cmd = [sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang", "--port", str(port),
-           "--dataset-name", "random-ids", "--random-input-len", str(input_len), "--random-output-len",
-           str(output_len), "--random-range-ratio", str(range_ratio), "--tokenizer", model,
-           "--num-prompts", str(num_prompts), "--seed", str(seed)]
-    if max_concurrency:
-        cmd += ["--max-concurrency", str(max_concurrency)]
-    if not stream:
-        cmd += ["--disable-stream"]
-    if details:
-        details.unlink(missing_ok=True)
-        cmd += ["--output-file", str(details), "--output-details"]
-    b = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    metrics = parse_metrics(b.stdout)
-    if metrics.get("retokenized_output_tokens") == 0:  # bench_serving counts rejected requests as successes
-        raise RuntimeError(f"bench_serving in {input_len} / out {output_len}: no output text streamed back (the "
-                           "server rejected the requests; its log says why, e.g. input longer than the context)")
-    if details and details.exists():
-        metrics.update(request_details(details.read_text()))
-    return metrics, b.stdout + b.stderr
-
-
-def request_details(jsonl: str) -> dict:
-    """Per-request TTFTs (s) and input lengths from bench_serving's --output-details line (the last one)."""
-    last = json.loads(jsonl.strip().splitlines()[-1])
-    return {"ttfts_s": [round(t, 4) for t in last.get("ttfts", [])], "input_lens": last.get("input_lens", [])}
-
-
-def ttft_outliers(metrics: dict, factor: float = 5.0) -> list[tuple[int, int, float]]:
-    """(request index, input length, TTFT s) of the requests whose TTFT exceeds `factor` x the median TTFT."""
-    ttfts = metrics.get("ttfts_s") or []
-    if not ttfts:
-        return []
-    median = statistics.median(ttfts)
-    lens = metrics.get("input_lens") or [None] * len(ttfts)
-    return [(i, n, t) for i, (t, n) in enumerate(zip(ttfts, lens)) if t > factor * median]
-
-
-def parse_metrics(text: str) -> dict:
-    """METRICS from bench_serving's printed summary (None where a line is missing)."""
-    found = {key: re.search(pat, text) for key, pat in METRICS.items()}
-    return {key: float(m.group(1)) if m else None for key, m in found.items()}
-
-
-def pool_tokens(server_log: str) -> int | None:
-    """The tokens the server's KV pools hold, from its log: one pool's `max_total_num_tokens=` (the last such line),
-    times the DP attention ranks (`dp_size` with `enable_dp_attention=True` in the logged server args), each of which
-    holds a pool of its own; TP ranks without DP attention hold the same tokens, so they count once."""
-    m = re.findall(r"max_total_num_tokens=(\d+)", server_log)
-    if not m:
-        return None
-    dp = re.search(r"\bdp_size=(\d+)", server_log)
-    ranks = int(dp.group(1)) if dp and "enable_dp_attention=True" in server_log else 1
-    return int(m[-1]) * ranks
-
-
-def peak_running_requests(server_log: str) -> int | None:
-    """The largest `#running-req` of any decode batch in a server log (per rank): shows whether the pool bound the
-    batch (the run admitted fewer requests than it was sent)."""
-    m = re.findall(r"Decode batch[^\n]*?#running-req: (\d+)", server_log)
-    return max(map(int, m)) if m else None
 
 
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:

@@ -28,7 +28,9 @@ import json
 import os
 from pathlib import Path
 
-from benchmarks.serve_and_bench import bench_serving, pool_tokens, ttft_outliers
+from harness.bench_serving import CONTEXT_LENGTH, bench_serving, ttft_outliers
+from harness.results import load_results
+from harness.server_log import pool_tokens
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 WORKLOADS = {  # name -> bench_serving arguments
@@ -48,10 +50,6 @@ REFERENCE = "flashmla"
 # the same FlashMLA decode with snapmla's prefill routing (serve_and_bench.RUNS): the ratio to it is the decode's and
 # the pool's share alone (docs/BENCHMARKS.md)
 SAME_PREFILL_REFERENCE = "flashmla-mhaprefill"
-# the longest workload fits: bench_serving's random-ids prompts are sent as text and the server's re-tokenization makes
-# them ~11 % longer (32 768 ids -> 36 300-36 500 tokens, 4 096 -> 4 288-4 672; a context of 33 856
-# rejects every 32k request while bench_serving counts them as successes)
-CONTEXT_LENGTH = 40960
 CUDA_GRAPH_MAX_BS = 512  # above the largest admitted batch (512 prompts), or decode runs eagerly
 SHAPE_WARMUP_PROMPTS, SHAPE_WARMUP_OUTPUT = 16, 8
 
@@ -133,28 +131,6 @@ def run_backend(model: str, backend: str, workloads: list[str], out: Path, port:
         stop_server(proc, log)
     res["pool_tokens"] = pool_tokens(log_path.read_text(errors="replace"))
     return res
-
-
-def merge_into(results: dict, other: dict) -> dict:
-    """Adds `other`'s runs to `results` in place: a (model, backend) measured in several calls keeps the workloads
-    of all of them (a later call's run of the same workload replaces the earlier one)."""
-    for model, backends in other.items():
-        for backend, run in backends.items():
-            mine = results.setdefault(model, {}).setdefault(backend, {})
-            workloads = {**mine.get("workloads", {}), **run.get("workloads", {})}
-            mine.update(run)
-            mine["workloads"] = workloads
-    return results
-
-
-def load_results(saved: Path, merge: list[Path] | None, resume: bool) -> dict:
-    """The results a matrix run starts from: the merged files of `merge`, or with `resume` those already `saved`."""
-    results: dict = {}
-    for f in merge or []:
-        merge_into(results, json.loads(f.read_text()))
-    if not merge and resume and saved.exists():
-        results = json.loads(saved.read_text())
-    return results
 
 
 def table(results: dict) -> str:

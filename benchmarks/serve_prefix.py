@@ -19,7 +19,7 @@ Workloads (WORKLOADS; all requests sent at once, so TTFT includes the wait for a
 Before each workload the radix cache is flushed (no hits carried over) and an unmeasured run of a few of its
 requests compiles what the measured one needs. Per row: output and total tok/s, TTFT p50 / p99, TPOT p50, the
 prompt tokens served from the cache (bench_serving's `--cache-report`), the peak running batch (server log) and the
-GPU seconds in prefill and decode forwards (the server's device timer, `benchmarks.gpu_time`) and their share of the
+GPU seconds in prefill and decode forwards (the server's device timer, `harness.gpu_time`) and their share of the
 run's duration ("GPU busy": near 100 % the row is bound by the engine's forwards, well below it by what lies outside
 them -- the server's intake and tokenization, the streamed output path). Prints a table with
 ratios against flashmla BF16 and SGLang's FP8 (`flashmla-fp8`) of the same model, writes serve_prefix.json and
@@ -36,9 +36,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks import gpu_time
-from benchmarks.serve_and_bench import parse_metrics, peak_running_requests, pool_tokens
-from benchmarks.serve_matrix import load_results
+from harness import gpu_time
+from harness.bench_serving import parse_metrics
+from harness.results import load_results
+from harness.server_log import peak_running_requests, pool_tokens
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GSP = "generated-shared-prefix"

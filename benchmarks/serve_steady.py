@@ -38,11 +38,10 @@ import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from benchmarks import gpu_time
-from benchmarks.serve_and_bench import bench_serving, pool_tokens
+from harness import gpu_time
+from harness.bench_serving import CONTEXT_LENGTH, bench_serving
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
-from benchmarks.server_log_stats import decode_lines, read_log
-from benchmarks.serve_matrix import CONTEXT_LENGTH
+from harness.server_log import decode_lines, pool_tokens, read_log
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)

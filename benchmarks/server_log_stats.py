@@ -20,57 +20,26 @@ Under DP attention every rank logs its own batches, tagged `DPn` (`decode_lines`
 from __future__ import annotations
 
 import argparse
-import lzma
 import re
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.serve_and_bench import peak_running_requests
+from harness.server_log import BATCH_LINE, decode_lines, field, peak_running_requests, read_log
 
-_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)([^\]]*)\] (Prefill|Decode) batch")
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)")
 _ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
-
-
-def _field(line: str, name: str) -> float | None:
-    m = re.search(re.escape(name) + r":\s*([\d.]+)", line)
-    return float(m.group(1)) if m else None
-
-
-def decode_lines(text: str) -> list[dict]:
-    """The decode batches of a server log, in order -> [{"time", "rank", "running", "usage", "rate", "queue",
-    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP
-    attention), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated since the
-    previous decode line over the wall time since it, prefill batches in between included; None where the line has
-    none), `#queue-req`, and the `#new-token` of the prefill batches the same rank logged since its previous decode
-    line (0: the line's time is decoding alone)."""
-    out = []
-    prefill_tokens: dict[str, int] = {}  # per rank: each rank prefills and decodes its own requests
-    for line in text.splitlines():
-        m = _LINE.match(line)
-        if not m:
-            continue
-        rank = next((tag for tag in m.group(2).split() if tag.startswith("DP")), "")
-        if m.group(3) == "Prefill":
-            prefill_tokens[rank] = prefill_tokens.get(rank, 0) + int(_field(line, "#new-token") or 0)
-        else:
-            out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), "rank": rank,
-                        "running": int(_field(line, "#running-req") or 0), "usage": _field(line, "token usage") or 0.0,
-                        "rate": _field(line, "gen throughput (token/s)"),
-                        "queue": int(_field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens.pop(rank, 0)})
-    return out
 
 
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
     batches = []  # (time, kind, line)
     for line in text.splitlines():
-        m = _LINE.match(line)
+        m = BATCH_LINE.match(line)
         if m:
             batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(3), line))
     decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)
-    usage = [u for _, _, line in batches for u in [_field(line, "token usage")] if u is not None]
-    prefill = [(t, _field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
+    usage = [u for _, _, line in batches for u in [field(line, "token usage")] if u is not None]
+    prefill = [(t, field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
     first = next((i for i, (_, queued) in enumerate(prefill) if queued >= min_queue), None)
     prefills = [t for t, _ in prefill[first:]] if first is not None else []
     return {
@@ -102,12 +71,6 @@ def startup_report(text: str, gaps: int = 4) -> dict:
                       key=lambda g: -g[0])[:gaps]
     return {"log_to_ready_s": (stamped[ready][0] - stamped[0][0]).total_seconds() if ready is not None else None,
             "engine": engine, "silences": silences}
-
-
-def read_log(path: Path) -> str:
-    """A server log's text, plain or xz-compressed (the logs kept under results/serve are)."""
-    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
-    return raw.decode(errors="replace")
 
 
 def main(argv: list[str] | None = None):

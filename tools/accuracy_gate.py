@@ -28,31 +28,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import shlex
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness.probes import POOL_FLAGS, PROBE_TOKENS, PROBES, generate_level, token_errors, workload
 from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
 
 LEVELS = (1, 8, 64, 160, 512)
 # Prefix reuse: after the level-1 pass the probes run alone once more, and all but their last page of prompt comes
 # from the radix cache (snapmla: fetch-dequant of the cached rows into the MHA prefill), compared like a level
 RADIX = "radix"
-PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
 # --evict-tokens' prompts start with EVICT_FIRST_TOKEN + i (ids of the tokenizer's ordinary range), so that no two
 # share a cached prefix, however the fillers repeat
 EVICT_FIRST_TOKEN = 1000
-# The pool is capped (the same for every run) because SGLang 0.5.17's FP8 paths for MLA dequantize a layer's whole pool
-# at once: flashmla's prefix extend (the radix level, chunked prefill) and FlashInfer MLA's every step cast
-# get_key_buffer(layer) to BF16. At SGLang's default memory fraction that copy of the small trained model's per-layer
-# pool (4 layers) asks for 31 GiB and the server dies of CUDA OOM (docs/ACCURACY.md). 600k tokens hold the largest
-# level (512 requests of up to 1 120 tokens).
-POOL_TOKENS = 600_000
-POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
 # Run i serves on --port + PORT_STRIDE x i: SGLang derives a server's ports from its HTTP port (under DP attention its
 # ZMQ and torch.distributed ports from port + 233 up to ~port + 260), so servers side by side (--concurrent) need
 # ranges that do not overlap
@@ -68,55 +59,6 @@ def parse_run(spec: str) -> tuple[str, list[str], dict]:
     name, rest = spec.split("=", 1)
     base, _, env = rest.partition(":")
     return name, RUNS[base], {**RUN_ENV.get(base, {}), **dict(kv.split("=", 1) for kv in env.split(";") if kv)}
-
-
-def workload(held: dict) -> tuple[list[list[int]], list[list[int]]]:
-    """(probes, fillers): the held-out prompts, and slices of varied length (64..960 tokens) of the held-out
-    windows, enough for the largest level."""
-    probes = held["prompts"][:PROBES]
-    windows = held["ppl_windows"]
-    fillers = []
-    for i in range(max(LEVELS) - PROBES):
-        w = windows[i % len(windows)]
-        length = 64 + (i * 97) % 897
-        start = (i * 31) % max(1, len(w) - length)
-        fillers.append(w[start:start + length])
-    return probes, fillers
-
-
-def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
-    """The probes' greedy outputs (ids, logprobs) at `level` concurrent requests."""
-    def probe(ids):
-        r = greedy_generate(port, ids, PROBE_TOKENS, return_logprob=True)
-        return {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]]}
-
-    if level == 1:
-        return [probe(p) for p in probes]
-    out = []
-    group = min(level, len(probes))
-    for g in range(0, len(probes), group):
-        batch = probes[g:g + group]
-        n_fill = level - len(batch)
-        with ThreadPoolExecutor(level) as ex:
-            filling = [ex.submit(greedy_generate, port, f, FILLER_TOKENS) for f in fillers[:n_fill]]
-            time.sleep(0.5 if n_fill else 0)  # the fillers are admitted first: the probes decode among them
-            out.extend(ex.map(probe, batch))
-            for f in filling:
-                f.result()
-    return out
-
-
-def token_errors(run: list[dict], ref: list[dict]) -> tuple[float, int]:
-    """(mean |logprob difference| over the tokens before the first differing token, probes identical to ref)."""
-    diffs, same = [], 0
-    for a, b in zip(run, ref):
-        n = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), len(a["ids"]))
-        # token n itself is compared too: both generated it from the same context (they differ in the choice).
-        # A missing logprob is a non-finite one (the server returns NaN as null): an infinite error.
-        diffs += [abs(x - y) if x is not None and y is not None else math.inf
-                  for x, y in zip(a["logprobs"][: n + 1], b["logprobs"][: n + 1])]
-        same += a["ids"] == b["ids"]
-    return statistics.fmean(diffs), same
 
 
 def gate(levels: dict, ref_levels: dict) -> dict:
@@ -153,7 +95,7 @@ def measure_run(model: str, name: str, flags: list[str], env: dict, port: int, o
                 layout_flags: list[str], evict_tokens: int = 0) -> dict:
     """One server of run `name`, every level against it -> {"levels", "max_running", "env", "seconds", "startup_s"}, or
     {"error"} (reported in the table). `layout_flags` (e.g. --tp 2 --enable-dp-attention --dp 2) come last."""
-    probes, fillers = workload(json.loads((Path(model) / "heldout.json").read_text()))
+    probes, fillers = workload(json.loads((Path(model) / "heldout.json").read_text()), max(LEVELS) - PROBES)
     log_path = out / f"server_{name}.log"
     # captured batch sizes: powers of two and the levels (a batch pads up to the next captured size)
     graph_bs = sorted({*LEVELS, *(2**k for k in range(10))} - {1024})

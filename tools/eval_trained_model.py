@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.server import RUNS, greedy_generate, kill_servers_on_exit, serving
-from tools.accuracy_gate import POOL_FLAGS
+from harness.probes import POOL_FLAGS, agreement
 
 GREEDY_TOKENS, DRIFT_TOKENS, DRIFT_PROMPTS, WINDOW = 256, 2048, 16, 256
 NEAR_TIE = 0.1  # nats between the reference's best and second-best token
@@ -40,16 +40,6 @@ def perplexity(prompt_logprobs: list[list[float]]) -> float:
     """exp of the mean negative log-likelihood over every scored token of every window."""
     flat = [lp for seq in prompt_logprobs for lp in seq]
     return math.exp(-sum(flat) / len(flat))
-
-
-def agreement(a: list[list[int]], b: list[list[int]], start: int = 0, end: int | None = None) -> float:
-    """Fraction of positions [start, end) where two sets of generations hold the same token."""
-    same = total = 0
-    for x, y in zip(a, b):
-        xs, ys = x[start:end], y[start:end]
-        same += sum(u == v for u, v in zip(xs, ys))
-        total += max(len(xs), len(ys))
-    return same / max(1, total)
 
 
 def top2_margins(top_logprobs: list[list]) -> list[float]:

@@ -4,7 +4,7 @@
         --runs flashmla flashmla-fp8 snapmla snapmla-triton --alphas 1 8 128 1024 --latent-spread 16
 
 CKPT is a trained checkpoint (tools/train_tiny_mla.py). The sweep serves the same model at several activation
-magnitudes: `original`, and for each alpha the function-preserving reparameterization of tools/reparameterize.py
+magnitudes: `original`, and for each alpha the function-preserving reparameterization of harness/reparameterize.py
 (RoPE key x alpha, query RoPE / alpha, latent channels spread over --latent-spread). In exact arithmetic, and in
 BF16 too since every factor is a power of two, each point is the same model; a cache format with a fixed range is
 what tells them apart.
@@ -43,9 +43,8 @@ from pathlib import Path
 import torch
 
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
-from tools import reparameterize
-from tools.accuracy_gate import POOL_FLAGS, generate_level, token_errors, workload
-from tools.eval_trained_model import agreement
+from harness import reparameterize
+from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, token_errors, workload
 
 ORIGINAL, CONTROL = "original", "control"
 FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
@@ -169,7 +168,7 @@ def teacher_forced(port: int, prompts: list[list[int]], continuations: list[list
 
 
 def measure_point(port: int, held: dict, reference_continuations: list[list[int]] | None) -> dict:
-    probes, fillers = workload(held)
+    probes, fillers = workload(held, CONCURRENT - PROBES)
     prompts = held["prompts"][:FORCED_PROMPTS]
     res = scored_perplexity(port, held["ppl_windows"])
     if reference_continuations is None:  # the reference run's first point: its continuations are everybody's
@@ -202,7 +201,7 @@ def serve_run(name: str, points: dict[str, Path], control: Path, held: dict, por
             reference_continuations = reference_continuations or out["points"][point].get("continuations")
             if point == ORIGINAL:
                 load_point(port, control)
-                probes, fillers = workload(held)
+                probes, fillers = workload(held, CONCURRENT - PROBES)
                 changed = generate_level(port, probes, fillers, 1)
                 if changed == out["points"][point]["alone"]:
                     raise RuntimeError("loading a different model through /update_weights_from_disk left the probes' "

@@ -2,6 +2,7 @@
 
 import math
 
+from harness import probes as probes_module
 from tools import accuracy_gate as ag
 
 
@@ -11,11 +12,11 @@ def probe(ids, lps):
 
 def test_errors_stop_at_the_first_differing_token_and_nan_is_infinite():
     ref = [probe([1, 2, 3], [-0.1, -0.2, -0.3])]
-    assert ag.token_errors(ref, ref) == (0.0, 1)
+    assert probes_module.token_errors(ref, ref) == (0.0, 1)
     run = [probe([1, 5, 3], [-0.2, -0.4, -9.0])]  # parts at token 1: tokens 0 and 1 compared, token 2 not
-    err, same = ag.token_errors(run, ref)
+    err, same = probes_module.token_errors(run, ref)
     assert math.isclose(err, (0.1 + 0.2) / 2) and same == 0
-    assert ag.token_errors([probe([1, 2, 3], [-0.1, None, -0.3])], ref)[0] == math.inf
+    assert probes_module.token_errors([probe([1, 2, 3], [-0.1, None, -0.3])], ref)[0] == math.inf
 
 
 def test_the_gate_fails_an_error_that_grows_with_batch_size():
@@ -60,9 +61,10 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
 
     monkeypatch.setattr(ag, "serving", fake_serving)
     monkeypatch.setattr(ag, "greedy_generate", fake_generate)
+    monkeypatch.setattr(probes_module, "greedy_generate", fake_generate)
     monkeypatch.setattr(ag, "flush_cache", lambda port: None)
     monkeypatch.setattr(ag, "LEVELS", (1, 8))
-    monkeypatch.setattr(ag.time, "sleep", lambda s: None)
+    monkeypatch.setattr(probes_module.time, "sleep", lambda s: None)
     monkeypatch.setattr(sys, "argv", ["accuracy_gate", "--model", str(model), "--runs", "flashmla", "snapmla",
                                       "--server-flags", "--tp 2 --enable-dp-attention --dp 2", "--concurrent",
                                       "--port", "34000", "--out", str(tmp_path / "out")])
@@ -115,9 +117,10 @@ def test_eviction_runs_between_the_level_one_and_the_radix_pass(monkeypatch, tmp
 
     monkeypatch.setattr(ag, "serving", fake_serving)
     monkeypatch.setattr(ag, "greedy_generate", fake_generate)
+    monkeypatch.setattr(probes_module, "greedy_generate", fake_generate)
     monkeypatch.setattr(ag, "flush_cache", lambda port: None)
     monkeypatch.setattr(ag, "LEVELS", (1, 40))  # 8 fillers for level 40, which runs after the radix pass
-    monkeypatch.setattr(ag.time, "sleep", lambda s: None)
+    monkeypatch.setattr(probes_module.time, "sleep", lambda s: None)
     result = ag.measure_run(str(model), "snapmla-hicache", [], {}, 33000, tmp_path, 10, [], evict_tokens=20000)
     assert set(result["levels"]) == {"1", ag.RADIX, "40"}
     kinds = [k for k, _, _ in calls]

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from tools import fp8_outlier_sweep as sweep
-from tools import reparameterize
+from harness import reparameterize
 from tools.train_tiny_mla import model_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from benchmarks import gpu_time
+from harness import gpu_time
 from local_http import QuietHandler, local_http_server
 
 # as SGLang's /metrics shows them (multiprocess mode): HELP/TYPE lines, a `_created` sample per label set, two ranks,

@@ -1,5 +1,6 @@
-"""tools/reparameterize.py: the reparameterized checkpoint is the same model (float32 logits equal within rounding),
-its activations have the requested magnitudes, and a wrong compensation is caught by the same comparison."""
+"""harness/reparameterize.py (the edit of `python -m tools.reparameterize`): the reparameterized checkpoint is the same
+model (float32 logits equal within rounding), its activations have the requested magnitudes, and a wrong
+compensation is caught by the same comparison."""
 
 import argparse
 import json
@@ -8,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tools import reparameterize as rp
+from harness import reparameterize as rp
 from tools.train_tiny_mla import model_config
 
 ALPHA, SPREAD = 1024.0, 16.0

@@ -52,7 +52,9 @@ def test_merge_keeps_the_workloads_of_every_call_for_one_backend():
                                                                     "latency-c1": _metrics(9.0, 6.0)}}}}
     second = {model: {"snapmla": {"pool_tokens": 1790, "workloads": {"in32768-out1024": _metrics(60.0, 70.0),
                                                                      "latency-c1": _metrics(11.0, 5.0)}}}}
-    merged = sm.merge_into(sm.merge_into({}, first), second)
+    from harness.results import merge_into
+
+    merged = merge_into(merge_into({}, first), second)
     workloads = merged[model]["snapmla"]["workloads"]
     assert set(workloads) == {"in4096-out512", "latency-c1", "in32768-out1024"}
     assert workloads["latency-c1"]["total_tok_s"] == 11.0  # the later call's run of a workload wins
@@ -60,9 +62,9 @@ def test_merge_keeps_the_workloads_of_every_call_for_one_backend():
 
 
 def test_server_log_parsers_read_pool_and_peak_batch():
-    """serve_and_bench reads the pool size (last rank's line) and the largest decode batch from a server log; a log
+    """The benchmarks read the pool size (last rank's line) and the largest decode batch from a server log; a log
     without decode batches gives None rather than 0 (a server that never decoded must not look capacity-bound)."""
-    from benchmarks import serve_and_bench as sb
+    from harness import server_log as sb
 
     log = "\n".join([
         "[DP0 TP0] max_total_num_tokens=885120, chunked_prefill_size=4096",
@@ -85,7 +87,7 @@ def test_server_log_parsers_read_pool_and_peak_batch():
 def test_request_details_and_ttft_outliers_are_listed():
     """Per-request TTFTs from bench_serving's --output-details line; requests over 5x the median TTFT are listed under
     the table (seen: two of eight concurrency-1 requests at 1.3-1.75 s against a 0.1 s median)."""
-    from benchmarks import serve_and_bench as sb
+    from harness import bench_serving as sb
 
     line = json.dumps({"completed": 8, "ttfts": [1.5, 0.09, 0.1, 0.095, 1.2, 0.1, 0.11, 0.1],
                        "input_lens": [4672, 4672, 4352, 4544, 4480, 4608, 4480, 4544], "itls": [[0.003]] * 8})
@@ -143,7 +145,7 @@ def test_shape_warmup_sends_the_workloads_first_prompts_with_few_outputs():
 def test_rejected_requests_are_not_counted_as_a_result():
     """bench_serving reports requests the server rejected (input over the context length) as successes with 0
     TTFT; the number of output tokens it re-tokenized is 0 then, which the harness reads and refuses."""
-    from benchmarks import serve_and_bench as sb
+    from harness import bench_serving as sb
 
     text = ("Successful requests:                     64\nTotal token throughput (tok/s):          295130.24\n"
             "Total generated tokens (retokenized):    0\nMedian TTFT (ms):                        0.00\n")
@@ -158,7 +160,7 @@ def test_nostream_workload_disables_streaming_and_stays_off_the_plots(monkeypatc
     of the context-length plots, where it would sit on top of its streamed twin."""
     import subprocess
 
-    from benchmarks import serve_and_bench as sb
+    from harness import bench_serving as sb
 
     sent = []
 

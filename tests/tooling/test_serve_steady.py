@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from benchmarks import serve_steady
-from benchmarks.server_log_stats import decode_lines
+from harness.server_log import decode_lines
 
 
 def _decode(t: int, running: int, usage: float, rate: float, queue: int) -> str:

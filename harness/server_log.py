@@ -1,0 +1,65 @@
+"""What the benchmarks read from an SGLang server's log (plain or xz-compressed, as kept under results/serve): its
+batches, its pool size, its peak decode batch. Under DP attention every rank logs its own batches, tagged `DPn`."""
+
+from __future__ import annotations
+
+import lzma
+import re
+from datetime import datetime
+from pathlib import Path
+
+BATCH_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)([^\]]*)\] (Prefill|Decode) batch")
+
+
+def read_log(path: Path) -> str:
+    """A server log's text, plain or xz-compressed (the logs kept under results/serve are)."""
+    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    return raw.decode(errors="replace")
+
+
+def field(line: str, name: str) -> float | None:
+    m = re.search(re.escape(name) + r":\s*([\d.]+)", line)
+    return float(m.group(1)) if m else None
+
+
+def decode_lines(text: str) -> list[dict]:
+    """The decode batches of a server log, in order -> [{"time", "rank", "running", "usage", "rate", "queue",
+    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP
+    attention), `#running-req`, `token usage` (of the pool), `gen throughput (token/s)` (tokens generated since the
+    previous decode line over the wall time since it, prefill batches in between included; None where the line has
+    none), `#queue-req`, and the `#new-token` of the prefill batches the same rank logged since its previous decode
+    line (0: the line's time is decoding alone)."""
+    out = []
+    prefill_tokens: dict[str, int] = {}  # per rank: each rank prefills and decodes its own requests
+    for line in text.splitlines():
+        m = BATCH_LINE.match(line)
+        if not m:
+            continue
+        rank = next((tag for tag in m.group(2).split() if tag.startswith("DP")), "")
+        if m.group(3) == "Prefill":
+            prefill_tokens[rank] = prefill_tokens.get(rank, 0) + int(field(line, "#new-token") or 0)
+        else:
+            out.append({"time": datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), "rank": rank,
+                        "running": int(field(line, "#running-req") or 0), "usage": field(line, "token usage") or 0.0,
+                        "rate": field(line, "gen throughput (token/s)"),
+                        "queue": int(field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens.pop(rank, 0)})
+    return out
+
+
+def pool_tokens(server_log: str) -> int | None:
+    """The tokens the server's KV pools hold, from its log: one pool's `max_total_num_tokens=` (the last such line),
+    times the DP attention ranks (`dp_size` with `enable_dp_attention=True` in the logged server args), each of which
+    holds a pool of its own; TP ranks without DP attention hold the same tokens, so they count once."""
+    m = re.findall(r"max_total_num_tokens=(\d+)", server_log)
+    if not m:
+        return None
+    dp = re.search(r"\bdp_size=(\d+)", server_log)
+    ranks = int(dp.group(1)) if dp and "enable_dp_attention=True" in server_log else 1
+    return int(m[-1]) * ranks
+
+
+def peak_running_requests(server_log: str) -> int | None:
+    """The largest `#running-req` of any decode batch in a server log (per rank): shows whether the pool bound the
+    batch (the run admitted fewer requests than it was sent)."""
+    m = re.findall(r"Decode batch[^\n]*?#running-req: (\d+)", server_log)
+    return max(map(int, m)) if m else None
