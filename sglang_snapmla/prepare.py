@@ -132,7 +132,7 @@ def cache_report() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m sglang_snapmla.prepare", description=__doc__.split("\n\n")[0],
                                  epilog="Other arguments go to the server (sglang serve's flags).")
     ap.add_argument("--startup-timeout", type=float, default=1800, help="seconds for the first start (default 1800)")
     ap.add_argument("--server-log", type=Path, help="the server's log (default: a temporary file)")

@@ -78,9 +78,9 @@ def max_running(log_path: Path) -> int:
 
 
 def evict(port: int, fillers: list[list[int]], tokens: int) -> int:
-    """Prompts of the fillers, each with a distinct first token (no prefix shared with another or with a probe), `tokens`
-    prompt tokens in all, one new token each, 16 at a time: what the device pool held before is pushed out of it.
-    Returns the tokens sent."""
+    """Prompts of the fillers, each with a distinct first token (no prefix shared with another or with a probe),
+    `tokens` prompt tokens in all, one new token each, 16 at a time: what the device pool held before is pushed out
+    of it. Returns the tokens sent."""
     prompts, sent = [], 0
     while sent < tokens:
         f = fillers[len(prompts) % len(fillers)]
