@@ -18,8 +18,9 @@ Workloads (WORKLOADS; all requests sent at once, so TTFT includes the wait for a
 
 Before each workload the radix cache is flushed (no hits carried over) and an unmeasured run of a few of its
 requests compiles what the measured one needs. Per row: output and total tok/s, TTFT p50 / p99, TPOT p50, the
-prompt tokens served from the cache (bench_serving's `--cache-report`), the peak running batch (server log) and the
-GPU seconds in prefill and decode forwards (the server's device timer, `harness.gpu_time`) and their share of the
+prompt tokens served from the cache (bench_serving's `--cache-report`), the peak running batch and the measured run's
+prefill batches with the seconds they span (server log: with every request sent at once, the span is the server's
+intake of them, and a TTFT near it was set by the intake, not by the engine), the GPU seconds in prefill and decode forwards (the server's device timer, `harness.gpu_time`) and their share of the
 run's duration ("GPU busy": near 100 % the row is bound by the engine's forwards, well below it by what lies outside
 them -- the server's intake and tokenization, the streamed output path). Prints a table with
 ratios against flashmla BF16 and SGLang's FP8 (`flashmla-fp8`) of the same model, writes serve_prefix.json and
@@ -39,7 +40,7 @@ from pathlib import Path
 from harness import gpu_time
 from harness.bench_serving import parse_metrics
 from harness.results import load_results
-from harness.server_log import peak_running_requests, pool_tokens
+from harness.server_log import peak_running_requests, pool_tokens, prefill_intake
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GSP = "generated-shared-prefix"
@@ -122,8 +123,9 @@ def run_workload(port: int, model: str, backend: str, name: str, out: Path, time
     grown = {c: after.get(c, 0.0) - before.get(c, 0.0) for c in after}
     metrics["gpu_prefill_s"] = round(sum(grown.get(c, 0.0) for c in gpu_time.PREFILL_CATEGORIES), 2)
     metrics["gpu_decode_s"] = round(sum(grown.get(c, 0.0) for c in gpu_time.DECODE_CATEGORIES), 2)
-    metrics["peak_running"] = peak_running_requests(
-        "\n".join(log_path.read_text(errors="replace").splitlines()[first_line:]))
+    measured = "\n".join(log_path.read_text(errors="replace").splitlines()[first_line:])
+    metrics["peak_running"] = peak_running_requests(measured)
+    metrics.update(prefill_intake(measured))
     print(json.dumps({"model": model, "backend": backend, "workload": name, **metrics}), flush=True)
     return metrics
 
@@ -173,13 +175,21 @@ def reparse(results: dict, folder: Path) -> dict:
     return results
 
 
+def _intake(m: dict) -> str:
+    """The measured run's prefill batches and their span (`harness.server_log.prefill_intake`), '-' before it."""
+    if m.get("prefill_batches") is None:
+        return "-"
+    span = m.get("prefill_span_s")
+    return f"{m['prefill_batches']} / {span:.0f}" if span is not None else f"{m['prefill_batches']} / -"
+
+
 def table(results: dict) -> str:
     """Markdown: one row per (model, workload, backend), ratios of output tok/s and of median TTFT against flashmla
     BF16 and SGLang FP8 of the same model."""
     lines = ["| model | workload | backend | output tok/s | total tok/s | TTFT p50 / mean / p99 s | TPOT p50 ms | "
-             "cached / prompt tokens | peak running | GPU s prefill / decode | GPU busy | output vs BF16 / vs FP8 | "
-             "TTFT p50 / mean vs BF16 |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "cached / prompt tokens | peak running | prefill batches / span s | GPU s prefill / decode | GPU busy | "
+             "output vs BF16 / vs FP8 | TTFT p50 / mean vs BF16 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for model, backends in results.items():
         for name in WORKLOADS:
             ref = backends.get(REFERENCE, {}).get("workloads", {}).get(name, {})
@@ -193,16 +203,17 @@ def table(results: dict) -> str:
                 lines.append(
                     f"| {Path(model).name} | {name} | {backend} | {m['output_tok_s']:.0f} | {m['total_tok_s']:.0f} | "
                     f"{ttft} | {m.get('median_tpot_ms')} | {m.get('cached_tokens') or 0:.0f} / "
-                    f"{m.get('prompt_tokens') or 0:.0f} | {m.get('peak_running')} | {m.get('gpu_prefill_s')} / "
+                    f"{m.get('prompt_tokens') or 0:.0f} | {m.get('peak_running')} | {_intake(m)} | "
+                    f"{m.get('gpu_prefill_s')} / "
                     f"{m.get('gpu_decode_s')} | {_busy(m)} | {_ratio(m['output_tok_s'], ref.get('output_tok_s'))} / "
                     f"{_ratio(m['output_tok_s'], fp8.get('output_tok_s'))} | "
                     f"{_ratio(m.get('median_ttft_ms'), ref.get('median_ttft_ms'))} / "
                     f"{_ratio(m.get('mean_ttft_ms'), ref.get('mean_ttft_ms'))} |")
         for backend, run in backends.items():
             if run.get("error"):
-                lines.append(f"| {Path(model).name} | - | {backend} | error: {run['error']} | | | | | | | | | |")
+                lines.append(f"| {Path(model).name} | - | {backend} | error: {run['error']} | | | | | | | | | | |")
             if run.get("pool_tokens"):
-                lines.append(f"| {Path(model).name} | pool | {backend} | {run['pool_tokens']} tokens | | | | | | | | | |")
+                lines.append(f"| {Path(model).name} | pool | {backend} | {run['pool_tokens']} tokens | | | | | | | | | | |")
     return "\n".join(lines)
 
 

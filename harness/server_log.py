@@ -63,3 +63,18 @@ def peak_running_requests(server_log: str) -> int | None:
     batch (the run admitted fewer requests than it was sent)."""
     m = re.findall(r"Decode batch[^\n]*?#running-req: (\d+)", server_log)
     return max(map(int, m)) if m else None
+
+
+def prefill_intake(text: str) -> dict:
+    """The prefill batches of a log (or of the slice a run wrote) -> {"prefill_batches", "prefill_requests",
+    "prefill_span_s"}: how many, the requests they admitted (`#new-seq`), and the seconds from the first to the last
+    (1 s resolution; None without one). With all of a workload's requests sent at once, the span is how long the
+    server took to take them in, and a TTFT near it says the intake, not the engine, set the TTFT."""
+    times, requests = [], 0
+    for line in text.splitlines():
+        m = BATCH_LINE.match(line)
+        if m and m.group(3) == "Prefill":
+            times.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            requests += int(field(line, "#new-seq") or 0)
+    return {"prefill_batches": len(times), "prefill_requests": requests,
+            "prefill_span_s": (times[-1] - times[0]).total_seconds() if times else None}

@@ -42,7 +42,7 @@ def test_parse_and_table(tmp_path: Path):
     assert (m["output_tok_s"], m["p99_ttft_ms"], m["cached_tokens"], m["prompt_tokens"]) == \
         (5935.75, 10005.2, 2109760, 2354126)
     assert (m["mean_ttft_ms"], m["peak_output_tok_s"], m["duration_s"]) == (9900.1, 11964.0, 24.81)
-    m.update(gpu_prefill_s=9.33, gpu_decode_s=8.11)
+    m.update(gpu_prefill_s=9.33, gpu_decode_s=8.11, prefill_batches=184, prefill_span_s=23.0)
     base = {**m, "output_tok_s": 5000.0, "median_ttft_ms": 12000.0, "mean_ttft_ms": 9000.1}
     fp8 = {**m, "output_tok_s": 2500.0}
     results = {"v2": {"snapmla": {"workloads": {"shared-4k": m}},
@@ -50,7 +50,7 @@ def test_parse_and_table(tmp_path: Path):
                       "flashmla-fp8": {"workloads": {"shared-4k": fp8}, "error": "long-64k: timeout"}}}
     text = sp.table(results)
     row = next(line for line in text.splitlines() if "| snapmla |" in line)
-    assert "| 9.87 / 9.90 / 10.01 |" in row and "| 9.33 / 8.11 | 70% |" in row, row
+    assert "| 9.87 / 9.90 / 10.01 |" in row and "| 184 / 23 | 9.33 / 8.11 | 70% |" in row, row
     assert "| 1.19x / 2.37x | 0.82x / 1.10x |" in row, row
     assert "error: long-64k: timeout" in text and "10 tokens" in text
     assert sp.plot(results, tmp_path / "p.png").exists()
@@ -63,3 +63,17 @@ def test_redraw_reads_the_saved_outputs_again(tmp_path: Path):
     (tmp_path / "bench_v2_snapmla_shared-4k.txt").write_text(SUMMARY)
     sp.reparse(results, tmp_path)
     assert (row["mean_ttft_ms"], row["output_tok_s"], row["gpu_prefill_s"]) == (9900.1, 5935.75, 3.0)
+
+
+def test_the_intake_is_read_from_the_measured_runs_log_lines():
+    """prefill_intake: the prefill batches of a log slice, the requests they admitted and the seconds they span."""
+    from harness.server_log import prefill_intake
+
+    log = "\n".join([
+        "[2026-11-27 09:15:31] Prefill batch, #new-seq: 1, #new-token: 1792, #cached-token: 0, #running-req: 0",
+        "[2026-11-27 09:15:40] Decode batch, #running-req: 5, #token: 91968, token usage: 0.01, cuda graph: True",
+        "[2026-11-27 09:15:52 DP1] Prefill batch, #new-seq: 3, #new-token: 768, #cached-token: 49152, #running-req: 5",
+        "[2026-11-27 09:15:54] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 32768, #running-req: 8",
+    ])
+    assert prefill_intake(log) == {"prefill_batches": 3, "prefill_requests": 6, "prefill_span_s": 23.0}
+    assert prefill_intake("no batches") == {"prefill_batches": 0, "prefill_requests": 0, "prefill_span_s": None}
