@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     if backend != "snapmla":
         ap.error(f"--attention-backend {backend}: this prepares snapmla servers")
     port = free_port()
-    log_path = args.server_log or Path(tempfile.mkstemp(prefix="snapmla_prepare_", suffix=".log")[1])
+    if args.server_log:
+        log_path = args.server_log
+    else:
+        fd, name = tempfile.mkstemp(prefix="snapmla_prepare_", suffix=".log")
+        os.close(fd)
+        log_path = Path(name)
     cmd = server_command(server_flags, port)
     print("starting:", " ".join(cmd), f"(log: {log_path})", flush=True)
     t0 = time.time()
