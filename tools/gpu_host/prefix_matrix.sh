@@ -6,7 +6,8 @@
 #                                                                          and V3 shapes with BACKENDS)
 #   bash tools/gpu_host/prefix_matrix.sh wait SECONDS       (returns when the run ends or SECONDS pass)
 # BACKENDS (default: snapmla flashmla flashmla-fp8 snapmla-mha), WORKLOADS (default: all), SERVER_FLAGS (default:
-# --cuda-graph-max-bs 512, every backend's decode graphs above the largest burst) choose what runs.
+# --cuda-graph-max-bs 512, every backend's decode graphs above the largest burst) choose what runs. GPUS (e.g. 0,1,2 on
+# a 4-GPU host) runs a model's backends side by side, the i-th on the i-th GPU, and merges their tables.
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 DIR=out/prefix
@@ -18,7 +19,18 @@ case "${1:-}" in
     runs=""
     for item in ${*:-configs/models/deepseek-v2-lite-shape configs/models/deepseek-v3-shape}; do
       model=${item%%:*}; backends=$BACKENDS; [ "$item" != "$model" ] && backends=${item#*:}
-      runs+="python3 -m benchmarks.serve_prefix --model $model --backends ${backends//,/ } ${WORKLOADS:+--workloads $WORKLOADS} --server-flags='$SERVER_FLAGS' --out $DIR/$(basename $model) --resume; "
+      out=$DIR/$(basename $model)
+      common="--model $model ${WORKLOADS:+--workloads $WORKLOADS} --server-flags='$SERVER_FLAGS' --resume"
+      if [ -z "${GPUS:-}" ]; then
+        runs+="python3 -m benchmarks.serve_prefix $common --backends ${backends//,/ } --out $out; "
+      else  # one backend per GPU, side by side (each its own port range), then one table
+        gpus=(${GPUS//,/ }); i=0; parts=""; runs+="("
+        for b in ${backends//,/ }; do
+          runs+="CUDA_VISIBLE_DEVICES=${gpus[$i]} python3 -m benchmarks.serve_prefix $common --backends $b --port $((40000 + 1000 * i)) --out ${out}_$b > $DIR/$(basename $model)_$b.log 2>&1 & "
+          parts+=" ${out}_$b/serve_prefix.json"; i=$((i + 1))
+        done
+        runs+="wait); python3 -m benchmarks.serve_prefix --merge$parts --out $out; "
+      fi
     done
     mkdir -p $DIR && rm -f $DIR/done
     # setsid: detached from the starting command's process group, whose end would end it too
@@ -27,7 +39,7 @@ case "${1:-}" in
   wait)
     t=0
     until [ -f $DIR/done ] || [ $t -ge "${2:-60}" ]; do sleep 10; t=$((t + 10)); done
-    grep -h '^{' $DIR/run.log | python3 -c "import json,sys
+    grep -h '^{' $DIR/*.log | python3 -c "import json,sys
 for l in sys.stdin:
     r = json.loads(l); print(r['backend'], r['workload'], r.get('output_tok_s'), r.get('median_ttft_ms'))" | tail -40
     tail -3 $DIR/run.log
