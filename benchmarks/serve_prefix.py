@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from harness import gpu_time
-from harness.bench_serving import parse_metrics
+from harness.bench_serving import METRICS, parse_metrics
 from harness.results import load_results
 from harness.server_log import peak_running_requests, pool_tokens, prefill_intake
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
@@ -91,12 +90,8 @@ def bench_command(port: int, model: str, workload: dict, seed: int = 1, warmup: 
 
 
 def parse(text: str) -> dict:
-    """bench_serving's summary -> METRICS of serve_and_bench plus EXTRA_METRICS (None where a line is missing)."""
-    metrics = parse_metrics(text)
-    for key, pattern in EXTRA_METRICS.items():
-        m = re.search(pattern, text)
-        metrics[key] = float(m.group(1)) if m else None
-    return metrics
+    """bench_serving's summary -> harness.bench_serving's METRICS plus EXTRA_METRICS (None where a line is missing)."""
+    return parse_metrics(text, {**METRICS, **EXTRA_METRICS})
 
 
 def gpu_seconds(port: int) -> dict[str, float]:

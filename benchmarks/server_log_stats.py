@@ -24,7 +24,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from harness.server_log import BATCH_LINE, decode_lines, field, peak_running_requests, read_log
+from harness.server_log import BATCH_LINE, decode_lines, field, peak_running_requests, prefill_intake, read_log
 
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)")
 _ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
@@ -32,22 +32,16 @@ _ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
 
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
-    batches = []  # (time, kind, line)
-    for line in text.splitlines():
-        m = BATCH_LINE.match(line)
-        if m:
-            batches.append((datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(3), line))
     decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)
-    usage = [u for _, _, line in batches for u in [field(line, "token usage")] if u is not None]
-    prefill = [(t, field(line, "#queue-req") or 0) for t, kind, line in batches if kind == "Prefill"]
-    first = next((i for i, (_, queued) in enumerate(prefill) if queued >= min_queue), None)
-    prefills = [t for t, _ in prefill[first:]] if first is not None else []
+    usage = [u for line in text.splitlines() if BATCH_LINE.match(line)
+             for u in [field(line, "token usage")] if u is not None]
+    intake = prefill_intake(text, min_queue)
     return {
         "peak_running": peak_running_requests(text),  # None for a server that never decoded
         "decode_tok_s_near_peak": decode_rates[-min(5, len(decode_rates))] if decode_rates else None,
         "max_token_usage": max(usage, default=None),
-        "prefill_span_s": (prefills[-1] - prefills[0]).total_seconds() if prefills else None,
-        "prefill_batches": len(prefills),
+        "prefill_span_s": intake["prefill_span_s"],
+        "prefill_batches": intake["prefill_batches"],
     }
 
 

@@ -71,7 +71,8 @@ def ttft_outliers(metrics: dict, factor: float = 5.0) -> list[tuple[int, int, fl
     return [(i, n, t) for i, (t, n) in enumerate(zip(ttfts, lens)) if t > factor * median]
 
 
-def parse_metrics(text: str) -> dict:
-    """METRICS from bench_serving's printed summary (None where a line is missing)."""
-    found = {key: re.search(pat, text) for key, pat in METRICS.items()}
+def parse_metrics(text: str, patterns: dict[str, str] = METRICS) -> dict:
+    """`patterns` (name -> regex with one number group; default METRICS) from bench_serving's printed summary (None
+    where a line is missing)."""
+    found = {key: re.search(pat, text) for key, pat in patterns.items()}
     return {key: float(m.group(1)) if m else None for key, m in found.items()}

@@ -65,15 +65,16 @@ def peak_running_requests(server_log: str) -> int | None:
     return max(map(int, m)) if m else None
 
 
-def prefill_intake(text: str) -> dict:
-    """The prefill batches of a log (or of the slice a run wrote) -> {"prefill_batches", "prefill_requests",
-    "prefill_span_s"}: how many, the requests they admitted (`#new-seq`), and the seconds from the first to the last
-    (1 s resolution; None without one). With all of a workload's requests sent at once, the span is how long the
-    server took to take them in, and a TTFT near it says the intake, not the engine, set the TTFT."""
+def prefill_intake(text: str, min_queue: int = 0) -> dict:
+    """The prefill batches of a log (or of the slice a run wrote), from the first one with at least `min_queue`
+    requests waiting (`#queue-req`) -> {"prefill_batches", "prefill_requests", "prefill_span_s"}: how many, the
+    requests they admitted (`#new-seq`), and the seconds from the first to the last (1 s resolution; None without
+    one). With all of a workload's requests sent at once, the span is how long the server took to take them in, and a
+    TTFT near it says the intake, not the engine, set the TTFT."""
     times, requests = [], 0
     for line in text.splitlines():
         m = BATCH_LINE.match(line)
-        if m and m.group(3) == "Prefill":
+        if m and m.group(3) == "Prefill" and (times or (field(line, "#queue-req") or 0) >= min_queue):
             times.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
             requests += int(field(line, "#new-seq") or 0)
     return {"prefill_batches": len(times), "prefill_requests": requests,

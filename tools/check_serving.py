@@ -143,16 +143,15 @@ def main():
         plain = run_server(backend, "plain", args, 31000 + 2 * i)
         cached = run_server(backend, "cached", args, 31001 + 2 * i)
         results[backend] = {"plain": plain, "cached": cached}
-        scenarios = [(scen, cached) for scen in ("prefix_sequential", "prefix_batched", "chunked")]
+        # (row label, scenario, the server that ran it, the server it is compared with)
+        scenarios = [(scen, scen, cached, plain) for scen in ("prefix_sequential", "prefix_batched", "chunked")]
         if args.hicache:
-            results[backend]["hicache"] = run_server(backend, "hicache", args, 31100 + i)
-            scenarios.append(("hicache_reload", results[backend]["hicache"]))
+            hicache = results[backend]["hicache"] = run_server(backend, "hicache", args, 31100 + i)
+            scenarios.append(("hicache_reload", "hicache_reload", hicache, plain))
             # the criterion proper: a server whose device pool kept the prefix (FP8 pages on both sides)
-            scenarios.append(("hicache_reload vs cached", results[backend]["hicache"]))
+            scenarios.append(("hicache_reload vs cached", "hicache_reload", hicache, cached))
         (args.out / "check_serving.json").write_text(json.dumps(results))
-        for scen, served in scenarios:  # served: the `cached` or `hicache` server's outputs
-            key, _, against = scen.partition(" vs ")
-            base = cached if against else plain
+        for scen, key, served, base in scenarios:
             if key not in served or "prefix_sequential" not in base:
                 rows.append(f"| {backend} | {scen} | error: {served.get('error') or base.get('error')} | | |")
                 continue
