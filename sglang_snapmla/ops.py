@@ -226,29 +226,43 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
     return max(1, min(want, MAX_SPLITS, max_pages))
 
 
-# Cost model of the sm_90a decode + combine at small batches, fitted to benchmarks/gpu/split_sweep.py on the H100
-# (docs/BENCHMARKS.md): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split
-# adds 2 KB of fp32 partials per query row to write and combine (~0.42 us per MB) and up to ~0.1 us to the combine
-# (alone at h128 b1: 1.6 us at 2 splits, 2.4 at 16, whose partial rows it reads in one round trip). Below one wave,
-# more splits are not free: h128 b1 s_k 4096 took 21.3 us with 64 splits (one page each) and 16.2 with 16.
-CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT = 1.56, 0.42, 0.1
+# Cost model of the sm_90a decode + combine, fitted to benchmarks/gpu/split_sweep.py (docs/KERNEL.md, "Batches
+# between waves"): a split's page loop costs ~1.56 us per page (one CTA, latency-bound), every split adds 2 KB of fp32
+# partials per query row to write and combine (~0.42 us per MB) and up to ~0.1 us to the combine (alone at h128 b1:
+# 1.6 us at 2 splits, 2.4 at 16, whose partial rows it reads in one round trip), and each wave of CTAs ~6 us of
+# prologue and epilogue (first page and Q in flight, partials out). Below one wave, more splits are not free: h128
+# b1 s_k 4096 took 21.3 us with 64 splits (one page each) and 16.2 with 16.
+CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT, CUDA_WAVE_US = 1.56, 0.42, 0.1, 6.0
 
 
 def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device) -> int:
-    """Split count for the sm_90a decode: the cheapest under the cost model above among the counts that fit one
-    wave (one CTA per SM and 64-row tile). Shapes only: CUDA-graph safe."""
-    most = choose_num_splits(batch, math.ceil(rows / CUDA_ROWS), max_pages, device, ctas_per_sm=1)
-    return _cheapest_split_count(batch, rows, max_pages, most)
+    """Split count for the sm_90a decode: the cheapest under the cost model above. Sequences of two or more 64-row
+    tiles (s_q x H > 64, e.g. 128 heads) weigh counts over several waves of CTAs (one per SM and tile): every page is
+    read by several CTAs, so a CTA's page time is its own tensor and softmax work, and a batch between waves that
+    leaves SMs idle at one split runs faster over more, shorter waves (h128 b40 s_k 16k: 371 us at 1 split, 284 at 3
+    in 2 waves). One tile per sequence keeps the counts of one wave: its CTAs read a page each, bound by DRAM (H100,
+    16 heads), which fewer SMs still saturate. Shapes only: CUDA-graph safe."""
+    tiles = math.ceil(rows / CUDA_ROWS)
+    if tiles == 1:
+        most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1)
+        return _cheapest_split_count(batch, rows, max_pages, most, 0)
+    return _cheapest_split_count(batch, rows, max_pages, max(1, min(MAX_SPLITS, max_pages)),
+                                 _num_sms(device.index or 0))
 
 
 # Memoized: the backend asks once per layer and decode step (~30 us of Python per ask for 64 candidates, ~2 ms per
 # step over 61 layers when decode runs outside CUDA graphs); the answer depends on these shapes only.
 @functools.lru_cache(maxsize=4096)
-def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int) -> int:
+def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int, sms: int) -> int:
+    """The cheapest count in 1..most; `sms` > 0 counts the waves of batch x tiles x splits CTAs on that many SMs,
+    0 prices every count as one wave."""
+    tiles = math.ceil(rows / CUDA_ROWS)
+
     def cost(splits: int) -> float:
+        waves = math.ceil(batch * tiles * splits / sms) if sms else 1
         partial_mb = batch * rows * splits * nx.KV_LORA_RANK * 4 / 1e6
-        return (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_PARTIAL_US_PER_MB * partial_mb
-                + CUDA_COMBINE_US_PER_SPLIT * splits)
+        return (waves * (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_WAVE_US)
+                + CUDA_PARTIAL_US_PER_MB * partial_mb + CUDA_COMBINE_US_PER_SPLIT * splits)
 
     return min(range(1, most + 1), key=lambda s: (cost(s), -s))
 

@@ -279,9 +279,11 @@ def test_decode_impl_choice_is_explicit(monkeypatch):
 
 
 def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
-    """The sm_90a split count (shapes only): never more CTAs than one wave of an H100 (132 SMs, one CTA per 64-row
-    tile); at batch 1 a short cache still gets one page per split, a longer one fewer, longer splits (measured: h128
-    b1 s_k 4096 16.2 us with 16 splits vs 21.3 with 64); large batches keep the one-wave count."""
+    """The sm_90a split count (shapes only) on an H100/H200 (132 SMs, one CTA per 64-row tile): at batch 1 a short
+    cache still gets one page per split, a longer one fewer, longer splits (measured: h128 b1 s_k 4096 16.2 us with 16
+    splits vs 21.3 with 64); batches between waves at 128 heads take the count measured fastest over several waves
+    (results/bench/split_sweep_h200_h128_between_waves.json); one tile per sequence (16 or 64 heads at one query) never
+    exceeds one wave."""
     monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
     dev = torch.device("cuda", 0)
     pick = lambda b, h, pages: ops.cuda_num_splits(b, h, pages, dev)  # noqa: E731
@@ -289,9 +291,15 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     assert 16 <= pick(1, 128, 64) <= 32 and 16 <= pick(1, 16, 64) <= 32
     assert pick(8, 128, 10) in (4, 5)  # one wave would be 8 splits: 16.3 us measured vs 14.3 with 4
     assert pick(64, 128, 1024) == 1 and pick(32, 128, 128) == 2 and pick(4, 128, 2048) == 16
-    for b, h, pages in [(1, 128, 10), (3, 64, 100), (8, 16, 7), (2, 128, 5000)]:
-        s = pick(b, h, pages)
-        assert 1 <= s <= min(pages, ops.MAX_SPLITS) and b * -(-h // 64) * s <= 132
+    # h128 s_k 16k (256 pages), decode + combine by splits on the H200: b40 371 us at 1 split (80 CTAs on 132 SMs),
+    # 284 at 3 (2 waves); b48 382 at 1, 348 at 4 (3 waves); b56 402 at 1, every other count slower; b96 s_k 4k 198
+    # at 1 (192 CTAs: 2 waves already), 179 at 2
+    assert (pick(40, 128, 256), pick(48, 128, 256), pick(56, 128, 256), pick(96, 128, 64)) == (3, 4, 1, 2)
+    for b, h, pages in [(1, 128, 10), (3, 64, 100), (8, 16, 7), (2, 128, 5000), (40, 128, 640), (512, 128, 640)]:
+        assert 1 <= pick(b, h, pages) <= min(pages, ops.MAX_SPLITS)
+    for b in (8, 40, 96, 128):  # one tile per sequence: one wave at most
+        for h in (16, 64):
+            assert b * pick(b, h, 256) <= 132 or pick(b, h, 256) == 1
 
 
 def test_pdl_only_where_it_can_run(monkeypatch):
