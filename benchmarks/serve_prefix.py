@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None):
                          "bench_serving outputs beside it")
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--bench-timeout", type=float, default=900)
-    ap.add_argument("--port", type=int, default=32000)
+    ap.add_argument("--port", type=int, default=22000)
     ap.add_argument("--out", type=Path, default=Path("prefix_out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--bench-timeout", type=float, default=1800,
                     help="seconds for the client; past it the run's steady window still comes from the server log")
-    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--port", type=int, default=21000)
     ap.add_argument("--out", type=Path, default=Path("steady_out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

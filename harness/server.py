@@ -9,10 +9,12 @@ Not part of the shipped package: `benchmarks/` and `tools/` share it (python -m 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -123,11 +125,27 @@ def server_command(model: str, port: int, flags: list[str], load_format: str = "
             "--mem-fraction-static", "0.80", "--grammar-backend", "none", "--port", str(port), *flags]
 
 
+def check_port_free(port: int) -> None:
+    """RuntimeError naming the fix if a server could not bind `port`: SGLang's HTTP server then fails to bind while
+    its scheduler starts anyway, and the run dies minutes later at the warm-up. The tools' default ports lie below
+    Linux's ephemeral range (32768-60999), where any outgoing connection on the host (another server's NCCL or ZMQ
+    sockets, a client's requests) may hold a port."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closed connection's port is free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise RuntimeError(f"port {port} is in use on this host; pass another --port (below 32768, outside "
+                                   "the ports outgoing connections take)") from e
+
+
 def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
                  context_length: int = 32768, env: dict | None = None, launcher: str = "launch_server"):
     """The server (`server_command`) in its own process group; returns (process, log). Bundled configs have no
     weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
     (RUN_ENV[run])."""
+    check_port_free(port)
     log = open(log_path, "w")
     cmd = server_command(model, port, flags, load_format, context_length, launcher)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -132,7 +132,7 @@ def main():
     ap.add_argument("--concurrent", action="store_true",
                     help="serve all runs at once on the same GPUs, each measured by its own client; pass a "
                          "--mem-fraction-static in --server-flags that leaves room for all of them")
-    ap.add_argument("--port", type=int, default=33000, help="run i serves on port + PORT_STRIDE x i")
+    ap.add_argument("--port", type=int, default=23000, help="run i serves on port + PORT_STRIDE x i")
     ap.add_argument("--evict-tokens", type=int, default=0,
                     help="distinct prompt tokens sent between the level-1 and the radix pass (above the device pool: "
                          "the radix pass reads the probes' prefixes back from the hierarchical cache's host pool)")

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--transfer-backend", default="mooncake_tcp")
     ap.add_argument("--gpus", type=int, default=2, help="GPUs visible: 2 (prefill on the first, decode on the "
                                                          "second) or 1 (all on one)")
-    ap.add_argument("--port", type=int, default=36000, help="single, prefill, decode, mismatch on port + 20 i")
+    ap.add_argument("--port", type=int, default=26000, help="single, prefill, decode, mismatch on port + 20 i")
     ap.add_argument("--bootstrap-port", type=int, default=8998)
     ap.add_argument("--startup-timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=Path("pd_out"))

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--latent-spread", type=float, default=16.0)
     ap.add_argument("--kernel-level", action="store_true", help="activation ranges and decode error (GPU)")
     ap.add_argument("--kernel-windows", type=int, default=8)
-    ap.add_argument("--port", type=int, default=34000)
+    ap.add_argument("--port", type=int, default=24000)
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--redraw", type=Path, default=None,
                     help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")

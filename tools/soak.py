@@ -250,7 +250,7 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--port", type=int, default=21000)
     ap.add_argument("--seconds", type=float, default=300)
     ap.add_argument("--clients", type=int, default=160)
     ap.add_argument("--vocab", type=int, default=None, help="the model's vocabulary size (default: /get_model_info)")

@@ -34,3 +34,26 @@ def test_serving_stops_the_server_when_anything_fails(calls, monkeypatch, tmp_pa
         with server.serving("m", 31000, [], tmp_path / "log", 5.0):
             raise RuntimeError("a request failed")
     assert calls[-1] == ("stop",)
+
+
+def test_a_port_another_socket_holds_is_refused_before_the_server_starts(monkeypatch, tmp_path):
+    """start_server checks its HTTP port first: SGLang's server, started on a port another socket holds, fails to bind
+    its HTTP server while the scheduler runs on, and dies minutes later at the warm-up. A free port passes."""
+    import socket
+
+    started = []
+    monkeypatch.setattr(server.subprocess, "Popen", lambda *a, **k: started.append(a) or types.SimpleNamespace(pid=7))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"port {taken} is in use.*another --port"):
+            server.start_server("m", taken, [], tmp_path / "log")
+    assert not started
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    proc, log = server.start_server("m", free, [], tmp_path / "log")
+    log.close()
+    server._live_servers.discard(proc.pid)
+    assert len(started) == 1

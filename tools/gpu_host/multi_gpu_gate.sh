@@ -43,9 +43,9 @@ gate() {  # layout, GPU list, first port
 
 layouts=${*:-tp2 dp2 $([ "$GPUS" -ge 4 ] && echo dp4) $([ "$GPUS" -ge 8 ] && echo dp8)}
 if [ "$GPUS" -ge 4 ] && [[ " $layouts " == *" tp2 "* ]] && [[ " $layouts " == *" dp2 "* ]]; then
-  gate tp2 0,1 33000 & gate dp2 2,3 34000 & wait
+  gate tp2 0,1 23000 & gate dp2 2,3 24000 & wait
   layouts=${layouts//tp2/}; layouts=${layouts//dp2/}
 fi
 for layout in $layouts; do
-  gate $layout ${ON_GPUS:-$(layout_gpus $layout)} 35000
+  gate $layout ${ON_GPUS:-$(layout_gpus $layout)} 25000
 done

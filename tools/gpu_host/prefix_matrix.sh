@@ -26,7 +26,7 @@ case "${1:-}" in
       else  # one backend per GPU, side by side (each its own port range), then one table
         gpus=(${GPUS//,/ }); i=0; parts=""; runs+="("
         for b in ${backends//,/ }; do
-          runs+="CUDA_VISIBLE_DEVICES=${gpus[$i]} python3 -m benchmarks.serve_prefix $common --backends $b --port $((40000 + 1000 * i)) --out ${out}_$b > $DIR/$(basename $model)_$b.log 2>&1 & "
+          runs+="CUDA_VISIBLE_DEVICES=${gpus[$i]} python3 -m benchmarks.serve_prefix $common --backends $b --port $((20000 + 1000 * i)) --out ${out}_$b > $DIR/$(basename $model)_$b.log 2>&1 & "
           parts+=" ${out}_$b/serve_prefix.json"; i=$((i + 1))
         done
         runs+="wait); python3 -m benchmarks.serve_prefix --merge$parts --out $out; "
