@@ -10,7 +10,10 @@ snapmla's decode extension where the package carries no prebuilt library), waits
 each prefill path once (a prompt, a prompt over its cached prefix with few and with many new tokens -- the two routes
 of `extend.prefers_absorbed` -- a prompt longer than one prefill chunk, a concurrent batch), stops it, and prints the
 cache folders it filled with the variables that point a server at them (README, "Start-up time"). Keep those folders
-in the image (or set the variables to a volume): a server started there compiles nothing.
+in the image (or set the variables to a volume): a server started there compiles nothing, provided its environment
+names the same CUDA toolkit folder (`CUDA_HOME`, printed at the end; the folder need not exist there): FlashInfer
+runs its build step at every start, and it recompiles, with nvcc, any cached kernel whose build command (which names
+that folder's nvcc) changed.
 Exit status 0 when the server started and answered every request; 1 otherwise, with the tail of its log.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +44,16 @@ CACHES = (
 )
 PROMPT_IDS = range(100, 1100)  # token ids every MLA model's vocabulary holds
 PREFIX_TOKENS, FEW_NEW, NEW_TOKENS, BATCH = 2048, 32, 8, 8
+
+
+def compiler_home() -> str | None:
+    """The CUDA toolkit folder FlashInfer's JIT builds with, by its own rule: CUDA_HOME, CUDA_PATH, else the folder
+    above the `nvcc` on PATH (not resolved: the path itself goes into the build commands); None where none is set."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc")
+    return os.path.dirname(os.path.dirname(nvcc)) if nvcc else None
 
 
 def server_command(server_flags: list[str], port: int) -> list[str]:
@@ -145,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         else "snapmla"
     if backend != "snapmla":
         ap.error(f"--attention-backend {backend}: this prepares snapmla servers")
+    cuda_home = compiler_home()
+    if cuda_home is None:
+        ap.error("no CUDA toolkit found (nvcc on PATH, or CUDA_HOME): run the preparation where the image is built, "
+                 "with the toolkit installed")
     port = free_port()
     if args.server_log:
         log_path = args.server_log
@@ -153,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         os.close(fd)
         log_path = Path(name)
     cmd = server_command(server_flags, port)
-    print("starting:", " ".join(cmd), f"(log: {log_path})", flush=True)
+    print(f"starting: CUDA_HOME={cuda_home}", " ".join(cmd), f"(log: {log_path})", flush=True)
     t0 = time.time()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "CUDA_HOME": cuda_home})
         try:
             wait_ready(port, proc, args.startup_timeout)
             print(f"ready after {time.time() - t0:.0f} s", flush=True)
@@ -181,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"done in {time.time() - t0:.0f} s; the caches this start filled (keep them, or point the variables at a "
           "volume that holds them):")
     print("\n".join(cache_report()))
+    print(f"and set CUDA_HOME={cuda_home} where the servers run (the folder need not exist there): FlashInfer's cached "
+          "kernels were built with that compiler path, and a server that resolves another one rebuilds them with nvcc")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Soak a running SGLang server with what clients send: complete, streamed-and-cut, aborted and malformed requests
 over shared prefixes, for a set time, then check that it is still the server it was.
 
-    python -m tools.soak --port 30000 --seconds 300 --clients 160 --server-log server.log --out soak_out
+    python -m tools.soak --port 21000 --seconds 300 --clients 160 --server-log server.log --out soak_out
     python -m tools.soak --start snapmla --model CKPT --server-flags "--max-total-tokens 65536" --out soak_out
 (the second starts the server itself, `harness.server.RUNS[backend]` with metrics on, the checkpoint's weights, and
 stops it afterwards; its log is `--out`/server.log)

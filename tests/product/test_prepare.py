@@ -4,6 +4,7 @@ path, stops the server and reports the cache folders; a server that fails a requ
 status 1 and the log's tail."""
 
 import json
+import os
 import sys
 import textwrap
 
@@ -12,10 +13,11 @@ import pytest
 from sglang_snapmla import prepare
 
 STAND_IN = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     port, record, fault = int(sys.argv[sys.argv.index("--port") + 1]), sys.argv[1], sys.argv[2]
     print("SnapMLA decode: sm_90a CUDA kernel, prebuilt library", flush=True)
+    print("compiler folder:", os.environ.get("CUDA_HOME"), flush=True)
     if fault == "never-starts":
         sys.exit(3)
 
@@ -49,6 +51,14 @@ STAND_IN = textwrap.dedent('''
 
 @pytest.fixture
 def stand_in(tmp_path, monkeypatch):
+    # the toolkit found through the nvcc on PATH, as on a build machine with CUDA_HOME unset
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    bin_dir = tmp_path / "build-machine" / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "nvcc").write_text("#!/bin/sh\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     script, record = tmp_path / "server.py", tmp_path / "requests.jsonl"
     script.write_text(STAND_IN)
     launched, real_command = [], prepare.server_command
@@ -80,6 +90,32 @@ def test_prepares_a_snapmla_server_through_every_prefill_path(stand_in, tmp_path
     assert len(lengths) == 4 + prepare.BATCH
     assert "decode: SnapMLA decode: sm_90a CUDA kernel, prebuilt library" in out
     assert f"| Triton kernels | TRITON_CACHE_DIR | {tmp_path / 'triton'} | 2.0 |" in out
+    # the compiler folder the caches are keyed on: given to the server, and named for the servers that use them
+    home = tmp_path / "build-machine" / "cuda"
+    assert f"compiler folder: {home}\n" in (tmp_path / "server.log").read_text()
+    assert f"set CUDA_HOME={home} where the servers run" in out
+
+
+def test_the_compiler_folder_is_found_as_flashinfer_finds_it(tmp_path, monkeypatch):
+    """CUDA_HOME, then CUDA_PATH, then the folder above the nvcc on PATH (unresolved); none: the preparation stops
+    at once, naming where it must run."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert prepare.compiler_home() is None
+    with pytest.raises(SystemExit):
+        prepare.main(["--model-path", "m"])
+    (tmp_path / "toolkit-13" / "bin").mkdir(parents=True)
+    nvcc = tmp_path / "toolkit-13" / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    (tmp_path / "toolkit").symlink_to(tmp_path / "toolkit-13")  # as /usr/local/cuda -> /usr/local/cuda-13.0
+    monkeypatch.setenv("PATH", str(tmp_path / "toolkit" / "bin"))
+    assert prepare.compiler_home() == str(tmp_path / "toolkit")
+    monkeypatch.setenv("CUDA_PATH", "/b")
+    assert prepare.compiler_home() == "/b"
+    monkeypatch.setenv("CUDA_HOME", "/a")
+    assert prepare.compiler_home() == "/a"
 
 
 @pytest.mark.parametrize("fault,message", [("500", "HTTP Error 500"), ("never-starts", "exited with status 3")])
