@@ -50,49 +50,65 @@ class SnapMLAForward:
         q = q.view(-1, heads, nx.KV_LORA_RANK + nx.ROPE_DIM)
         return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
 
-    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, s_q: int, max_pages: int | None = None):
-        """Q-quant + decode over the pool for [B * s_q] query tokens; returns [B * s_q, H * 512]. `max_pages`: the
-        page bound of the split count (default the static bound that CUDA graphs need; an eager caller that knows
-        its longest sequence passes that)."""
+    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: ops.DecodePlan):
+        """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), seq_lens [B] int32; returns
+        [B * s_q, H * 512]."""
         heads = layer.tp_q_head_num
-        batch = q_nope.shape[0] // s_q
-        # the int32 cast (a kernel when SGLang's lengths are int64) goes first, so that the decode directly follows
-        # the Q-quant and overlaps it (programmatic dependent launch, ops.pdl_enabled)
-        seq_lens = seq_lens.to(torch.int32)
+        batch, s_q = plan.batch, plan.s_q
         q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
-        # the split count from the static page bound, not from the block table: under CUDA graphs the table is the
-        # view SGLang captured with (width 1 at capture), and a count derived from it would be frozen into the graph
-        splits = ops.default_num_splits(batch, s_q, heads, max_pages or self.max_pages, q_nope.device)
         out, _ = ops.decode_quantized(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
                                       q_rope_al.view(batch, s_q, heads, -1),
                                       *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                                      block_table, seq_lens, layer.scaling, num_splits=splits, follows_q_quant=True)
+                                      block_table, seq_lens, layer.scaling, follows_q_quant=True, plan=plan)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
-    def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens, s_q: int):
+    _step = None  # (forward batch, its metadata, last layer id, plan, int32 lengths): the step's plan, for its layers
+
+    def _step_plan(self, layer, forward_batch, s_q: int):
+        """-> (plan, seq_lens [B] int32) of this step's decode / target verify / draft extend: made at the step's
+        first layer, reused by the others. The split count comes from the static page bound, not from the block
+        table: under CUDA graphs the table is the view SGLang captured with (width 1 at capture), and a count derived
+        from it would be frozen into the graph. A forward that starts again (a layer id not above the last one:
+        SGLang runs a batch more than once to warm up and capture a CUDA graph) plans again, so that the lengths a
+        captured graph reads are computed inside it."""
+        step = self._step
+        if (step is not None and step[0] is forward_batch and step[1] is self.forward_metadata
+                and layer.layer_id > step[2]):
+            self._step = (*step[:2], layer.layer_id, *step[3:])
+            return step[3], step[4]
+        bs = forward_batch.batch_size
+        if forward_batch.forward_mode.is_draft_extend_v2():
+            seq_lens = self.forward_metadata.seq_lens_k
+        elif forward_batch.forward_mode.is_target_verify():
+            seq_lens = forward_batch.seq_lens[:bs] + s_q
+        else:
+            seq_lens = forward_batch.seq_lens[:bs]
+        plan = ops.plan_decode(bs, s_q, layer.tp_q_head_num, self.max_pages, seq_lens.device)
+        # the int32 cast (a kernel when SGLang's lengths are int64) is made here, once, so that in every layer the
+        # decode directly follows the Q-quant and overlaps it (programmatic dependent launch, ops.pdl_enabled)
+        seq_lens = seq_lens.to(torch.int32)
+        self._step = (forward_batch, self.forward_metadata, layer.layer_id, plan, seq_lens)
+        return plan, seq_lens
+
+    def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, s_q: int):
         """Write the new K, then attend with s_q query tokens per sequence over FlashMLA's block table."""
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         q_nope, q_rope = self._split_q(q, q_rope, layer)
+        plan, seq_lens = self._step_plan(layer, forward_batch, s_q)
         block_table = self.forward_metadata.block_kv_indices[: forward_batch.batch_size]
-        return self._attend(q_nope, q_rope, layer, block_table, seq_lens, s_q=s_q)
+        return self._attend(q_nope, q_rope, layer, block_table, seq_lens, plan)
 
     # -- SGLang entry points ------------------------------------------------------------------------------
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
-        return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
-                                  forward_batch.seq_lens[: forward_batch.batch_size], s_q=1)
+        return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, s_q=1)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
                        q_rope: Optional[torch.Tensor] = None, k_rope: Optional[torch.Tensor] = None, **kwargs):
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
-            window = self.num_draft_tokens
-            if mode.is_draft_extend_v2():
-                seq_lens = self.forward_metadata.seq_lens_k
-            else:
-                seq_lens = forward_batch.seq_lens[: forward_batch.batch_size] + window
-            return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, seq_lens,
-                                      s_q=window)
+            return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
+                                      s_q=self.num_draft_tokens)
         if q_rope is None and layer.head_dim != nx.KV_LORA_RANK + nx.ROPE_DIM:
             # MHA prefill (ragged, one-shot or chunked prefix; a layer of the model's head dim, e.g. 192): FlashInfer's
             # path; the prefix comes from pool.get_mla_kv_buffer, i.e. fetch-dequant (as FlashMLABackend's). The
@@ -112,8 +128,10 @@ class SnapMLAForward:
         heads = layer.tp_q_head_num
         out = q_nope.new_empty(q_nope.shape[0], heads * nx.KV_LORA_RANK)
         for launch in self._absorbed_launches(forward_batch):
+            # eager (prefill outside CUDA graphs): each launch planned from its own longest sequence
+            plan = ops.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, q_nope.device)
             attended = self._attend(q_nope.index_select(0, launch.rows), q_rope.index_select(0, launch.rows), layer,
-                                    launch.block_table, launch.seq_lens, s_q=launch.s_q, max_pages=launch.max_pages)
+                                    launch.block_table, launch.seq_lens, plan)
             out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
 

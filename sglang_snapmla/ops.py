@@ -20,6 +20,7 @@ Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float3
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -34,7 +35,7 @@ from .settings import (CHECK_INDICES_ENV, index_checks_enabled, interpreter_mode
 # The ops a caller (the backend, the pool, a benchmark) builds on; the other module-level names are the dispatch's
 # parts (split-count model, launch flags, tilings) that tests and kernel benchmarks reach in on purpose.
 __all__ = ["SnapMLAInputError", "quantize_q", "append_kv", "pool_from_rows", "fetch_dequant", "decode_quantized",
-           "quantize_and_decode", "combine", "check_pool", "default_num_splits", "decode_impl", "pdl_enabled"]
+           "quantize_and_decode", "combine", "check_pool", "DecodePlan", "plan_decode", "decode_impl", "pdl_enabled"]
 
 MAX_SPLITS = 64
 # Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
@@ -288,14 +289,41 @@ def partial_slots(batch: int, rows: int, splits: int, impl: str) -> int:
     return PARTIAL_MIN_SLOTS
 
 
-def default_num_splits(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device,
-                       impl: str | None = None) -> int:
-    """The split count `decode_quantized` would pick, from shapes only (for callers that capture CUDA graphs and must
-    use the same count at capture and replay: pass a static `max_pages`)."""
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """What a decode launch chain (Q-quant, split decode, combine) needs that depends on the step's shapes only:
+    built once per step (`plan_decode`; the backend at a step's first layer) and run by `decode_quantized` in every
+    layer. Shapes only, never device data: a plan recorded into a CUDA graph holds at every replay.
+
+    batch, s_q, heads: the query shape [batch, s_q, heads] it was planned for; impl: "triton" or "cuda"; splits: the
+    split count; slots: fp32 partial slots per query row (0 with one split: the decode writes the outputs itself);
+    pdl: programmatic dependent launch; tiling: the Triton decode's (BLOCK_M, num_warps, num_stages) or None."""
+    batch: int
+    s_q: int
+    heads: int
+    impl: str
+    splits: int
+    slots: int
+    pdl: bool
+    tiling: tuple[int, int, int] | None = None
+
+
+def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device, impl: str | None = None,
+                num_splits: int | None = None, tiling: tuple[int, int, int] | None = None) -> DecodePlan:
+    """The decode plan for [batch, s_q, heads] queries over sequences of at most `max_pages` pages; the project's one
+    split policy (`cuda_num_splits` for the sm_90a decode, `choose_num_splits` for the Triton one). Callers that
+    capture CUDA graphs pass a static page bound (the backend: its context length), so that capture and replay agree.
+    `impl` overrides SNAPMLA_DECODE_IMPL; `num_splits` and `tiling` override the heuristics (benchmarks, tests)."""
+    impl = decode_impl(impl)
     rows = s_q * heads
-    if decode_impl(impl) == "cuda":
-        return cuda_num_splits(batch, rows, max_pages, device)
-    return choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
+    if num_splits:
+        splits = num_splits
+    elif impl == "cuda":
+        splits = cuda_num_splits(batch, rows, max_pages, device)
+    else:
+        splits = choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
+    return DecodePlan(batch, s_q, heads, impl, splits, 0 if splits == 1 else partial_slots(batch, rows, splits, impl),
+                      pdl_enabled(device), tiling)
 
 
 @functools.lru_cache(maxsize=8)
@@ -390,7 +418,7 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
                      kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      softmax_scale: float, num_splits: int | None = None,
                      tiling: tuple[int, int, int] | None = None, impl: str | None = None,
-                     follows_q_quant: bool = False):
+                     follows_q_quant: bool = False, plan: DecodePlan | None = None):
     """SnapMLA split-KV decode + combine over a paged cache (page size 64).
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
@@ -400,10 +428,10 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     the view's width into the table's storage (SGLang's CUDA-graph capture passes a narrowed view of a full-stride
     table); nothing is read from slots at or past seq_len or from entries past the sequence's pages.
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
-    `num_splits` and `tiling` = (BLOCK_M, num_warps, num_stages) override the heuristics (benchmarks, tests). The
-    default split count follows the block table's width: a caller that captures CUDA graphs passes its own, from a
-    static page bound (`default_num_splits`; the backend does), so that capture and replay agree;
-    `impl` overrides SNAPMLA_DECODE_IMPL ("triton", "cuda", "auto").
+    `plan`: the step's `plan_decode` (the backend passes one planned from a static page bound, so that CUDA-graph
+    capture and replay agree). Without it the call plans for itself from the block table's width, with `num_splits`,
+    `tiling` = (BLOCK_M, num_warps, num_stages) and `impl` ("triton", "cuda", "auto"; default SNAPMLA_DECODE_IMPL)
+    as overrides (benchmarks, tests); with it those three must be left unset.
     `follows_q_quant`: the kernel launched just before this call on the stream is `quantize_q` (nothing else is
     launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table
     and its first pages while the Q-quant still runs (safe because the Q-quant lets it start only after waiting for
@@ -430,8 +458,14 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
         _check_paging(block_table, seq_lens, kv_content.shape[0])
     q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
     R = s_q * H
-    impl = decode_impl(impl)  # resolved once: the split heuristic below must see the same implementation
-    splits = num_splits or default_num_splits(B, s_q, H, block_table.shape[1], q8.device, impl)
+    if plan is None:
+        plan = plan_decode(B, s_q, H, block_table.shape[1], q8.device, impl, num_splits, tiling)
+    elif num_splits or tiling or impl:
+        raise SnapMLAInputError("decode_quantized: pass either a plan or num_splits / tiling / impl, not both")
+    elif (plan.batch, plan.s_q, plan.heads) != (B, s_q, H):
+        raise SnapMLAInputError(f"the decode plan is for [batch, s_q, heads] = {[plan.batch, plan.s_q, plan.heads]}, "
+                                f"the queries are {[B, s_q, H]}")
+    impl, splits = plan.impl, plan.splits
     dev = q8.device
     out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
@@ -444,17 +478,17 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     if final_in_kernel:
         o_part = lse_part = lse[:0]
     else:
-        slots = partial_slots(B, R, splits, impl)
+        slots = plan.slots
         o_part = torch.empty(B, R, slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
         lse_part = torch.empty(B, R, slots, dtype=torch.float32, device=dev)
-    pdl = pdl_enabled(dev)
+    pdl = plan.pdl
     if impl == "cuda":
         launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                            out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
                            splits, pdl=pdl, follows_q_quant=follows_q_quant)
     else:
         launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                             lse_part, out, lse, softmax_scale, splits, tiling)
+                             lse_part, out, lse, softmax_scale, splits, plan.tiling)
     if final_in_kernel:
         return out, lse
     combine(o_part, lse_part, out, lse, H, s_q, pdl, splits)

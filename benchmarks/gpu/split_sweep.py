@@ -58,7 +58,7 @@ def sweep(b: int, sk: int, h: int, impl: str, split_counts=DEFAULT_SPLITS, full_
     q8, qs, qra = ops.quantize_q(qn.reshape(b, h, -1), qr.reshape(b, h, -1))
     q8, qs, qra = q8.view(b, 1, h, -1), qs.view(b, 1, h), qra.view(b, 1, h, -1)
     pages = math.ceil(sk / PAGE)
-    res = {"default_splits": ops.default_num_splits(b, 1, h, pages, q8.device, impl)}
+    res = {"default_splits": ops.plan_decode(b, 1, h, pages, q8.device, impl).splits}
 
     from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
 

@@ -84,6 +84,36 @@ def test_decode_and_target_verify(setup, gen, heads):
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
 
 
+def test_a_forward_run_again_plans_again(setup, gen, heads, monkeypatch):
+    """The step's plan and int32 lengths are made at its first layer and reused by the later ones; SGLang runs the
+    same batch (same ForwardBatch, same metadata) again to warm up and then to capture a CUDA graph, so a forward that
+    starts again must read the lengths afresh: a cast left over from the warm-up would be frozen into the graph. Here
+    the lengths change in place between two runs of layer 0, as a replay's copy into the static buffer changes them."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import ops
+
+    backend, pool, layer = setup
+    lens = torch.tensor([130, 70], dtype=torch.int64)  # SGLang's lengths are int64: the plan casts them
+    for b in range(2):
+        fill(pool, layer, backend.req_to_token[b, :200], gen)
+    q = torch.randn(2, heads, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(2, heads, 64, generator=gen).to(torch.bfloat16)
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, seq_lens=lens, out_cache_loc=None)
+    layer1 = SimpleNamespace(layer_id=1, tp_q_head_num=heads, scaling=SCALE)
+    pool.snapmla_buffers = lambda layer_id, buffers=pool.snapmla_buffers: buffers(0)  # layer 1 reads layer 0's pages
+    plans = []
+    monkeypatch.setattr(ops, "plan_decode", lambda *a, real=ops.plan_decode, **k: plans.append(a) or real(*a, **k))
+    first = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+    assert torch.equal(backend.forward_decode(q, None, None, layer1, fb, save_kv_cache=False, q_rope=qr), first)
+    assert len(plans) == 1  # planned once for the step's two layers
+    lens.copy_(torch.tensor([190, 5]))
+    again = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+    ref = reference(pool, q.view(2, 1, heads, 512), qr.view(2, 1, heads, 64), backend.forward_metadata.block_kv_indices,
+                    lens.to(torch.int32))
+    assert_close(again.float().view(2, 1, heads, 512), ref, rel_l2=1e-2, what="the second run")
+
+
 def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 

@@ -51,7 +51,7 @@ def _problem(gen, seq_lens, heads, s_q):
 def test_stale_slots_and_table_tails_change_no_output(gen, seq_lens, heads, s_q, impl, splits):
     q8, qs, qr, kv, bt, lens = _problem(gen, seq_lens, heads, s_q)
     # the default split count follows the table's width (wider below): fix it so that both runs use the same
-    splits = splits or ops.default_num_splits(len(seq_lens), s_q, heads, bt.shape[1], q8.device, impl)
+    splits = splits or ops.plan_decode(len(seq_lens), s_q, heads, bt.shape[1], q8.device, impl).splits
     clean, clean_lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     assert torch.isfinite(clean).all()
     poison_unwritten(*kv, bt, lens, gen)
