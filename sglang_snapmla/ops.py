@@ -234,6 +234,10 @@ def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.
 # prologue and epilogue (first page and Q in flight, partials out). Below one wave, more splits are not free: h128
 # b1 s_k 4096 took 21.3 us with 64 splits (one page each) and 16.2 with 16.
 CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT, CUDA_WAVE_US = 1.56, 0.42, 0.1, 6.0
+# Counts over several waves are weighed with at most this many bytes of fp32 partials: the measured gains need 32-50
+# MB, and unbounded the cost model trades hundreds of MB of partials, allocated in every captured graph, for a wave's
+# rounding (h128 s_q 3 b42 over 2k pages: 11 splits, 346 MiB, ~0 % predicted; h128 s_q 4 b512: 3 splits, 1.5 GiB).
+SEVERAL_WAVES_PARTIAL_BYTES = 64 << 20
 
 
 def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device) -> int:
@@ -241,13 +245,14 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device)
     tiles (s_q x H > 64, e.g. 128 heads) weigh counts over several waves of CTAs (one per SM and tile): every page is
     read by several CTAs, so a CTA's page time is its own tensor and softmax work, and a batch between waves that
     leaves SMs idle at one split runs faster over more, shorter waves (h128 b40 s_k 16k: 371 us at 1 split, 284 at 3
-    in 2 waves). One tile per sequence keeps the counts of one wave: its CTAs read a page each, bound by DRAM (H100,
-    16 heads), which fewer SMs still saturate. Shapes only: CUDA-graph safe."""
+    in 2 waves), within a budget of partials (SEVERAL_WAVES_PARTIAL_BYTES). One tile per sequence keeps the counts of one wave: its CTAs read a page each, bound by DRAM (H100, 16 heads), which fewer
+    SMs still saturate. Shapes only: CUDA-graph safe."""
     tiles = math.ceil(rows / CUDA_ROWS)
     if tiles == 1:
         most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1)
         return _cheapest_split_count(batch, rows, max_pages, most, 0)
-    return _cheapest_split_count(batch, rows, max_pages, max(1, min(MAX_SPLITS, max_pages)),
+    within_budget = SEVERAL_WAVES_PARTIAL_BYTES // (batch * rows * nx.KV_LORA_RANK * 4)
+    return _cheapest_split_count(batch, rows, max_pages, max(1, min(MAX_SPLITS, max_pages, within_budget)),
                                  _num_sms(device.index or 0))
 
 

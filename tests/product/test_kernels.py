@@ -297,6 +297,12 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     assert (pick(40, 128, 256), pick(48, 128, 256), pick(56, 128, 256), pick(96, 128, 64)) == (3, 4, 1, 2)
     for b, h, pages in [(1, 128, 10), (3, 64, 100), (8, 16, 7), (2, 128, 5000), (40, 128, 640), (512, 128, 640)]:
         assert 1 <= pick(b, h, pages) <= min(pages, ops.MAX_SPLITS)
+    # several waves within the partials budget (the second argument is s_q x heads): without it h128 s_q 3 b42 over 2k
+    # pages would take 11 splits (346 MiB) and s_q 4 b512 3 (1.5 GiB) for a wave's rounding
+    assert pick(512, 512, 2049) == 1 and pick(42, 384, 2049) == 1
+    for b, rows in [(17, 384), (51, 128), (40, 128), (63, 256)]:
+        s = pick(b, rows, 2049)
+        assert s == 1 or b * rows * s * 2048 <= ops.SEVERAL_WAVES_PARTIAL_BYTES
     for b in (8, 40, 96, 128):  # one tile per sequence: one wave at most
         for h in (16, 64):
             assert b * pick(b, h, 256) <= 132 or pick(b, h, 256) == 1
