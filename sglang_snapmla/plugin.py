@@ -250,14 +250,15 @@ def _kv_cache_dim_hook(original, *args, **kwargs):
 
 def _validate_request_hook(original, manager, obj, input_ids, *args, **kwargs):
     """Around SGLang's per-request validation, whose ValueError the HTTP layer answers with 400: where snapmla
-    serves, also the token ids and sampling numbers a client sends (`request_checks`), after SGLang's own checks
-    (and truncation)."""
+    serves, also the token ids, sampling numbers and top-logprob counts a client sends (`request_checks`), after
+    SGLang's own checks (and truncation)."""
     result = original(manager, obj, input_ids, *args, **kwargs)
     if is_selected(manager.server_args):
-        from .request_checks import check_request_token_ids, check_sampling_numbers
+        from .request_checks import check_request_token_ids, check_sampling_numbers, check_top_logprobs_num
 
         check_request_token_ids(obj, input_ids, manager.model_config.vocab_size)
         check_sampling_numbers(obj)
+        check_top_logprobs_num(obj, manager.model_config.vocab_size)
     return result
 
 

@@ -10,7 +10,10 @@ of them in `TokenizerManager._validate_one_request`, whose ValueError SGLang's H
 message; other backends are left as SGLang has them.
 
 A sampling parameter of the wrong type (`"temperature": "hot"`) fails later, in SamplingParams' arithmetic, with a
-TypeError that SGLang 0.5.17 answers with HTTP 500; the same hook refuses it with 400, naming the field.
+TypeError that SGLang 0.5.17 answers with HTTP 500; the same hook refuses it with 400, naming the field. So does a
+count of top logprobs per token (`top_logprobs_num` with `return_logprob`) that is negative, not an integer or above
+the vocabulary: SGLang passes a batch's largest count to `torch.topk` over the vocabulary in the scheduler
+(`logprob_processor.get_top_logprobs_raw`), whose error there would end the scheduler too.
 """
 
 from __future__ import annotations
@@ -80,6 +83,17 @@ def check_sampling_numbers(obj) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise ValueError(f"sampling_params.{field} = {v!r} is not a number. The request was refused before it "
                              "was scheduled.")
+
+
+def check_top_logprobs_num(obj, vocab_size: int) -> None:
+    """Raises ValueError (HTTP 400) if the request returns logprobs (`return_logprob`) with a `top_logprobs_num` that
+    is not an integer in [0, vocab_size]."""
+    if not getattr(obj, "return_logprob", False):
+        return
+    k = getattr(obj, "top_logprobs_num", None)
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab_size):
+        raise ValueError(f"top_logprobs_num = {k!r} must be an integer in [0, {vocab_size}] (the vocabulary's size). "
+                         "The request was refused before it was scheduled.")
 
 
 def _as_ints(ids) -> list:

@@ -48,12 +48,15 @@ MALFORMED = {
                                                                                "stop_token_ids": [v + 7]}},
     "negative-max-new-tokens": lambda v: {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": -3}},
     "temperature-not-a-number": lambda v: {"input_ids": [5, 6], "sampling_params": {"temperature": "hot"}},
+    "top-logprobs-above-vocab": lambda v: {"input_ids": [5, 6], "return_logprob": True, "top_logprobs_num": v + 5,
+                                           "sampling_params": {"max_new_tokens": 4}},
 }
 
 # The kinds whose ids SGLang 0.5.17 sends to the GPU unchecked (sglang PR #8383): the first one kills a server
-# without snapmla's request checks (the embedding gather's device-side assert ends the scheduler).
+# without snapmla's request checks (the embedding gather's device-side assert ends the scheduler); and a top-logprob
+# count above the vocabulary, which SGLang passes to torch.topk in the scheduler (sglang_snapmla.request_checks).
 # --without-out-of-range-ids leaves them out, for a soak of another backend that measures the rest.
-OUT_OF_RANGE_IDS = ("id-above-vocab", "id-at-vocab", "negative-id", "stop-id-above-vocab")
+OUT_OF_RANGE_IDS = ("id-above-vocab", "id-at-vocab", "negative-id", "stop-id-above-vocab", "top-logprobs-above-vocab")
 
 
 class Server:

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_snapmla.request_checks import check_request_token_ids, check_sampling_numbers
+from sglang_snapmla.request_checks import (check_request_token_ids, check_sampling_numbers,
+                                           check_top_logprobs_num)
 
 VOCAB = 32000
 
@@ -44,6 +45,25 @@ def test_sampling_numbers_pass():
     check_sampling_numbers(SimpleNamespace(sampling_params={"temperature": 0, "top_p": 0.9, "top_k": -1,
                                                             "max_new_tokens": 16, "min_p": None}))
     check_sampling_numbers(SimpleNamespace(sampling_params=None))
+
+
+@pytest.mark.parametrize("k", [VOCAB + 1, 10**9, -1, 2.5, True, "5"])
+def test_top_logprob_counts_outside_the_vocabulary_are_refused(k):
+    """What SGLang would pass to torch.topk over the vocabulary, in the scheduler: a count above the vocabulary or
+    below 0 raises there (checked here on CPU tensors), so the request is refused before it is scheduled."""
+    import torch
+
+    if isinstance(k, int) and not isinstance(k, bool):
+        with pytest.raises(RuntimeError):
+            torch.zeros(2, VOCAB).topk(k, dim=-1)
+    with pytest.raises(ValueError, match=re.escape(f"top_logprobs_num = {k!r} must be an integer in [0, {VOCAB}]")):
+        check_top_logprobs_num(SimpleNamespace(return_logprob=True, top_logprobs_num=k), VOCAB)
+
+
+def test_top_logprob_counts_inside_the_vocabulary_pass():
+    for k in (0, 5, VOCAB, None):
+        check_top_logprobs_num(SimpleNamespace(return_logprob=True, top_logprobs_num=k), VOCAB)
+    check_top_logprobs_num(SimpleNamespace(return_logprob=False, top_logprobs_num=10**9), VOCAB)  # not returned
 
 
 @pytest.fixture
@@ -98,7 +118,10 @@ def test_sglangs_request_validation_refuses_them_where_snapmla_serves(manager_fo
     obj = request(input_ids=[5, 6], sampling_params={"max_new_tokens": 4, "temperature": "hot"})
     with pytest.raises(ValueError, match=r"sampling_params.temperature = 'hot' is not a number"):
         tm._validate_one_request(obj, obj.input_ids)
-    good = request(input_ids=[5, 6, VOCAB - 1])
+    obj = request(input_ids=[5, 6], return_logprob=True, top_logprobs_num=VOCAB + 1)
+    with pytest.raises(ValueError, match=rf"top_logprobs_num = {VOCAB + 1} must be an integer"):
+        tm._validate_one_request(obj, obj.input_ids)
+    good = request(input_ids=[5, 6, VOCAB - 1], return_logprob=True, top_logprobs_num=5)
     tm._validate_one_request(good, good.input_ids)
 
 

@@ -65,8 +65,9 @@ def stand_in(fault: str | None):
                     self.close_connection = True
                     return
                 if fault != "lets-bad-ids-through" and (
-                        new < 0 or any(not isinstance(i, int) or not 0 <= i < VOCAB for i in [*ids, *stop])):
-                    raise ValueError("token id out of range")
+                        new < 0 or any(not isinstance(i, int) or not 0 <= i < VOCAB for i in [*ids, *stop])
+                        or (req.get("return_logprob") and not 0 <= req.get("top_logprobs_num", 0) <= VOCAB)):
+                    raise ValueError("token id or top-logprob count out of range")
             except (ValueError, KeyError, TypeError) as e:
                 return self._send(400, json.dumps({"error": {"message": str(e)}}).encode())
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
