@@ -127,17 +127,17 @@ class SnapMLAForward:
         q_nope, q_rope = self._split_q(q, q_rope, layer)
         heads = layer.tp_q_head_num
         out = q_nope.new_empty(q_nope.shape[0], heads * nx.KV_LORA_RANK)
-        for launch in self._absorbed_launches(forward_batch):
-            # eager (prefill outside CUDA graphs): each launch planned from its own longest sequence
-            plan = ops.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, q_nope.device)
+        for launch, plan in self._absorbed_launches(forward_batch, heads, q_nope.device):
             attended = self._attend(q_nope.index_select(0, launch.rows), q_rope.index_select(0, launch.rows), layer,
                                     launch.block_table, launch.seq_lens, plan)
             out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
 
-    _planned_batch = None  # (forward batch, its lengths, its launches): every layer of a forward reuses the plan
+    _planned_batch = None  # (forward batch, its lengths, its (launch, plan)s): every layer of a forward reuses them
 
-    def _absorbed_launches(self, forward_batch):
+    def _absorbed_launches(self, forward_batch, heads: int, device):
+        """-> [(launch, decode plan)] of the batch, planned at its first layer. Eager (prefill outside CUDA graphs):
+        each launch's decode is planned from its own longest sequence."""
         # Held by reference, so the batch cannot be freed and another take its id; the lengths guard against a batch
         # object reused with other contents.
         key = (tuple(forward_batch.extend_seq_lens_cpu), tuple(forward_batch.seq_lens_cpu.tolist()))
@@ -145,7 +145,9 @@ class SnapMLAForward:
                 or self._planned_batch[1] != key:
             launches = extend.plan_absorbed_launches(list(key[0]), list(key[1]), forward_batch.req_pool_indices,
                                                      self.req_to_token)
-            self._planned_batch = (forward_batch, key, launches)
+            planned = [(launch, ops.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, device))
+                       for launch in launches]
+            self._planned_batch = (forward_batch, key, planned)
         return self._planned_batch[2]
 
 

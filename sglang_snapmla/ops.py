@@ -245,8 +245,9 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device)
     tiles (s_q x H > 64, e.g. 128 heads) weigh counts over several waves of CTAs (one per SM and tile): every page is
     read by several CTAs, so a CTA's page time is its own tensor and softmax work, and a batch between waves that
     leaves SMs idle at one split runs faster over more, shorter waves (h128 b40 s_k 16k: 371 us at 1 split, 284 at 3
-    in 2 waves), within a budget of partials (SEVERAL_WAVES_PARTIAL_BYTES). One tile per sequence keeps the counts of one wave: its CTAs read a page each, bound by DRAM (H100, 16 heads), which fewer
-    SMs still saturate. Shapes only: CUDA-graph safe."""
+    in 2 waves), within a budget of partials (SEVERAL_WAVES_PARTIAL_BYTES). One tile per sequence keeps the counts
+    of one wave: its CTAs read a page each, bound by DRAM (H100, 16 heads), which fewer SMs still saturate. Shapes
+    only: CUDA-graph safe."""
     tiles = math.ceil(rows / CUDA_ROWS)
     if tiles == 1:
         most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1)
@@ -256,8 +257,8 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device)
                                  _num_sms(device.index or 0))
 
 
-# Memoized: the backend asks once per layer and decode step (~30 us of Python per ask for 64 candidates, ~2 ms per
-# step over 61 layers when decode runs outside CUDA graphs); the answer depends on these shapes only.
+# Memoized (~30 us of Python per ask for 64 candidates): the backend asks once per step and per absorbed-extend
+# launch of a batch, and the same shapes recur step after step; the answer depends on these shapes only.
 @functools.lru_cache(maxsize=4096)
 def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int, sms: int) -> int:
     """The cheapest count in 1..most; `sms` > 0 counts the waves of batch x tiles x splits CTAs on that many SMs,

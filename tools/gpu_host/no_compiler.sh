@@ -10,9 +10,10 @@ source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 CKPT=.gpucache/tiny-mla-h${HEADS:-16}
 train_checkpoint $CKPT ${HEADS:-16}
 D=$OUT/no_compiler; mkdir -p $D
-FLAGS="--load-format auto --context-length 4096 --mem-fraction-static 0.80 --grammar-backend none --enable-metrics
-  --max-total-tokens 65536 --max-running-requests 256"
-python3 -m sglang_snapmla.prepare --model-path $CKPT $FLAGS --server-log $D/prepare_server.log 2>&1 | tee $D/prepare.log
+# the soak's server: its own flags, and those harness.server and tools/soak.py add (prepared with the same set)
+POOL="--max-total-tokens 65536 --max-running-requests 256"
+python3 -m sglang_snapmla.prepare --model-path $CKPT --load-format auto --context-length 4096 --mem-fraction-static 0.80 \
+  --grammar-backend none --enable-metrics $POOL --server-log $D/prepare_server.log 2>&1 | tee $D/prepare.log
 cuda_home=$(sed -n 's/^and set CUDA_HOME=\([^ ]*\) where.*/\1/p' $D/prepare.log)
 [ -n "$cuda_home" ] || { echo "no_compiler.sh: the preparation failed"; exit 1; }
 nvcc=$(readlink -f "$cuda_home/bin/nvcc")
@@ -20,7 +21,7 @@ mv "$nvcc" "$nvcc.hidden" && trap 'mv "$nvcc.hidden" "$nvcc"' EXIT
 PATH=$(echo "$PATH" | tr : '\n' | grep -v -x "$(dirname "$(command -v nvcc 2>/dev/null || echo /none/x)")" | paste -sd:)
 { command -v nvcc || echo "no nvcc on PATH"; "$cuda_home/bin/nvcc" --version 2>&1 | head -1; } | tee $D/compiler.txt
 CUDA_HOME=$cuda_home python3 -m tools.soak --start snapmla --model $CKPT --port ${SOAK_PORT:-21700} \
-  --seconds "${SOAK_SECONDS:-300}" --server-flags "--max-total-tokens 65536 --max-running-requests 256" --out $D/soak
+  --seconds "${SOAK_SECONDS:-300}" --server-flags "$POOL" --out $D/soak
 rc=$?
 grep -h "SnapMLA decode:" $D/soak/*.log | head -1 | tee $D/decode.txt
 grep -q "sm_90a CUDA kernel, prebuilt library" $D/decode.txt || { echo "no_compiler.sh: not the prebuilt sm_90a decode"; rc=1; }
