@@ -15,7 +15,9 @@ retractions. Probes (fixed greedy prompts, `--probes`) run alone before the load
 
 Checks (the table, JSON under --out; exit 1 if one fails): no 5xx or connection error for a well-formed request;
 every malformed request answered 4xx with a message; the server's tokens in use back to 0 once idle (its
-/metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log.
+/metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log;
+with `--min-retractions N`, at least N requests retracted by the scheduler (its "#retracted_reqs" log lines: the
+pool was small enough to force them). The retracted count is reported either way.
 """
 
 from __future__ import annotations
@@ -196,9 +198,15 @@ def wait_idle_tokens(server: Server, seconds: float) -> float | None:
     return used
 
 
-def checks(result: dict) -> dict[str, bool]:
+def retracted_requests(log_text: str) -> int:
+    """Requests the scheduler retracted for want of pool space, summed over its "#retracted_reqs: N" log lines."""
+    return sum(int(n) for n in re.findall(r"#retracted_reqs: (\d+)", log_text))
+
+
+def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
     """The soak's verdicts from its result (see the module docstring)."""
     well_formed = [s for k in ("complete", "cut", "abort") for s, n in result["statuses"][k].items() if n]
+    forced = {f"at least {min_retractions} requests retracted": (result["retracted_requests"] or 0) >= min_retractions}
     return {
         "no 5xx or broken connection for well-formed requests": all(200 <= int(s) < 500 for s in well_formed),
         "malformed answered 4xx with a message": result["statuses"]["malformed"] and not result["unexplained"],
@@ -207,12 +215,13 @@ def checks(result: dict) -> dict[str, bool]:
         and not any(isinstance(p, str) for p in result["probes_before"]),
         "server alive (/health)": result["health"] == 200,
         "no traceback in the server log": result["tracebacks"] == 0,
+        **(forced if min_retractions else {}),
     }
 
 
 def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
          probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
-         idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED)) -> dict:
+         idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0) -> dict:
     server = Server(port)
     rng = random.Random(seed + 1)
     prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
@@ -236,7 +245,8 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     result["health"] = server.get("/health")[0]
     text = server_log.read_bytes()[log_start:].decode("utf-8", "replace") if server_log and server_log.exists() else ""
     result["tracebacks"] = text.count("Traceback (most recent call last)")
-    result["checks"] = checks(result)
+    result["retracted_requests"] = retracted_requests(text) if server_log else None
+    result["checks"] = checks(result, min_retractions)
     return result
 
 
@@ -245,7 +255,9 @@ def table(result: dict) -> str:
     for kind, statuses in result["statuses"].items():
         lines.append(f"| {kind} | " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())) + " |")
     lines += ["", f"probes inside the load equal to before: {result['probes_inside_equal']} of "
-                  f"{len(result['probes_before'])}; tokens in use when idle: {result['idle_used_tokens']}", "",
+                  f"{len(result['probes_before'])}; tokens in use when idle: {result['idle_used_tokens']}; requests "
+                  f"retracted: {'not read (no server log)' if result.get('retracted_requests') is None else result['retracted_requests']}",
+              "",
               "| check | verdict |", "|---|---|"]
     lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in result["checks"].items()]
     return "\n".join(lines)
@@ -269,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without-out-of-range-ids", action="store_true",
                     help=f"no malformed requests of the kinds {', '.join(OUT_OF_RANGE_IDS)} (a backend without "
                          "snapmla's request checks dies of the first: sglang PR #8383)")
+    ap.add_argument("--min-retractions", type=int, default=0,
+                    help="fail unless the server log shows at least this many retracted requests (a pool small "
+                         "enough to force them)")
     ap.add_argument("--out", type=Path, default=Path("soak_out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -292,7 +307,7 @@ def run_soak(args) -> dict:
     vocab = args.vocab or model_vocab(Server(args.port)) or VOCAB_FALLBACK
     return soak(args.port, args.seconds, args.clients, vocab, args.seed, max_new_tokens=args.max_new_tokens,
                 server_log=args.server_log, idle_seconds=args.idle_seconds,
-                malformed=malformed_kinds(args.without_out_of_range_ids))
+                malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions)
 
 
 def malformed_kinds(without_out_of_range_ids: bool) -> tuple[str, ...]:

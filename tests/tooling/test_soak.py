@@ -128,3 +128,17 @@ def test_a_backend_without_id_checks_dies_of_out_of_range_ids_and_is_soaked_with
     assert soak.malformed_kinds(without_out_of_range_ids=False) == tuple(soak.MALFORMED)
     result = run("dies-of-bad-ids", malformed=kinds)
     assert all(result["checks"].values()), soak.table(result)
+
+
+def test_retractions_are_counted_from_the_server_log_and_required_on_request(tmp_path):
+    """The scheduler's "#retracted_reqs" lines written during the soak are summed; --min-retractions fails a soak whose
+    pool never forced one."""
+    log = tmp_path / "server.log"
+    log.write_text("[t] KV cache pool is full. Retract requests. #retracted_reqs: 9, #new_tokens_gained: 1\n")
+    assert soak.retracted_requests(log.read_text()) == 9
+    text = "KV cache pool is full. Retract requests. #retracted_reqs: 3, #new_tokens_gained: 40\n" * 2
+    assert soak.retracted_requests(text) == 6
+    result = run(None, server_log=log, min_retractions=1)  # lines already in the log before the soak do not count
+    assert result["retracted_requests"] == 0
+    assert [n for n, ok in result["checks"].items() if not ok] == ["at least 1 requests retracted"], soak.table(result)
+    assert "requests retracted: 0" in soak.table(result)

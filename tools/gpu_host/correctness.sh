@@ -20,7 +20,7 @@ source tools/gpu_host/mutant.sh
 for tool in memcheck racecheck; do
   for impl in triton cuda; do
     [ $tool = racecheck ] && [ $impl = triton ] && continue
-    SNAPMLA_DECODE_IMPL=$impl timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
+    PYTHONPATH=$SUPPORT_PYTHONPATH SNAPMLA_DECODE_IMPL=$impl timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 tests/support/gpu_sanitize_decode.py > "$OUT/${tool}_$impl.log" 2>&1
     echo "$tool $impl rc=$? $(tail -1 "$OUT/${tool}_$impl.log")"
   done

@@ -1,9 +1,13 @@
 # Sourced first by every tools/gpu_host/*.sh script (GPU host, the runtime in .gpu): $OUT for the logs, the SGLang
 # runtime on the path, JIT caches in an ignored folder of the checkout (a warm machine reuses them), the plugin
 # installed into the runtime.
-OUT=${OUT:-/tmp/snapmla_out}; mkdir -p "$OUT"
+# absolute: scripts change folder (correctness.sh runs its mutant in /tmp/mutant) and still write here
+OUT=$(realpath -m "${OUT:-/tmp/snapmla_out}"); mkdir -p "$OUT"
 source tools/gpu_host/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
+# for scripts run by path (`python3 tests/support/gpu_sanitize_decode.py` under compute-sanitizer): the checkout and
+# tests/support on the path, as pytest's configuration puts them
+SUPPORT_PYTHONPATH=$PWD:$PWD/tests/support${PYTHONPATH:+:$PYTHONPATH}
 # bytecode of the runtime cached across processes: every `python -m sglang.bench_serving` and server start compiled
 # sglang's and torchao's sources again (~30 s per process; the SyntaxWarning torchao prints at compile
 # time showed up in every bench_serving output)

@@ -26,12 +26,12 @@ export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print
   | tee "$OUT/pytest_gpu.log" | tail -15
 [ -n "${CUDA_ONLY:-}" ] || {
 echo "== compute-sanitizer memcheck"
-timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/support/gpu_sanitize_decode.py 2>&1 \
+PYTHONPATH=$SUPPORT_PYTHONPATH timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 python3 tests/support/gpu_sanitize_decode.py 2>&1 \
   | tee "$OUT/memcheck.log" | tail -4; echo "memcheck rc=${PIPESTATUS[0]}"; }
 if [[ " $* " == *" --cuda "* ]]; then  # the sm_90a kernel: memcheck and racecheck on the same small decode
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool (SNAPMLA_DECODE_IMPL=cuda)"
-    SNAPMLA_DECODE_IMPL=cuda timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+    PYTHONPATH=$SUPPORT_PYTHONPATH SNAPMLA_DECODE_IMPL=cuda timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 \
       python3 tests/support/gpu_sanitize_decode.py 2>&1 | tee "$OUT/cuda_$tool.log" | tail -4; echo "$tool rc=${PIPESTATUS[0]}"
   done
 fi
