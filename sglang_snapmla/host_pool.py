@@ -14,17 +14,23 @@ and the host are ours: SGLang's transfer kernels copy one array per layer, so ba
 the three arrays on the device into records and load scatters records back into them -- every byte of all three,
 whichever `--hicache-io-backend` is set (logged once).
 
-`adopt_snapmla_device_pool` is the AROUND hook on MLATokenToKVPoolHost.__init__: a host pool built for a snapmla
-device pool, wherever SGLang builds one, is this class.
+Where SGLang builds the host pool from differs by release: 0.5.17 passes the device pool itself; 0.5.23 passes the
+`buffer_info` of the device pool's `get_device_pool_infos()`, an MLABufferInfo of one [N, 1, 576] tensor per layer,
+which the three arrays are not -- the snapmla pool answers with `SnapMLAHostRecords` (the records' geometry) instead.
+`adopt_snapmla_device_pool` is the AROUND hook on MLATokenToKVPoolHost.__init__ for both: a host pool built for a
+snapmla device pool, wherever SGLang builds one, is this class.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+from . import sglang_release as release
 
 from .host_pool_settings import IO_BACKENDS, LAYOUTS
 from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
@@ -56,22 +62,97 @@ def unpack_into(views: tuple[torch.Tensor, ...], loc: torch.Tensor, records: tor
         v.index_copy_(0, loc, records[:, lo:hi])
 
 
+@dataclass(frozen=True)
+class SnapMLAHostRecords:
+    """A snapmla device pool as SGLang 0.5.23's host-pool builder receives it (`buffer_info` of
+    `get_device_pool_infos()`, where SGLang's MLA pool gives an MLABufferInfo): the pool and its layer slots; the
+    host rows are RECORD_BYTES uint8 bytes per token and layer."""
+
+    pool: object  # pool.SnapMLATokenToKVPool
+    layer_indices: tuple[int, ...]  # the pool's local layers, the host controller's layer ids
+    device_layer_num: int
+    page_size: int
+    kv_lora_rank: int = KV_LORA_RANK
+    qk_rope_head_dim: int = ROPE_DIM
+    kv_cache_dim: int = RECORD_BYTES
+    dtype: torch.dtype = torch.uint8
+    packed_fp8: bool = False  # SGLang's DSA flag, read by its builders
+    scales: None = None  # SGLang's FP4 block scales: none
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.kv_buffer[0].device
+
+
 class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
     """SGLang's MLA host pool with 644-byte uint8 records (content, scale, rope of one token and layer)."""
 
-    def __init__(self, device_pool, *args, **kwargs):
-        if kwargs.get("override_kv_cache_dim") not in (None, RECORD_BYTES):
+    def __init__(self, source, *args, **kwargs):
+        """source: the snapmla device pool (SGLang 0.5.17) or its SnapMLAHostRecords (0.5.23); the rest as SGLang
+        passes them to MLATokenToKVPoolHost."""
+        # 0.5.23's builder passes the device pool's nominal row (kv_lora_rank + rope dim) as the override
+        accepted = (None, RECORD_BYTES, getattr(getattr(source, "pool", None), "kv_cache_dim", None))
+        if kwargs.get("override_kv_cache_dim") not in accepted:
             raise ValueError(f"the snapmla host pool's row is {RECORD_BYTES} bytes; got override_kv_cache_dim="
                              f"{kwargs['override_kv_cache_dim']}")
         kwargs["override_kv_cache_dim"] = RECORD_BYTES
-        super().__init__(device_pool, *args, **kwargs)
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"--hicache-mem-layout {self.layout} is not supported with --attention-backend snapmla; "
-                             f"use one of {', '.join(LAYOUTS)}")
+        if isinstance(source, SnapMLAHostRecords):
+            self._init_from_records(source, *args, **kwargs)
+        else:
+            super().__init__(source, *args, **kwargs)
+        _check_layout(self.layout)
+        if self.dcp_size != 1:  # refused at startup (--dcp-size > 1); the copies below take slots as they come
+            raise ValueError("the snapmla host pool serves --dcp-size 1 only")
+
+    def _init_from_records(self, records: SnapMLAHostRecords, host_to_device_ratio, host_size, page_size, layout,
+                           pin_memory=True, device="cpu", allocator_type="default", override_kv_cache_dim=None,
+                           draft_buffer_infos=(), dcp_size=1, dcp_rank=0, *, device_capacity_tokens, start_layer,
+                           end_layer, target_layer_num, layer_shard_enabled=False, pool_label="kv",
+                           host_token_capacity=None):
+        """SGLang 0.5.23: what its MLATokenToKVPoolHost.__init__ sets up from an MLABufferInfo, set up from the
+        records' geometry (its own __init__ validates one [N, 1, row] tensor per layer), then its HostKVCache
+        allocation: host rows of RECORD_BYTES uint8 per layer, no device pointer table (pages move by our copies,
+        not SGLang's JIT kernels)."""
+        from sglang.srt.mem_cache.pool_host.base import HostKVCache
+
+        if draft_buffer_infos:
+            raise ValueError("--enable-hierarchical-cache with --attention-backend snapmla keeps no MTP draft layers "
+                             "in the host pool on SGLang 0.5.23; drop --speculative-algorithm or the flag")
+        if layer_shard_enabled:
+            raise ValueError("--enable-hierarchical-cache with --attention-backend snapmla does not serve a "
+                             "layer-sharded KV pool")
+        _check_layout(layout)  # before SGLang allocates for it
+        self._is_dummy, self.override_kv_cache_dim = False, override_kv_cache_dim
+        self.dtype, self.layout, self.kv_cache_dim = torch.uint8, layout, RECORD_BYTES
+        self.kv_lora_rank, self.qk_rope_head_dim = records.kv_lora_rank, records.qk_rope_head_dim
+        self.dsa_kv_cache_store_fp8, self._native_buffers = False, None
+        self.target_layer_num = self.layer_num = target_layer_num
+        self._layer_shard_enabled, self._draft_layer_num = False, 0
+        self._transfer_device, self._device_layer_num = records.device, records.device_layer_num
+        self._target_layer_indices = records.layer_indices
+        self._host_layer_by_controller = {layer: i for i, layer in enumerate(records.layer_indices)}
+        self._size_per_token = RECORD_BYTES * self.layer_num
+        self.device_pool = records.pool
+        # pinned (registered) host memory is for copies from a GPU; a CPU device pool (the Triton interpreter's
+        # mode) copies between plain CPU tensors
+        pin_memory = pin_memory and records.device.type == "cuda"
+        HostKVCache.__init__(self, dtype=torch.uint8, device_capacity_tokens=device_capacity_tokens,
+                             size_per_token=self._size_per_token, start_layer=start_layer, end_layer=end_layer,
+                             host_to_device_ratio=host_to_device_ratio, host_size=host_size, page_size=page_size,
+                             layout=layout, pin_memory=pin_memory, device=device, allocator_type=allocator_type,
+                             dcp_size=dcp_size, dcp_rank=dcp_rank, pool_label=pool_label,
+                             host_token_capacity=host_token_capacity)
+        self.can_use_jit = self.can_use_write_back_jit = False
+        self.staging_page_capacity = self.staging_token_capacity = 0
+        self.staging_buffer, self.device_kv_buffers, self.device_data_ptrs, self.data_ptrs = None, (), None, None
+        per_layer = self.kv_buffer.transpose(0, 1) if layout == "page_first" else self.kv_buffer
+        self.data_refs = [per_layer[i] for i in range(self.layer_num)]  # registration with transfer engines
 
     def get_size_per_token(self):
-        self.dtype = torch.uint8  # records of bytes, whatever the device pool's nominal dtype
-        return super().get_size_per_token()
+        if release.installed() == "0.5.17":
+            self.dtype = torch.uint8  # records of bytes, whatever the device pool's nominal dtype
+            return super().get_size_per_token()
+        return self._size_per_token
 
     def _layer_pages(self, host_layer: int) -> torch.Tensor:
         """One layer's records as [pages, page_size, 644] (a view of the host buffer in any layout)."""
@@ -93,12 +174,13 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
                              f"use one of {', '.join(IO_BACKENDS)}")
         _log_io_backend(io_backend)
 
-    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend):
-        """Host records of host_indices -> the device pool's three arrays of layer_id at device_indices."""
-        if not self._is_device_layer_owned(device_pool, layer_id):
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend, *,
+                                 is_draft: bool = False):
+        """Host records of host_indices -> the device pool's three arrays of layer_id (its local layer index) at
+        device_indices. is_draft: SGLang 0.5.23's packed MTP layers, which this pool does not hold."""
+        if is_draft or not self._is_device_layer_owned(device_pool, layer_id):
             return
         self._note_io_backend(io_backend)
-        host_indices, device_indices = self.dcp_kernel_indices(host_indices), self.dcp_kernel_indices(device_indices)
         page, offset = self._host_slots(host_indices)
         records = self._layer_pages(self._host_layer_index(layer_id))[page, offset]
         views = byte_views(*device_pool.layer_arrays(layer_id))  # not snapmla_buffers(): it waits for this load
@@ -108,12 +190,17 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend):
         """The device pool's three arrays at device_indices, every layer this rank owns -> host records."""
         self._note_io_backend(io_backend)
-        host_indices, device_indices = self.dcp_kernel_indices(host_indices), self.dcp_kernel_indices(device_indices)
         page, offset = self._host_slots(host_indices)
         loc = device_indices.to(device_pool.kv_buffer[0].device, torch.int64)
         for layer_id in self._owned_device_layer_ids(device_pool):
             records = pack(byte_views(*device_pool.layer_arrays(layer_id)), loc)
             self._layer_pages(self._host_layer_index(layer_id))[page, offset] = records.to(self.kv_buffer.device)
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"--hicache-mem-layout {layout} is not supported with --attention-backend snapmla; "
+                         f"use one of {', '.join(LAYOUTS)}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -124,11 +211,13 @@ def _log_io_backend(io_backend: str) -> None:
                 "used", io_backend)
 
 
-def adopt_snapmla_device_pool(original, host_pool, device_pool, *args, **kwargs):
-    """AROUND MLATokenToKVPoolHost.__init__: a host pool of a snapmla device pool becomes SnapMLATokenToKVPoolHost."""
+def adopt_snapmla_device_pool(original, host_pool, source, *args, **kwargs):
+    """AROUND MLATokenToKVPoolHost.__init__: a host pool of a snapmla device pool (SGLang 0.5.17 passes the pool,
+    0.5.23 its SnapMLAHostRecords) becomes SnapMLATokenToKVPoolHost."""
     from .pool import SnapMLATokenToKVPool
 
-    if isinstance(device_pool, SnapMLATokenToKVPool) and not isinstance(host_pool, SnapMLATokenToKVPoolHost):
+    if isinstance(source, (SnapMLATokenToKVPool, SnapMLAHostRecords)) and not isinstance(host_pool,
+                                                                                          SnapMLATokenToKVPoolHost):
         host_pool.__class__ = SnapMLATokenToKVPoolHost
-        return SnapMLATokenToKVPoolHost.__init__(host_pool, device_pool, *args, **kwargs)
-    return original(host_pool, device_pool, *args, **kwargs)
+        return SnapMLATokenToKVPoolHost.__init__(host_pool, source, *args, **kwargs)
+    return original(host_pool, source, *args, **kwargs)

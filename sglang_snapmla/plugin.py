@@ -24,7 +24,7 @@ What is registered:
   with the DP size;
 * request validation: where snapmla serves, `TokenizerManager._validate_one_request` also refuses token ids outside
   the vocabulary with HTTP 400 (`request_checks`; SGLang sends prompt ids to the GPU unchecked);
-* the hierarchical cache's host pool: `MLATokenToKVPoolHost.__init__` (SGLang 0.5.17) becomes `host_pool`'s
+* the hierarchical cache's host pool: `MLATokenToKVPoolHost.__init__` becomes `host_pool`'s
   644-byte-record pool over a snapmla device pool;
 * server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
   accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
@@ -115,11 +115,10 @@ def _hooks(HookType) -> dict:
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
-    if release.installed() == release.HICACHE_RELEASE:  # host_pool subclasses this release's MLA host pool
-        from .host_pool import adopt_snapmla_device_pool
+    from .host_pool import adopt_snapmla_device_pool
 
-        hooks["sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__"] = (adopt_snapmla_device_pool,
-                                                                                      HookType.AROUND)
+    hooks["sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__"] = (adopt_snapmla_device_pool,
+                                                                                  HookType.AROUND)
     return hooks
 
 

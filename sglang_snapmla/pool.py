@@ -77,6 +77,17 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         for what moves the layers themselves (offload, the hierarchical cache's host pool)."""
         return self.kv_buffer[i], self.kv_scale_buffer[i], self.kv_rope_buffer[i]
 
+    def _mla_buffer_info(self):
+        """SGLang 0.5.23 describes an MLA pool to its HiCache host-pool builder as one [N, 1, 576] tensor per layer
+        (MLABufferInfo, from `get_device_pool_infos`); this pool has three arrays per layer, so it answers with the
+        geometry of its 644-byte host records, which host_pool.SnapMLATokenToKVPoolHost is built from."""
+        from .host_pool import SnapMLAHostRecords
+
+        if getattr(self, "layer_shard_enabled", False):
+            raise ValueError("--attention-backend snapmla does not serve a layer-sharded KV pool with HiCache")
+        return SnapMLAHostRecords(pool=self, layer_indices=tuple(range(self.layer_num)),
+                                  device_layer_num=self.layer_num, page_size=self.page_size)
+
     def get_key_buffer(self, layer_id: int):
         raise NotImplementedError(
             "the snapmla KV pool stores FP8 content, a per-token scale and scale-aligned BF16 RoPE in three arrays; "

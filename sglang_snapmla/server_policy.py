@@ -9,7 +9,6 @@ import logging
 import math
 import sys
 
-from . import sglang_release as release
 
 BACKEND = "snapmla"
 logger = logging.getLogger("sglang_snapmla.plugin")  # the logger name a server's log shows for the plugin
@@ -59,12 +58,6 @@ def _check_hierarchical_cache(args) -> None:
     """HiCache settings the snapmla host pool (host_pool.py) serves; one clear error each."""
     from . import host_pool_settings as hp
 
-    installed = release.installed()
-    if installed != release.HICACHE_RELEASE:
-        raise SnapMLAConfigError(
-            f"--enable-hierarchical-cache with --attention-backend snapmla is built on SGLang "
-            f"{release.HICACHE_RELEASE}'s host pool; this is SGLang {installed}. Install sglang=="
-            f"{release.HICACHE_RELEASE} or drop the flag.")
     for flag, value, allowed in (("--hicache-mem-layout", getattr(args, "hicache_mem_layout", None), hp.LAYOUTS),
                                  ("--hicache-io-backend", getattr(args, "hicache_io_backend", None), hp.IO_BACKENDS)):
         if value is not None and value not in allowed:

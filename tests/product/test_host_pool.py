@@ -2,17 +2,17 @@
 to host records (and to SGLang's file storage), loaded back into other device slots are the same bytes in all three
 arrays (FP8 content, fp32 scale, BF16 RoPE), in every host layout; the host pool is sized from snapmla's 644 bytes.
 
-The device pool lives on the CPU here (the Triton interpreter's mode); on the GPU the same torch copies move the
-pages between device and pinned host memory."""
+The host pool is built the way each SGLang release builds it: 0.5.17's HiRadixCache passes the device pool to
+MLATokenToKVPoolHost, 0.5.23's `build_kv_host_pool` passes `get_device_pool_infos()[0].buffer_info` (here with the
+server's memory settings given to it directly). The device pool lives on the CPU here (the Triton interpreter's
+mode); on the GPU the same torch copies move the pages between device and pinned host memory."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang_snapmla import sglang_release
-
-pytestmark = pytest.mark.skipif(sglang_release.installed() != "0.5.17",
-                                reason="HiCache with snapmla is built on SGLang 0.5.17's host pool; the server "
-                                       "refuses --enable-hierarchical-cache on other releases (test_plugin)")
 
 PAGE = 64
 LAYERS = 3
@@ -34,10 +34,21 @@ def device_pool(pages=8):
 
 
 def host_pool(device, layout):
-    """Built the way HiRadixCache builds it: SGLang's MLATokenToKVPoolHost, which the plugin's hook adopts."""
+    """SGLang's own construction of the host pool for `device` (a snapmla pool, or SGLang's MLA pool)."""
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-    return MLATokenToKVPoolHost(device, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu")
+    if sglang_release.installed() == "0.5.17":  # HiRadixCache's call
+        return MLATokenToKVPoolHost(device, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu")
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
+    from sglang.srt.mem_cache.pool_host import common
+
+    # the server's settings where SGLang reads them (its runtime context, published by a server's start)
+    memory = SimpleNamespace(hicache_ratio=2.0, hicache_size=0, hicache_mem_layout=layout, hicache_storage_backend=None)
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (assembler, common):
+            mp.setattr(module, "get_memory", lambda: memory)
+        mp.setattr(assembler, "get_parallel", lambda: SimpleNamespace(dcp_enabled=False))
+        return assembler.build_kv_host_pool(kv_pool=device, page_size=PAGE)
 
 
 def fill_random(pool, gen):
@@ -113,15 +124,16 @@ def test_pages_come_back_through_file_storage(plugin, tmp_path):
 
 
 @pytest.mark.cpu_interpreter
-def test_other_device_pools_keep_sglangs_host_pool(plugin):
+def test_other_device_pools_keep_sglangs_host_pool(plugin, monkeypatch):
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host import mla
 
-    from sglang_snapmla.host_pool import SnapMLATokenToKVPoolHost
-
+    if sglang_release.installed() != "0.5.17":  # 0.5.23's builder pins host memory, which needs a GPU
+        monkeypatch.setattr(mla, "ALLOC_MEMORY_FUNCS", {"cpu": lambda dims, dtype, device, **_: torch.empty(
+            dims, dtype=dtype, device=device)})
     bf16 = MLATokenToKVPool(PAGE * 4, PAGE, torch.bfloat16, 512, 64, LAYERS, "cpu", False)
-    host = MLATokenToKVPoolHost(bf16, 2.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu")
-    assert type(host) is MLATokenToKVPoolHost and host.kv_cache_dim == 576
+    host = host_pool(bf16, "layer_first")
+    assert type(host) is mla.MLATokenToKVPoolHost and host.kv_cache_dim == 576
 
 
 @pytest.mark.cpu_interpreter

@@ -254,21 +254,14 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
         with pytest.raises(ValueError, match=f"--kv-cache-dtype {dtype}. Drop the flag"):
             parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--kv-cache-dtype", dtype,
                   "--device", "cpu")
-    from sglang_snapmla.sglang_release import HICACHE_RELEASE, installed
-
     hicache = ("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--enable-hierarchical-cache",
                "--device", "cpu")
-    if installed() == HICACHE_RELEASE:
-        assert parse(*hicache).enable_hierarchical_cache
-        with pytest.raises(ValueError, match="--hicache-storage-backend mooncake is not supported.*use "
-                                             "--hicache-storage-backend file"):
-            parse(*hicache, "--hicache-storage-backend", "mooncake")
-        with pytest.raises(ValueError, match="--hicache-mem-layout page_head is not supported"):
-            parse(*hicache, "--hicache-mem-layout", "page_head")
-    else:
-        with pytest.raises(ValueError, match=f"built on SGLang {HICACHE_RELEASE}'s host pool.*Install "
-                                             f"sglang=={HICACHE_RELEASE} or drop the flag"):
-            parse(*hicache)
+    assert parse(*hicache).enable_hierarchical_cache  # both releases (host_pool adopts either's host pool)
+    with pytest.raises(ValueError, match="--hicache-storage-backend mooncake is not supported.*use "
+                                         "--hicache-storage-backend file"):
+        parse(*hicache, "--hicache-storage-backend", "mooncake")
+    with pytest.raises(ValueError, match="--hicache-mem-layout page_head is not supported"):
+        parse(*hicache, "--hicache-mem-layout", "page_head")
     with pytest.raises(ValueError, match="speculative-draft-attention-backend flashmla"):
         parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--attention-backend", "snapmla",
               "--speculative-algorithm", "NEXTN", "--speculative-draft-attention-backend", "flashmla", "--device", "cpu")
