@@ -16,7 +16,7 @@ whichever `--hicache-io-backend` is set (logged once).
 
 Where SGLang builds the host pool from differs by release: 0.5.17 passes the device pool itself; 0.5.23 passes the
 `buffer_info` of the device pool's `get_device_pool_infos()`, an MLABufferInfo of one [N, 1, 576] tensor per layer,
-which the three arrays are not -- the snapmla pool answers with `SnapMLAHostRecords` (the records' geometry) instead.
+which the three arrays are not -- the snapmla pool answers with `pool.SnapMLAHostRecords`, the records' geometry.
 `adopt_snapmla_device_pool` is the AROUND hook on MLATokenToKVPoolHost.__init__ for both: a host pool built for a
 snapmla device pool, wherever SGLang builds one, is this class.
 """
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
 
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
@@ -62,34 +61,14 @@ def unpack_into(views: tuple[torch.Tensor, ...], loc: torch.Tensor, records: tor
         v.index_copy_(0, loc, records[:, lo:hi])
 
 
-@dataclass(frozen=True)
-class SnapMLAHostRecords:
-    """A snapmla device pool as SGLang 0.5.23's host-pool builder receives it (`buffer_info` of
-    `get_device_pool_infos()`, where SGLang's MLA pool gives an MLABufferInfo): the pool and its layer slots; the
-    host rows are RECORD_BYTES uint8 bytes per token and layer."""
-
-    pool: object  # pool.SnapMLATokenToKVPool
-    layer_indices: tuple[int, ...]  # the pool's local layers, the host controller's layer ids
-    device_layer_num: int
-    page_size: int
-    kv_lora_rank: int = KV_LORA_RANK
-    qk_rope_head_dim: int = ROPE_DIM
-    kv_cache_dim: int = RECORD_BYTES
-    dtype: torch.dtype = torch.uint8
-    packed_fp8: bool = False  # SGLang's DSA flag, read by its builders
-    scales: None = None  # SGLang's FP4 block scales: none
-
-    @property
-    def device(self) -> torch.device:
-        return self.pool.kv_buffer[0].device
-
-
 class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
     """SGLang's MLA host pool with 644-byte uint8 records (content, scale, rope of one token and layer)."""
 
     def __init__(self, source, *args, **kwargs):
         """source: the snapmla device pool (SGLang 0.5.17) or its SnapMLAHostRecords (0.5.23); the rest as SGLang
         passes them to MLATokenToKVPoolHost."""
+        from .pool import SnapMLAHostRecords
+
         # 0.5.23's builder passes the device pool's nominal row (kv_lora_rank + rope dim) as the override
         accepted = (None, RECORD_BYTES, getattr(getattr(source, "pool", None), "kv_cache_dim", None))
         if kwargs.get("override_kv_cache_dim") not in accepted:
@@ -104,15 +83,15 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         if self.dcp_size != 1:  # refused at startup (--dcp-size > 1); the copies below take slots as they come
             raise ValueError("the snapmla host pool serves --dcp-size 1 only")
 
-    def _init_from_records(self, records: SnapMLAHostRecords, host_to_device_ratio, host_size, page_size, layout,
+    def _init_from_records(self, records, host_to_device_ratio, host_size, page_size, layout,
                            pin_memory=True, device="cpu", allocator_type="default", override_kv_cache_dim=None,
                            draft_buffer_infos=(), dcp_size=1, dcp_rank=0, *, device_capacity_tokens, start_layer,
                            end_layer, target_layer_num, layer_shard_enabled=False, pool_label="kv",
                            host_token_capacity=None):
-        """SGLang 0.5.23: what its MLATokenToKVPoolHost.__init__ sets up from an MLABufferInfo, set up from the
-        records' geometry (its own __init__ validates one [N, 1, row] tensor per layer), then its HostKVCache
-        allocation: host rows of RECORD_BYTES uint8 per layer, no device pointer table (pages move by our copies,
-        not SGLang's JIT kernels)."""
+        """SGLang 0.5.23: what its MLATokenToKVPoolHost.__init__ sets up from an MLABufferInfo (its own __init__
+        validates one [N, 1, row] tensor per layer), set up from the records' geometry (`pool.SnapMLAHostRecords`),
+        then its HostKVCache allocation: host rows of RECORD_BYTES uint8 per layer, no device pointer table (pages
+        move by our copies, not SGLang's JIT kernels)."""
         from sglang.srt.mem_cache.pool_host.base import HostKVCache
 
         if draft_buffer_infos:
@@ -214,7 +193,7 @@ def _log_io_backend(io_backend: str) -> None:
 def adopt_snapmla_device_pool(original, host_pool, source, *args, **kwargs):
     """AROUND MLATokenToKVPoolHost.__init__: a host pool of a snapmla device pool (SGLang 0.5.17 passes the pool,
     0.5.23 its SnapMLAHostRecords) becomes SnapMLATokenToKVPoolHost."""
-    from .pool import SnapMLATokenToKVPool
+    from .pool import SnapMLAHostRecords, SnapMLATokenToKVPool
 
     if isinstance(source, (SnapMLATokenToKVPool, SnapMLAHostRecords)) and not isinstance(host_pool,
                                                                                           SnapMLATokenToKVPoolHost):

@@ -16,6 +16,7 @@ accessors to use instead.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -24,6 +25,7 @@ from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, get_tensor_size_b
 
 from . import numerics as nx
 from . import ops
+from .layout import BYTES_PER_TOKEN
 
 
 class SnapMLATokenToKVPool(MLATokenToKVPool):
@@ -81,8 +83,6 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         """SGLang 0.5.23 describes an MLA pool to its HiCache host-pool builder as one [N, 1, 576] tensor per layer
         (MLABufferInfo, from `get_device_pool_infos`); this pool has three arrays per layer, so it answers with the
         geometry of its 644-byte host records, which host_pool.SnapMLATokenToKVPoolHost is built from."""
-        from .host_pool import SnapMLAHostRecords
-
         if getattr(self, "layer_shard_enabled", False):
             raise ValueError("--attention-backend snapmla does not serve a layer-sharded KV pool with HiCache")
         return SnapMLAHostRecords(pool=self, layer_indices=tuple(range(self.layer_num)),
@@ -152,6 +152,28 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
     def _sync(self):
         if torch.device(self.device).type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+@dataclass(frozen=True)
+class SnapMLAHostRecords:
+    """A snapmla device pool as SGLang 0.5.23's host-pool builder receives it (`buffer_info` of
+    `get_device_pool_infos()`, where SGLang's MLA pool gives an MLABufferInfo): the pool and its layer slots; the
+    host rows are BYTES_PER_TOKEN uint8 bytes per token and layer (host_pool's records)."""
+
+    pool: "SnapMLATokenToKVPool"
+    layer_indices: tuple[int, ...]  # the pool's local layers, the host controller's layer ids
+    device_layer_num: int
+    page_size: int
+    kv_lora_rank: int = nx.KV_LORA_RANK
+    qk_rope_head_dim: int = nx.ROPE_DIM
+    kv_cache_dim: int = BYTES_PER_TOKEN
+    dtype: torch.dtype = torch.uint8
+    packed_fp8: bool = False  # SGLang's DSA flag, read by its builders
+    scales: None = None  # SGLang's FP4 block scales: none
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.kv_buffer[0].device
 
 
 def check_pool_config(kv_lora_rank: int, qk_rope_head_dim: int, page_size: int, device) -> None:

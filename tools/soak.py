@@ -254,9 +254,10 @@ def table(result: dict) -> str:
     lines = ["| request kind | answers (HTTP status: count) |", "|---|---|"]
     for kind, statuses in result["statuses"].items():
         lines.append(f"| {kind} | " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())) + " |")
+    retracted = result.get("retracted_requests")
     lines += ["", f"probes inside the load equal to before: {result['probes_inside_equal']} of "
                   f"{len(result['probes_before'])}; tokens in use when idle: {result['idle_used_tokens']}; requests "
-                  f"retracted: {'not read (no server log)' if result.get('retracted_requests') is None else result['retracted_requests']}",
+                  f"retracted: {'not read (no server log)' if retracted is None else retracted}",
               "",
               "| check | verdict |", "|---|---|"]
     lines += [f"| {name} | {'pass' if ok else 'FAIL'} |" for name, ok in result["checks"].items()]
