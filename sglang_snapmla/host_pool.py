@@ -29,8 +29,6 @@ import logging
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
-from . import sglang_release as release
-
 from .host_pool_settings import IO_BACKENDS, LAYOUTS
 from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
 
@@ -76,10 +74,10 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
                              f"{kwargs['override_kv_cache_dim']}")
         kwargs["override_kv_cache_dim"] = RECORD_BYTES
         if isinstance(source, SnapMLAHostRecords):
-            self._init_from_records(source, *args, **kwargs)
+            self._init_from_records(source, *args, **kwargs)  # checks the layout before allocating for it
         else:
             super().__init__(source, *args, **kwargs)
-        _check_layout(self.layout)
+            _check_layout(self.layout)
         if self.dcp_size != 1:  # refused at startup (--dcp-size > 1); the copies below take slots as they come
             raise ValueError("the snapmla host pool serves --dcp-size 1 only")
 
@@ -100,7 +98,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         if layer_shard_enabled:
             raise ValueError("--enable-hierarchical-cache with --attention-backend snapmla does not serve a "
                              "layer-sharded KV pool")
-        _check_layout(layout)  # before SGLang allocates for it
+        _check_layout(layout)
         self._is_dummy, self.override_kv_cache_dim = False, override_kv_cache_dim
         self.dtype, self.layout, self.kv_cache_dim = torch.uint8, layout, RECORD_BYTES
         self.kv_lora_rank, self.qk_rope_head_dim = records.kv_lora_rank, records.qk_rope_head_dim
@@ -128,10 +126,8 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         self.data_refs = [per_layer[i] for i in range(self.layer_num)]  # registration with transfer engines
 
     def get_size_per_token(self):
-        if release.installed() == "0.5.17":
-            self.dtype = torch.uint8  # records of bytes, whatever the device pool's nominal dtype
-            return super().get_size_per_token()
-        return self._size_per_token
+        self.dtype = torch.uint8  # records of bytes, whatever the device pool's nominal dtype
+        return super().get_size_per_token()  # 0.5.23: the _size_per_token _init_from_records set
 
     def _layer_pages(self, host_layer: int) -> torch.Tensor:
         """One layer's records as [pages, page_size, 644] (a view of the host buffer in any layout)."""
