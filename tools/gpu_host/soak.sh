@@ -2,7 +2,8 @@
 # On the Hopper host (the runtime in .gpu): tools/soak.py against a server of the small trained checkpoint with a
 # pool small enough to force retractions, per backend in turn (default: snapmla flashmla). SERVER_FLAGS adds server
 # flags (e.g. "--tp 2 --enable-dp-attention --dp 2"), SOAK_SECONDS sets the soak's length (default 300), SOAK_PORT the
-# first server's port (default 31700; soaks side by side on one host each take their own). Per backend
+# first server's port (default 31700; soaks side by side on one host each take their own), SOAK_ARGS more tools.soak
+# options (e.g. "--min-retractions 1" with SERVER_FLAGS="--schedule-conservativeness 0.05"). Per backend
 # the table, soak.json and the server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
@@ -13,7 +14,7 @@ port=${SOAK_PORT:-31700}
 for backend in ${@:-snapmla flashmla}; do
   # other backends get no out-of-range ids: SGLang sends them to the GPU and the server dies (sglang PR #8383)
   case $backend in snapmla*) ids="" ;; *) ids="--without-out-of-range-ids" ;; esac
-  python3 -m tools.soak --start "$backend" --model $CKPT --port $port --seconds "${SOAK_SECONDS:-300}" $ids \
+  python3 -m tools.soak --start "$backend" --model $CKPT --port $port --seconds "${SOAK_SECONDS:-300}" $ids ${SOAK_ARGS:-} \
     --server-flags "--max-total-tokens 65536 --max-running-requests 256 ${SERVER_FLAGS:-}" --out "$OUT/soak_$backend"
   echo "$backend: soak exit $?"
   port=$((port + 10))
