@@ -2,7 +2,7 @@
 # decode's block-table bound taken from the view's width instead of the table's storage. Tests and the accuracy gate
 # must fail on it. Use it with PYTHONPATH=$MUTANT_PYTHONPATH (it shadows the installed plugin), from another working
 # directory or with PYTHONSAFEPATH=1 (`python -m` and `python -c` put the working directory first on sys.path).
-rm -rf /tmp/mutant && mkdir -p /tmp/mutant && cp -r sglang_snapmla kernels tests pyproject.toml /tmp/mutant/
+rm -rf /tmp/mutant && mkdir -p /tmp/mutant && cp -r sglang_snapmla kernels tests harness pyproject.toml /tmp/mutant/
 ln -sfn /tmp/mutant/kernels /tmp/mutant/sglang_snapmla/kernels
 sed -i 's|return block_table.untyped_storage().nbytes() // block_table.element_size() - block_table.storage_offset()|return block_table.shape[0] * block_table.shape[1]|' \
   /tmp/mutant/sglang_snapmla/ops.py
