@@ -10,9 +10,13 @@ holds it as one 644-byte record per token and layer, the three arrays' bytes sid
 so that SGLang's host pool (`MLATokenToKVPoolHost`, a uint8 buffer with a 644-wide row, as its own packed layouts
 use) sizes, allocates, lays out (layer_first, page_first, page_first_direct) and serializes pages for the storage
 tier (get_data_page / set_from_flat_data_page / get_page_buffer_meta) unchanged. Only the moves between the device
-and the host are ours: SGLang's transfer kernels copy one array per layer, so backup gathers the requested rows of
-the three arrays on the device into records and load scatters records back into them -- every byte of all three,
-whichever `--hicache-io-backend` is set (logged once).
+and the host are ours: SGLang's transfer kernels copy one array per layer (and its JIT ones refuse rows that are not
+a multiple of 128 bytes), so backup writes the requested rows of the three arrays into their host records and load
+writes records back into them -- every byte of all three, whichever `--hicache-io-backend` is set. They move with
+Triton kernels that read and write the page-locked host pool in place (`ops.records_to_pool` / `ops.pool_to_records`),
+after a check at start-up that the kernels move records on this pool's memory exactly as the torch copies do
+(`pack` / `unpack_into`, the spec); where the check fails, or with SNAPMLA_HICACHE_COPIES=torch, the torch copies
+move them (gathers on the CPU, synchronous). Which one moves the pages is logged once.
 
 Where SGLang builds the host pool from differs by release: 0.5.17 passes the device pool itself; 0.5.23 passes the
 `buffer_info` of the device pool's `get_device_pool_infos()`, an MLABufferInfo of one [N, 1, 576] tensor per layer,
@@ -29,8 +33,10 @@ import logging
 import torch
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
+from . import ops
 from .host_pool_settings import IO_BACKENDS, LAYOUTS
 from .layout import BYTES_PER_TOKEN, KV_LORA_RANK, ROPE_DIM
+from .settings import HICACHE_COPIES_ENV, interpreter_mode, requested_hicache_copies
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +86,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
             _check_layout(self.layout)
         if self.dcp_size != 1:  # refused at startup (--dcp-size > 1); the copies below take slots as they come
             raise ValueError("the snapmla host pool serves --dcp-size 1 only")
+        self.record_copies = self._choose_record_copies()
 
     def _init_from_records(self, records, host_to_device_ratio, host_size, page_size, layout,
                            pin_memory=True, device="cpu", allocator_type="default", override_kv_cache_dim=None,
@@ -147,7 +154,70 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         if io_backend not in IO_BACKENDS:
             raise ValueError(f"--hicache-io-backend {io_backend} is not supported with --attention-backend snapmla; "
                              f"use one of {', '.join(IO_BACKENDS)}")
-        _log_io_backend(io_backend)
+        _log_io_backend(io_backend, self.record_copies)
+
+    @property
+    def _host_words(self) -> torch.Tensor:
+        """The whole host buffer as a flat int32 view (records are 161 words at word-aligned offsets)."""
+        return self.kv_buffer.view(-1).view(torch.int32)
+
+    def _record_words(self, host_layer: int, page: torch.Tensor, offset: torch.Tensor,
+                      device: torch.device) -> torch.Tensor:
+        """The int32-word offsets in `_host_words` of the records (host_layer, page, offset), int64 on `device`."""
+        pages = self._layer_pages(host_layer)
+        base = pages.data_ptr() - self.kv_buffer.data_ptr()  # bytes; strides below are bytes too (uint8)
+        byte_offsets = base + page * pages.stride(0) + offset * pages.stride(1)
+        return (byte_offsets // 4).to(device, non_blocking=True)
+
+    def _choose_record_copies(self) -> str:
+        """"triton" where the record kernels run on this pool's memory and move records as the torch copies do
+        (checked once on two records of the host buffer, restored afterwards), else "torch" with the reason logged
+        once."""
+        device = self.device_pool.kv_buffer[0].device
+        if requested_hicache_copies() == "torch":
+            return "torch"
+        if device.type != "cuda" and not interpreter_mode():
+            return _fall_back("the device pool is not on a GPU")
+        if self.kv_buffer.device.type == "cpu" and device.type == "cuda" and not self.kv_buffer.is_pinned():
+            return _fall_back("the host pool is not page-locked (pin_memory off), so a kernel cannot reach it")
+        problem = self._record_kernels_problem(device)
+        return "triton" if problem is None else _fall_back(problem)
+
+    def _record_kernels_problem(self, device: torch.device) -> str | None:
+        """None if the kernels round-trip two random records through host layer 0 exactly as pack / unpack_into
+        do; else what went wrong."""
+        n = 2
+        page, offset = torch.zeros(n, dtype=torch.int64), torch.arange(n, dtype=torch.int64)
+        host_rows = self._layer_pages(0)[0, :n]
+        saved = host_rows.clone()
+        gen = torch.Generator().manual_seed(0)
+        scratch = (torch.empty(n, KV_LORA_RANK, dtype=torch.float8_e4m3fn, device=device),
+                   torch.empty(n, dtype=torch.float32, device=device),
+                   torch.empty(n, ROPE_DIM, dtype=torch.bfloat16, device=device))
+        views = byte_views(*scratch)
+        for v in views:
+            v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen))
+        loc = torch.arange(n, device=device)
+        expected = pack(views, loc).cpu()
+        try:
+            words = self._record_words(0, page, offset, device)
+            ops.pool_to_records(self._host_words, words, loc, *scratch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            written = host_rows.cpu().clone()
+            for v in views:
+                v.zero_()
+            ops.records_to_pool(self._host_words, words, loc, *scratch)
+            read_back = pack(views, loc).cpu()
+        except Exception as e:  # the fallback names it; serving goes on with the torch copies
+            return f"the record kernels failed ({e!r:.200})"
+        finally:
+            host_rows.copy_(saved)
+        if not torch.equal(written, expected):
+            return "the record kernels wrote host records that differ from the torch copies'"
+        if not torch.equal(read_back, expected):
+            return "the record kernels read host records back differently from the torch copies"
+        return None
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend, *,
                                  is_draft: bool = False):
@@ -157,10 +227,15 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
             return
         self._note_io_backend(io_backend)
         page, offset = self._host_slots(host_indices)
-        records = self._layer_pages(self._host_layer_index(layer_id))[page, offset]
-        views = byte_views(*device_pool.layer_arrays(layer_id))  # not snapmla_buffers(): it waits for this load
-        unpack_into(views, device_indices.to(views[0].device, torch.int64),
-                    records.to(views[0].device, non_blocking=True))
+        host_layer = self._host_layer_index(layer_id)
+        arrays = device_pool.layer_arrays(layer_id)  # not snapmla_buffers(): it waits for this load
+        loc = device_indices.to(arrays[0].device, torch.int64)
+        if self.record_copies == "triton":
+            ops.records_to_pool(self._host_words, self._record_words(host_layer, page, offset, loc.device), loc,
+                                *arrays)
+            return
+        records = self._layer_pages(host_layer)[page, offset]
+        unpack_into(byte_views(*arrays), loc, records.to(loc.device, non_blocking=True))
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend):
         """The device pool's three arrays at device_indices, every layer this rank owns -> host records."""
@@ -168,8 +243,13 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         page, offset = self._host_slots(host_indices)
         loc = device_indices.to(device_pool.kv_buffer[0].device, torch.int64)
         for layer_id in self._owned_device_layer_ids(device_pool):
+            host_layer = self._host_layer_index(layer_id)
+            if self.record_copies == "triton":
+                ops.pool_to_records(self._host_words, self._record_words(host_layer, page, offset, loc.device), loc,
+                                    *device_pool.layer_arrays(layer_id))
+                continue
             records = pack(byte_views(*device_pool.layer_arrays(layer_id)), loc)
-            self._layer_pages(self._host_layer_index(layer_id))[page, offset] = records.to(self.kv_buffer.device)
+            self._layer_pages(host_layer)[page, offset] = records.to(self.kv_buffer.device)
 
 
 def _check_layout(layout: str) -> None:
@@ -178,12 +258,21 @@ def _check_layout(layout: str) -> None:
                          f"use one of {', '.join(LAYOUTS)}")
 
 
-@functools.lru_cache(maxsize=1)
-def _log_io_backend(io_backend: str) -> None:
+@functools.lru_cache(maxsize=None)
+def _log_io_backend(io_backend: str, record_copies: str) -> None:
     """Once per process: what moves the pages, whichever io backend the server names."""
-    logger.info("snapmla HiCache: pages move as 644-byte records (FP8 content, scale, RoPE) gathered and scattered "
-                "with torch copies; --hicache-io-backend %s's transfer kernels move one array per layer and are not "
-                "used", io_backend)
+    how = ("Triton kernels reading and writing the page-locked host pool in place" if record_copies == "triton"
+           else "torch copies (gathered on the CPU, synchronous)")
+    logger.info("snapmla HiCache: pages move as 644-byte records (FP8 content, scale, RoPE) with %s; "
+                "--hicache-io-backend %s's transfer kernels move one array per layer and are not used", how, io_backend)
+
+
+@functools.lru_cache(maxsize=None)
+def _fall_back(reason: str) -> str:
+    """The torch copies, with the reason logged once per process (a warning: they keep the GPU waiting)."""
+    logger.warning("snapmla HiCache: pages move with torch copies, not the record kernels: %s (%s=torch selects "
+                   "the copies without this check)", reason, HICACHE_COPIES_ENV)
+    return "torch"
 
 
 def adopt_snapmla_device_pool(original, host_pool, source, *args, **kwargs):

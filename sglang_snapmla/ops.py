@@ -13,6 +13,8 @@ Shapes and dtypes:
 | fetch_dequant | loc [N] int32 or int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
 | decode_quantized | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64] (quantize_q's output), pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
 | quantize_and_decode | q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16, then as decode_quantized | as decode_quantized |
+| records_to_pool | host_words [W] int32 (the HiCache host pool, page-locked on a GPU), record_words [n] int64, loc [n] int32 or int64, pool arrays (in place) | - |
+| pool_to_records | as records_to_pool; the host pool written in place | - |
 
 Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float32, kv_rope [N, 64] bfloat16, where slot
 = page * 64 + offset. Nothing here synchronises with the host, so every op can be captured in a CUDA graph.
@@ -29,13 +31,15 @@ import torch
 from . import numerics as nx
 from .kernels.triton import decode as tdecode
 from .kernels.triton import quant as tquant
+from .kernels.triton import records as trecords
 from .settings import (CHECK_INDICES_ENV, index_checks_enabled, interpreter_mode, pdl_allowed,  # noqa: F401
                        requested_decode_impl)
 
 # The ops a caller (the backend, the pool, a benchmark) builds on; the other module-level names are the dispatch's
 # parts (split-count model, launch flags, tilings) that tests and kernel benchmarks reach in on purpose.
 __all__ = ["SnapMLAInputError", "quantize_q", "append_kv", "pool_from_rows", "fetch_dequant", "decode_quantized",
-           "quantize_and_decode", "combine", "check_pool", "DecodePlan", "plan_decode", "decode_impl", "pdl_enabled"]
+           "quantize_and_decode", "combine", "check_pool", "DecodePlan", "plan_decode", "decode_impl", "pdl_enabled",
+           "records_to_pool", "pool_to_records"]
 
 MAX_SPLITS = 64
 # Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
@@ -195,6 +199,44 @@ def fetch_dequant(loc: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.T
         tquant.fetch_dequant_kernel[(N,)](loc, kv_content, kv_scale, kv_rope, c, r, c.stride(0), r.stride(0),
                                           num_warps=4)
     return c, r
+
+
+def _record_args(host_words: torch.Tensor, record_words: torch.Tensor, loc: torch.Tensor, kv_content: torch.Tensor,
+                 kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> tuple:
+    """Checks shared by the two record moves -> the kernels' arguments (the arrays as int32 words)."""
+    check_pool(kv_content, kv_scale, kv_rope)
+    if host_words.dtype != torch.int32 or host_words.dim() != 1:
+        raise SnapMLAInputError(f"host_words must be a flat int32 view of the host pool, got {host_words.dtype} "
+                                f"{tuple(host_words.shape)}")
+    if record_words.dtype != torch.int64 or record_words.shape != loc.shape:
+        raise SnapMLAInputError(f"record_words must be int64 and as long as loc ({tuple(loc.shape)}), got "
+                                f"{record_words.dtype} {tuple(record_words.shape)}")
+    _check_loc(loc, loc.shape[0])
+    _check_device(record_words, loc, kv_content, kv_scale, kv_rope)
+    if index_checks_enabled():
+        _check_slot_ids(loc, kv_content.shape[0])
+    content, rope = kv_content.view(torch.int32), kv_rope.view(torch.int32)
+    return (host_words, record_words, loc, content, kv_scale.view(torch.int32), rope, content.stride(0),
+            rope.stride(0))
+
+
+def records_to_pool(host_words: torch.Tensor, record_words: torch.Tensor, loc: torch.Tensor,
+                    kv_content: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
+    """Host records -> one layer's three arrays (one launch): the 644-byte record at int32 word offset
+    record_words[i] [n] int64 of host_words (a flat int32 view of the host pool; page-locked memory where the pool is
+    on a GPU, read in place) into slot loc[i] [n] int64, every bit as stored. The spec: host_pool.unpack_into."""
+    args = _record_args(host_words, record_words, loc, kv_content, kv_scale, kv_rope)
+    if loc.shape[0]:
+        trecords.records_to_pool_kernel[(loc.shape[0],)](*args, num_warps=4)
+
+
+def pool_to_records(host_words: torch.Tensor, record_words: torch.Tensor, loc: torch.Tensor,
+                    kv_content: torch.Tensor, kv_scale: torch.Tensor, kv_rope: torch.Tensor) -> None:
+    """One layer's three arrays at slots loc [n] int64 -> the 644-byte records at int32 word offsets record_words
+    [n] int64 of host_words (written in place; see records_to_pool). The spec: host_pool.pack."""
+    args = _record_args(host_words, record_words, loc, kv_content, kv_scale, kv_rope)
+    if loc.shape[0]:
+        trecords.pool_to_records_kernel[(loc.shape[0],)](*args, num_warps=4)
 
 
 @functools.lru_cache(maxsize=8)

@@ -2,10 +2,14 @@
 to host records (and to SGLang's file storage), loaded back into other device slots are the same bytes in all three
 arrays (FP8 content, fp32 scale, BF16 RoPE), in every host layout; the host pool is sized from snapmla's 644 bytes.
 
+Pages move with the Triton record kernels (after the host pool's start-up check against the torch copies) or, with
+SNAPMLA_HICACHE_COPIES=torch or a failed check, with the torch copies; both are tested, and a kernel that moves a
+record differently is caught by the check and logged.
+
 The host pool is built the way each SGLang release builds it: 0.5.17's HiRadixCache passes the device pool to
 MLATokenToKVPoolHost, 0.5.23's `build_kv_host_pool` passes `get_device_pool_infos()[0].buffer_info` (here with the
 server's memory settings given to it directly). The device pool lives on the CPU here (the Triton interpreter's
-mode); on the GPU the same torch copies move the pages between device and pinned host memory."""
+mode); on the GPU the kernels read and write the page-locked host pool in place."""
 
 from types import SimpleNamespace
 
@@ -72,15 +76,20 @@ def assert_same_rows(src, src_loc, dst, dst_loc):
 
 
 @pytest.mark.cpu_interpreter
+@pytest.mark.parametrize("copies", ["triton", "torch"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
-def test_pages_come_back_byte_for_byte(plugin, layout):
+def test_pages_come_back_byte_for_byte(plugin, monkeypatch, layout, copies):
+    """Both ways of moving records: the Triton record kernels (what serves) and the torch copies (their spec and
+    the fallback)."""
     from sglang_snapmla.host_pool import RECORD_BYTES, SnapMLATokenToKVPoolHost
 
+    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "auto" if copies == "triton" else "torch")
     gen = torch.Generator().manual_seed(7)
     device = device_pool()
     fill_random(device, gen)
     host = host_pool(device, layout)
     assert isinstance(host, SnapMLATokenToKVPoolHost) and host.kv_buffer.dtype == torch.uint8
+    assert host.record_copies == copies
     assert host.get_size_per_token() == RECORD_BYTES * LAYERS and host.size >= 2 * device.size
     written = slots([5, 2, 7])  # pages out of order
     host_loc = host.alloc(len(written))
@@ -141,3 +150,37 @@ def test_unsupported_layouts_and_io_backends_are_refused(plugin):
     host = host_pool(device_pool(), "layer_first")
     with pytest.raises(ValueError, match="--hicache-io-backend kernel_ascend is not supported"):
         host.backup_from_device_all_layer(host.device_pool, host.alloc(PAGE), slots([1]), "kernel_ascend")
+
+
+@pytest.mark.cpu_interpreter
+def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monkeypatch, caplog):
+    """The start-up check: a record kernel that drops the scale is caught, logged, and the torch copies serve; the
+    host buffer's bytes the check used are restored."""
+    from sglang_snapmla import host_pool as hp
+    from sglang_snapmla import ops
+
+    real = ops.pool_to_records
+
+    def scale_dropped(host_words, record_words, loc, content, scale, rope):
+        real(host_words, record_words, loc, content, torch.zeros_like(scale), rope)
+
+    monkeypatch.setattr(ops, "pool_to_records", scale_dropped)
+    hp._fall_back.cache_clear()
+    device = device_pool()
+    with caplog.at_level("WARNING", logger=hp.__name__):
+        host = host_pool(device, "layer_first")
+    assert host.record_copies == "torch"
+    assert "wrote host records that differ from the torch copies'" in caplog.text
+    rows = host._layer_pages(0)[0, :2]
+    rows.copy_(torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(1)))
+    before = rows.clone()
+    assert host._record_kernels_problem(device.kv_buffer[0].device) is not None
+    assert torch.equal(rows, before), "the check left its bytes in the host pool"
+    # and the pool still moves pages exactly, with the copies
+    gen = torch.Generator().manual_seed(9)
+    fill_random(device, gen)
+    host_loc = host.alloc(PAGE)
+    host.backup_from_device_all_layer(device, host_loc, slots([3]), "kernel")
+    for layer in range(LAYERS):
+        host.load_to_device_per_layer(device, host_loc, slots([5]), layer, "kernel")
+    assert_same_rows(device, slots([3]), device, slots([5]))

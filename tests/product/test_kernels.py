@@ -90,6 +90,57 @@ def run_decode(p, num_splits=None, impl="triton"):
     return out.cpu().float(), lse.cpu(), ref, ref_lse
 
 
+@pytest.mark.parametrize("loc_dtype", [torch.int64, torch.int32])
+def test_record_moves_bit_exact_and_only_where_asked(gen, loc_dtype):
+    """ops.pool_to_records / records_to_pool against host_pool.pack / unpack_into (the spec): random bytes (non-finite
+    FP8, fp32 and BF16 patterns among them), records at scattered word offsets of a host buffer (page-locked on a
+    GPU, read and written in place), slots out of order; nothing else in the host buffer or the pool changes."""
+    from sglang_snapmla.host_pool import byte_views, pack, unpack_into
+
+    N, n, rows = 300, 41, 97
+
+    def random_pool():
+        kv, sc, rp = (torch.empty(N, 512, dtype=torch.float8_e4m3fn), torch.empty(N), torch.empty(N, 64,
+                                                                                                    dtype=torch.bfloat16))
+        for v in byte_views(kv, sc, rp):
+            v.copy_(torch.randint(0, 256, v.shape, dtype=torch.uint8, generator=gen))
+        return kv, sc, rp
+
+    host = torch.randint(0, 256, (rows, 644), dtype=torch.uint8, generator=gen)
+    host = host.pin_memory() if DEV == "cuda" else host
+    record_rows = torch.randperm(rows, generator=gen)[:n]
+    words = (record_rows * 161).to(DEV)
+    loc = torch.randperm(N, generator=gen)[:n]
+    src = random_pool()
+    host_before = host.clone()
+    ops.pool_to_records(host.view(-1).view(torch.int32), words, loc.to(DEV, loc_dtype), *(t.to(DEV) for t in src))
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    expected = host_before.clone()
+    expected[record_rows] = pack(byte_views(*src), loc)
+    assert torch.equal(host, expected), f"{(host != expected).any(1).sum().item()} host rows differ from the spec's"
+
+    dst = tuple(t.to(DEV) for t in random_pool())
+    want = tuple(t.cpu().clone() for t in dst)
+    unpack_into(byte_views(*want), loc, host[record_rows])
+    ops.records_to_pool(host.view(-1).view(torch.int32), words, loc.to(DEV, loc_dtype), *dst)
+    for got, ref, name in zip(byte_views(*dst), byte_views(*want), ("content", "scale", "rope")):
+        assert torch.equal(got.cpu(), ref), f"{name}: {(got.cpu() != ref).any(1).sum().item()} slots differ"
+
+
+def test_record_moves_reject_bad_inputs():
+    kv, sc, rp = (torch.zeros(8, 512, dtype=torch.float8_e4m3fn, device=DEV), torch.zeros(8, device=DEV),
+                  torch.zeros(8, 64, dtype=torch.bfloat16, device=DEV))
+    host, loc = torch.zeros(4 * 161, dtype=torch.int32), torch.arange(4, device=DEV)
+    words = torch.arange(4, device=DEV) * 161
+    with pytest.raises(ops.SnapMLAInputError, match="host_words must be a flat int32 view"):
+        ops.records_to_pool(host.view(torch.uint8), words, loc, kv, sc, rp)
+    with pytest.raises(ops.SnapMLAInputError, match="record_words must be int64 and as long as loc"):
+        ops.pool_to_records(host, words[:3], loc, kv, sc, rp)
+    with pytest.raises(ops.SnapMLAInputError, match="record_words must be int64"):
+        ops.records_to_pool(host, words.to(torch.int32), loc, kv, sc, rp)
+
+
 @pytest.mark.parametrize("seq_lens,heads,s_q,outlier", HARD_DECODE_CASES)
 def test_decode_matches_reference_and_golden(gen, seq_lens, heads, s_q, outlier):
     p = paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1, rope_outlier=outlier)
