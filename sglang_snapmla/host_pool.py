@@ -178,14 +178,12 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
             return "torch"
         if device.type != "cuda" and not interpreter_mode():
             return _fall_back("the device pool is not on a GPU")
-        if self.kv_buffer.device.type == "cpu" and device.type == "cuda" and not self.kv_buffer.is_pinned():
-            return _fall_back("the host pool is not page-locked (pin_memory off), so a kernel cannot reach it")
         problem = self._record_kernels_problem(device)
         return "triton" if problem is None else _fall_back(problem)
 
     def _record_kernels_problem(self, device: torch.device) -> str | None:
         """None if the kernels round-trip two random records through host layer 0 exactly as pack / unpack_into
-        do; else what went wrong."""
+        do; else what went wrong (a host pool that is not page-locked, which a kernel cannot reach, fails here)."""
         n = 2
         page, offset = torch.zeros(n, dtype=torch.int64), torch.arange(n, dtype=torch.int64)
         host_rows = self._layer_pages(0)[0, :n]
