@@ -27,11 +27,10 @@ import shlex
 import shutil
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.server_log_stats import startup_report
-from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server
+from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 # every compile cache a start fills, by the variable that moves it (README, "Start-up time")
 # (Python's bytecode is not among them: pip writes it when it installs a package)
@@ -49,22 +48,6 @@ def cache_env(root: Path) -> dict[str, str]:
     return {var: str(root / var.lower()) for var in CACHE_VARIABLES}
 
 
-def wait_ready(port: int, proc, timeout: float, poll_s: float = 0.5) -> float:
-    """Seconds until /health answers 200; RuntimeError if the server exits or `timeout` passes first."""
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                if r.status == 200:
-                    return time.time() - t0
-        except Exception:
-            pass
-        time.sleep(poll_s)
-    raise RuntimeError(f"not ready after {timeout:.0f} s")
-
-
 def start_one(model: str, backend: str, gpu: str, port: int, caches: Path, phase: str, flags: list[str],
               out: Path, timeout: float) -> dict:
     """One server's start (as the module docstring describes) -> its row."""
@@ -76,7 +59,7 @@ def start_one(model: str, backend: str, gpu: str, port: int, caches: Path, phase
     row = {"model": Path(model).name, "backend": backend, "pass": phase, "gpu": gpu, "caches": str(caches),
            "cmd": proc.cmd}
     try:
-        row["ready_s"] = round(wait_ready(port, proc, timeout), 1)
+        row["ready_s"] = round(wait_healthy(port, proc, timeout, poll_s=0.5), 1)
         t0 = time.time()
         greedy_generate(port, FIRST_REQUEST_IDS, 8, timeout=timeout)
         row["first_request_s"] = round(time.time() - t0, 2)

@@ -73,7 +73,9 @@ def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float =
                                     **extra}, timeout=timeout)
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float, poll_s: float = 2) -> float:
+    """Seconds until /health answers 200 (polled every `poll_s`); RuntimeError if the server exits first,
+    TimeoutError after `timeout`."""
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
@@ -81,10 +83,10 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout: float) -> None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                 if r.status == 200:
-                    return
+                    return time.time() - t0
         except Exception:
             pass
-        time.sleep(2)
+        time.sleep(poll_s)
     raise TimeoutError("server not healthy in time")
 
 
