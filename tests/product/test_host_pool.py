@@ -2,14 +2,14 @@
 to host records (and to SGLang's file storage), loaded back into other device slots are the same bytes in all three
 arrays (FP8 content, fp32 scale, BF16 RoPE), in every host layout; the host pool is sized from snapmla's 644 bytes.
 
-Pages move with the Triton record kernels (after the host pool's start-up check against the torch copies) or, with
-SNAPMLA_HICACHE_COPIES=torch or a failed check, with the torch copies; both are tested, and a kernel that moves a
-record differently is caught by the check and logged.
+Pages move with the torch copies (the default) or, with SNAPMLA_HICACHE_COPIES=kernels, with the Triton record
+kernels after the host pool's build-time check against the copies; both are tested, and a kernel that moves a record
+differently is caught by the check and logged.
 
 The host pool is built the way each SGLang release builds it: 0.5.17's HiRadixCache passes the device pool to
 MLATokenToKVPoolHost, 0.5.23's `build_kv_host_pool` passes `get_device_pool_infos()[0].buffer_info` (here with the
 server's memory settings given to it directly). The device pool lives on the CPU here (the Triton interpreter's
-mode); on the GPU the kernels read and write the page-locked host pool in place."""
+mode); on the GPU the copies go through pinned host memory, the kernels read and write it in place."""
 
 from types import SimpleNamespace
 
@@ -83,7 +83,8 @@ def test_pages_come_back_byte_for_byte(plugin, monkeypatch, layout, copies):
     the fallback)."""
     from sglang_snapmla.host_pool import RECORD_BYTES, SnapMLATokenToKVPoolHost
 
-    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "auto" if copies == "triton" else "torch")
+    if copies == "triton":
+        monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernels")  # the default is the copies
     gen = torch.Generator().manual_seed(7)
     device = device_pool()
     fill_random(device, gen)
@@ -165,6 +166,7 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
         real(host_words, record_words, loc, content, torch.zeros_like(scale), rope)
 
     monkeypatch.setattr(ops, "pool_to_records", scale_dropped)
+    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernels")
     hp._fall_back.cache_clear()
     device = device_pool()
     with caplog.at_level("WARNING", logger=hp.__name__):
