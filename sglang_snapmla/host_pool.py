@@ -162,13 +162,15 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         """The whole host buffer as a flat int32 view (records are 161 words at word-aligned offsets)."""
         return self.kv_buffer.view(-1).view(torch.int32)
 
-    def _record_words(self, host_layer: int, page: torch.Tensor, offset: torch.Tensor,
-                      device: torch.device) -> torch.Tensor:
-        """The int32-word offsets in `_host_words` of the records (host_layer, page, offset), int64 on `device`."""
-        pages = self._layer_pages(host_layer)
-        base = pages.data_ptr() - self.kv_buffer.data_ptr()  # bytes; strides below are bytes too (uint8)
-        byte_offsets = base + page * pages.stride(0) + offset * pages.stride(1)
-        return (byte_offsets // 4).to(device, non_blocking=True)
+    def _record_words(self, page: torch.Tensor, offset: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The int32-word offsets of the records (page, offset) within a host layer, int64 on `device`: add
+        `_layer_words(host_layer)` for that layer's (every layout gives all layers the same page and row strides)."""
+        pages = self._layer_pages(0)
+        return ((page * pages.stride(0) + offset * pages.stride(1)) // 4).to(device, non_blocking=True)  # uint8: bytes
+
+    def _layer_words(self, host_layer: int) -> int:
+        """Where a host layer's records start in `_host_words`, in int32 words."""
+        return (self._layer_pages(host_layer).data_ptr() - self.kv_buffer.data_ptr()) // 4
 
     def _choose_record_copies(self) -> str:
         """"triton" where SNAPMLA_HICACHE_COPIES=kernels asks for the record kernels and they run on this pool's
@@ -202,7 +204,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         loc = torch.arange(n, device=device)
         expected = pack(views, loc).cpu()
         try:
-            words = self._record_words(0, page, offset, device)
+            words = self._record_words(page, offset, device) + self._layer_words(0)
             ops.pool_to_records(self._host_words, words, loc, *scratch)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -233,8 +235,8 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         arrays = device_pool.layer_arrays(layer_id)  # not snapmla_buffers(): it waits for this load
         loc = device_indices.to(arrays[0].device, torch.int64)
         if self.record_copies == "triton":
-            ops.records_to_pool(self._host_words, self._record_words(host_layer, page, offset, loc.device), loc,
-                                *arrays)
+            words = self._record_words(page, offset, loc.device) + self._layer_words(host_layer)
+            ops.records_to_pool(self._host_words, words, loc, *arrays)
             return
         records = self._layer_pages(host_layer)[page, offset]
         unpack_into(byte_views(*arrays), loc, records.to(loc.device, non_blocking=True))
@@ -244,10 +246,12 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         self._note_io_backend(io_backend)
         page, offset = self._host_slots(host_indices)
         loc = device_indices.to(device_pool.kv_buffer[0].device, torch.int64)
+        # the records' offsets within a layer, moved to the device once for all layers
+        words = self._record_words(page, offset, loc.device) if self.record_copies == "triton" else None
         for layer_id in self._owned_device_layer_ids(device_pool):
             host_layer = self._host_layer_index(layer_id)
-            if self.record_copies == "triton":
-                ops.pool_to_records(self._host_words, self._record_words(host_layer, page, offset, loc.device), loc,
+            if words is not None:
+                ops.pool_to_records(self._host_words, words + self._layer_words(host_layer), loc,
                                     *device_pool.layer_arrays(layer_id))
                 continue
             records = pack(byte_views(*device_pool.layer_arrays(layer_id)), loc)

@@ -79,8 +79,8 @@ def assert_same_rows(src, src_loc, dst, dst_loc):
 @pytest.mark.parametrize("copies", ["triton", "torch"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
 def test_pages_come_back_byte_for_byte(plugin, monkeypatch, layout, copies):
-    """Both ways of moving records: the Triton record kernels (what serves) and the torch copies (their spec and
-    the fallback)."""
+    """Both ways of moving records: the torch copies (the default, the kernels' spec and their fallback) and the
+    Triton record kernels (SNAPMLA_HICACHE_COPIES=kernels)."""
     from sglang_snapmla.host_pool import RECORD_BYTES, SnapMLATokenToKVPoolHost
 
     if copies == "triton":

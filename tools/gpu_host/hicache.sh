@@ -26,9 +26,9 @@ sed -i 's|    for v, (lo, hi) in zip(views, FIELDS):|    for v, (lo, hi) in list
 grep -q "zip(views, FIELDS))\[::2\]" /tmp/mutant-hicache/sglang_snapmla/host_pool.py \
   || { echo "hicache.sh: the mutation no longer applies (host_pool.unpack_into changed)"; exit 1; }
 mutant_copy /tmp/mutant-hicache-offsets
-sed -i 's|        base = pages.data_ptr() - self.kv_buffer.data_ptr()  # bytes|        base = 0  # bytes|' /tmp/mutant-hicache-offsets/sglang_snapmla/host_pool.py
-grep -q "        base = 0  # bytes" /tmp/mutant-hicache-offsets/sglang_snapmla/host_pool.py \
-  || { echo "hicache.sh: the mutation no longer applies (host_pool._record_words changed)"; exit 1; }
+sed -i 's|        return (self._layer_pages(host_layer).data_ptr() - self.kv_buffer.data_ptr()) // 4|        return 0|' /tmp/mutant-hicache-offsets/sglang_snapmla/host_pool.py
+grep -q "^        return 0$" /tmp/mutant-hicache-offsets/sglang_snapmla/host_pool.py \
+  || { echo "hicache.sh: the mutation no longer applies (host_pool._layer_words changed)"; exit 1; }
 MUTANT="snapmla-hicache-scale-dropped=snapmla-hicache:PYTHONSAFEPATH=1;PYTHONPATH=/tmp/mutant-hicache:$PYTHONPATH"
 MUTANT2="snapmla-hicache-layer-offsets=snapmla-hicache:PYTHONSAFEPATH=1;SNAPMLA_HICACHE_COPIES=kernels;PYTHONPATH=/tmp/mutant-hicache-offsets:$PYTHONPATH"
 python3 -m tools.accuracy_gate --model $CKPT --runs flashmla snapmla-hicache snapmla-hicache-kernels "$MUTANT" "$MUTANT2" \
