@@ -186,3 +186,10 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
     for layer in range(LAYERS):
         host.load_to_device_per_layer(device, host_loc, slots([5]), layer, "kernel")
     assert_same_rows(device, slots([3]), device, slots([5]))
+
+
+@pytest.mark.cpu_interpreter
+def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin, monkeypatch):
+    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernel")
+    with pytest.raises(ValueError, match="SNAPMLA_HICACHE_COPIES=kernel: use torch \\(the default\\) or kernels"):
+        host_pool(device_pool(), "layer_first")
