@@ -23,7 +23,8 @@ What is registered:
   graph decode eagerly at about half the rate. Not with DP attention, where SGLang's reserve for the graphs grows
   with the DP size;
 * request validation: where snapmla serves, `TokenizerManager._validate_one_request` also refuses token ids outside
-  the vocabulary with HTTP 400 (`request_checks`; SGLang sends prompt ids to the GPU unchecked);
+  the vocabulary with HTTP 400 (`request_checks`; SGLang sends prompt ids to the GPU unchecked), in the main process
+  and, with --tokenizer-worker-num > 1, in each tokenizer worker (`tokenizer_workers`: SGLang loads no plugins there);
 * the hierarchical cache's host pool: `MLATokenToKVPoolHost.__init__` becomes `host_pool`'s
   644-byte-record pool over a snapmla device pool;
 * server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
@@ -116,6 +117,10 @@ def _hooks(HookType) -> dict:
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
     from .host_pool import adopt_snapmla_device_pool
+    from .tokenizer_workers import carry_plugins_to_workers_hook
+
+    hooks["sglang.srt.entrypoints.http_server.write_data_for_multi_tokenizer"] = (carry_plugins_to_workers_hook,
+                                                                                HookType.AROUND)
 
     hooks["sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__"] = (adopt_snapmla_device_pool,
                                                                                   HookType.AROUND)

@@ -160,3 +160,64 @@ def test_generate_answers_400_with_the_message(manager_for, monkeypatch):
     ok = client.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
     assert ok.status_code == 200, ok.text
     assert scheduled == [[1, 2, 3]]
+
+
+# what a tokenizer worker runs first (SGLang's `init_multi_tokenizer`: its arguments from the main process's shared
+# memory), then a request validated by its own tokenizer manager; prints the scheduler info and the refusal
+WORKER = """
+import json, sys
+from sglang.srt.managers.multi_tokenizer_mixin import read_from_shared_memory
+port_args, server_args, info = read_from_shared_memory(sys.argv[1])
+from sglang.srt import runtime_context
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+runtime_context.publish(server_args, role="tokenizer")  # as the worker's tokenizer manager does
+tm = object.__new__(TokenizerManager)
+tm.server_args, tm.model_config = server_args, ModelConfig.from_server_args(server_args)
+tm.context_len, tm.num_reserved_tokens, tm.allow_auto_truncate = 4096, 0, False
+tm.validate_total_tokens, tm.is_generation = True, True
+obj = GenerateReqInput(input_ids=[1000000000, 3], sampling_params={"max_new_tokens": 4})
+obj.normalize_batch_and_arguments()
+try:
+    tm._validate_one_request(obj, obj.input_ids)
+    refusal = None
+except ValueError as e:
+    refusal = str(e)
+print("WORKER", json.dumps({"info": info, "refusal": refusal}))
+"""
+
+
+@pytest.mark.cpu_interpreter
+@pytest.mark.parametrize("backend,refused", [("snapmla", True), ("triton", False)])
+def test_tokenizer_workers_refuse_them_too(manager_for, backend, refused):
+    """With --tokenizer-worker-num > 1 SGLang serves HTTP from fresh worker processes that load no plugins; the
+    arguments the main process hands them (`write_data_for_multi_tokenizer`, hooked) load the plugin in each worker
+    where snapmla serves, and leave other backends' workers as SGLang has them. The worker here is a fresh
+    interpreter reading the shared memory as SGLang's workers do."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    from sglang.srt.entrypoints import http_server
+
+    server_args = manager_for(backend).server_args
+    http_server.write_data_for_multi_tokenizer(SimpleNamespace(), server_args, {"max_req_input_len": 4096})
+    name = f"multi_tokenizer_args_{os.getpid()}"
+    try:
+        res = subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True, timeout=600)
+    finally:
+        try:  # the worker's resource tracker may have removed it already (Python < 3.13 tracks what a process opens)
+            shared_memory.SharedMemory(name=name).unlink()
+        except FileNotFoundError:
+            pass
+    line = next((x for x in res.stdout.splitlines() if x.startswith("WORKER ")), None)
+    assert line, res.stdout[-1000:] + res.stderr[-3000:]
+    seen = json.loads(line[len("WORKER "):])
+    if refused:
+        assert seen["info"]["snapmla_tokenizer_worker_plugins"] == "loaded"
+        assert "input_ids[0] = 1000000000 is not a token id" in seen["refusal"]
+    else:
+        assert "snapmla_tokenizer_worker_plugins" not in seen["info"] and seen["refusal"] is None
