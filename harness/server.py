@@ -43,13 +43,15 @@ RUNS["flashmla-mhaprefill"] = RUNS["flashmla"]
 # the hierarchical cache: evicted prefix pages kept in host memory (4x the device pool) and loaded back on a hit
 HICACHE = ["--enable-hierarchical-cache", "--hicache-ratio", "4"]
 RUNS |= {f"{run}-hicache": [*RUNS[run], *HICACHE] for run in ("snapmla", "flashmla", "flashmla-fp8")}
-RUNS["snapmla-hicache-kernels"] = RUNS["snapmla-hicache"]  # host records moved by the record kernels, not the copies
+# host records moved by the record kernels (the default, named) or by the torch copies
+RUNS["snapmla-hicache-kernels"] = RUNS["snapmla-hicache-copies"] = RUNS["snapmla-hicache"]
 RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode instead of the sm_90a one
 # snapmla with every prefill over a cached prefix on MHA outside captured prefill graphs (the route model off)
 RUNS["snapmla-mha"] = RUNS["snapmla"]
 RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"},  # run -> server environment
            "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}, "snapmla-mha": {"SNAPMLA_EXTEND_ROUTE": "mha"},
-           "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"}}
+           "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"},
+           "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"}}
 
 
 def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:

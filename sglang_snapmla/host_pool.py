@@ -12,12 +12,12 @@ use) sizes, allocates, lays out (layer_first, page_first, page_first_direct) and
 tier (get_data_page / set_from_flat_data_page / get_page_buffer_meta) unchanged. Only the moves between the device
 and the host are ours: SGLang's transfer kernels copy one array per layer (and its JIT ones refuse rows that are not
 a multiple of 128 bytes), so backup writes the requested rows of the three arrays into their host records and load
-writes records back into them -- every byte of all three, whichever `--hicache-io-backend` is set. By default torch
-copies move them (`pack` / `unpack_into`, the spec: records gathered on the CPU, synchronous). With
-SNAPMLA_HICACHE_COPIES=kernels, Triton kernels that read and write the page-locked host pool in place
-(`ops.records_to_pool` / `ops.pool_to_records`) move them, after a check when the host pool is built that they move
-records on this pool's memory exactly as the torch copies do; where the check fails, the torch copies serve and the
-reason is logged once. Which one moves the pages is logged once.
+writes records back into them -- every byte of all three, whichever `--hicache-io-backend` is set. Triton kernels
+that read and write the page-locked host pool in place (`ops.records_to_pool` / `ops.pool_to_records`, as SGLang's
+own transfer kernels do for BF16 rows) move them, after a check when the host pool is built that they move records
+on this pool's memory exactly as the torch copies do (`pack` / `unpack_into`, the spec: records gathered on the CPU,
+synchronous). Where the check fails, or SNAPMLA_HICACHE_COPIES=torch asks for them, the torch copies move the
+records; a failed check's reason is logged once, and which of the two moves the pages is logged once.
 
 Where SGLang builds the host pool from differs by release: 0.5.17 passes the device pool itself; 0.5.23 passes the
 `buffer_info` of the device pool's `get_device_pool_infos()`, an MLABufferInfo of one [N, 1, 576] tensor per layer,
@@ -173,13 +173,13 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         return (self._layer_pages(host_layer).data_ptr() - self.kv_buffer.data_ptr()) // 4
 
     def _choose_record_copies(self) -> str:
-        """"triton" where SNAPMLA_HICACHE_COPIES=kernels asks for the record kernels and they run on this pool's
-        memory and move records as the torch copies do (checked once on two records of the host buffer, restored
-        afterwards), else "torch" (the default; a failed check logs its reason once)."""
+        """"triton" where the record kernels (SNAPMLA_HICACHE_COPIES=kernels, the default) run on this pool's memory
+        and move records as the torch copies do (checked once on two records of the host buffer, restored
+        afterwards), else "torch" (SNAPMLA_HICACHE_COPIES=torch, or a failed check, whose reason is logged once)."""
         device = self.device_pool.kv_buffer[0].device
         requested = requested_hicache_copies()
         if requested not in ("torch", "kernels"):
-            raise ValueError(f"{HICACHE_COPIES_ENV}={requested}: use torch (the default) or kernels")
+            raise ValueError(f"{HICACHE_COPIES_ENV}={requested}: use kernels (the default) or torch")
         if requested == "torch":
             return "torch"
         if device.type != "cuda" and not interpreter_mode():
@@ -276,8 +276,8 @@ def _log_io_backend(io_backend: str, record_copies: str) -> None:
 @functools.lru_cache(maxsize=None)
 def _fall_back(reason: str) -> str:
     """The torch copies, with the reason logged once per process (a warning: they keep the GPU waiting)."""
-    logger.warning("snapmla HiCache: pages move with torch copies, not the record kernels %s=kernels asks for: %s",
-                   HICACHE_COPIES_ENV, reason)
+    logger.warning("snapmla HiCache: pages move with torch copies, not the record kernels (%s=kernels, the default): "
+                   "%s", HICACHE_COPIES_ENV, reason)
     return "torch"
 
 

@@ -12,7 +12,7 @@ DECODE_IMPL_ENV = "SNAPMLA_DECODE_IMPL"  # auto | cuda | triton
 PDL_ENV = "SNAPMLA_PDL"  # 0 turns programmatic dependent launch off
 CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"  # 1: the public ops check slot ids, page ids and lengths (a host sync)
 EXTEND_ROUTE_ENV = "SNAPMLA_EXTEND_ROUTE"  # auto | mha | absorbed: the route of prefills over a cached prefix
-HICACHE_COPIES_ENV = "SNAPMLA_HICACHE_COPIES"  # torch | kernels: what moves HiCache pages between host and device
+HICACHE_COPIES_ENV = "SNAPMLA_HICACHE_COPIES"  # kernels (default) | torch: what moves HiCache pages between host and device
 CUDA_SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"  # kernel development: build the CUDA decode from another source dir
 
 
@@ -38,7 +38,7 @@ def index_checks_enabled() -> bool:
 
 
 def requested_hicache_copies() -> str:
-    return os.environ.get(HICACHE_COPIES_ENV, "torch")
+    return os.environ.get(HICACHE_COPIES_ENV, "kernels")
 
 
 def cuda_source_dir() -> str | None:

@@ -2,9 +2,9 @@
 to host records (and to SGLang's file storage), loaded back into other device slots are the same bytes in all three
 arrays (FP8 content, fp32 scale, BF16 RoPE), in every host layout; the host pool is sized from snapmla's 644 bytes.
 
-Pages move with the torch copies (the default) or, with SNAPMLA_HICACHE_COPIES=kernels, with the Triton record
-kernels after the host pool's build-time check against the copies; both are tested, and a kernel that moves a record
-differently is caught by the check and logged.
+Pages move with the Triton record kernels (the default, after the host pool's build-time check against the torch
+copies) or, with SNAPMLA_HICACHE_COPIES=torch, with the torch copies; both are tested, and a kernel that moves a
+record differently is caught by the check and logged.
 
 The host pool is built the way each SGLang release builds it: 0.5.17's HiRadixCache passes the device pool to
 MLATokenToKVPoolHost, 0.5.23's `build_kv_host_pool` passes `get_device_pool_infos()[0].buffer_info` (here with the
@@ -79,12 +79,11 @@ def assert_same_rows(src, src_loc, dst, dst_loc):
 @pytest.mark.parametrize("copies", ["triton", "torch"])
 @pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
 def test_pages_come_back_byte_for_byte(plugin, monkeypatch, layout, copies):
-    """Both ways of moving records: the torch copies (the default, the kernels' spec and their fallback) and the
-    Triton record kernels (SNAPMLA_HICACHE_COPIES=kernels)."""
+    """Both ways of moving records: the Triton record kernels (the default) and the torch copies (the kernels' spec
+    and their fallback; SNAPMLA_HICACHE_COPIES=torch)."""
     from sglang_snapmla.host_pool import RECORD_BYTES, SnapMLATokenToKVPoolHost
 
-    if copies == "triton":
-        monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernels")  # the default is the copies
+    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernels" if copies == "triton" else "torch")
     gen = torch.Generator().manual_seed(7)
     device = device_pool()
     fill_random(device, gen)
@@ -166,7 +165,7 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
         real(host_words, record_words, loc, content, torch.zeros_like(scale), rope)
 
     monkeypatch.setattr(ops, "pool_to_records", scale_dropped)
-    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernels")
+    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)  # the default asks for the kernels
     hp._fall_back.cache_clear()
     device = device_pool()
     with caplog.at_level("WARNING", logger=hp.__name__):
@@ -191,5 +190,5 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
 @pytest.mark.cpu_interpreter
 def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin, monkeypatch):
     monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernel")
-    with pytest.raises(ValueError, match="SNAPMLA_HICACHE_COPIES=kernel: use torch \\(the default\\) or kernels"):
+    with pytest.raises(ValueError, match="SNAPMLA_HICACHE_COPIES=kernel: use kernels \\(the default\\) or torch"):
         host_pool(device_pool(), "layer_first")
