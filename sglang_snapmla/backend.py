@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from . import extend
+from . import extend, library
 from . import numerics as nx
 from . import ops
 from .pool import SnapMLATokenToKVPool
@@ -55,11 +55,11 @@ class SnapMLAForward:
         [B * s_q, H * 512]."""
         heads = layer.tp_q_head_num
         batch, s_q = plan.batch, plan.s_q
-        q8, q_scale, q_rope_al = ops.quantize_q(q_nope, q_rope)
-        out, _ = ops.decode_quantized(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
-                                      q_rope_al.view(batch, s_q, heads, -1),
-                                      *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                                      block_table, seq_lens, layer.scaling, follows_q_quant=True, plan=plan)
+        q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
+        out, _ = library.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
+                                q_rope_al.view(batch, s_q, heads, -1),
+                                *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
+                                block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
     _step = None  # (forward batch, its metadata, last layer id, plan, int32 lengths): the step's plan, for its layers

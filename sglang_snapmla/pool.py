@@ -23,6 +23,7 @@ import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, get_tensor_size_bytes, unwrap_write_loc
 
+from . import library
 from . import numerics as nx
 from . import ops
 from .layout import BYTES_PER_TOKEN
@@ -111,11 +112,11 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
 
     def _append(self, layer_id, loc, k_nope, k_rope):
         kv, scale, rope = self.snapmla_buffers(layer_id)
-        ops.append_kv(k_nope.to(torch.bfloat16), k_rope.to(torch.bfloat16), loc, kv, scale, rope)
+        library.append_kv(k_nope.to(torch.bfloat16), k_rope.to(torch.bfloat16), loc, kv, scale, rope)
 
     def get_mla_kv_buffer(self, layer, loc: torch.Tensor, dst_dtype: Optional[torch.dtype] = None):
         """Dequantized rows: (k_nope [N, 1, 512], k_rope [N, 1, 64]) in dst_dtype (default bf16)."""
-        c, r = ops.fetch_dequant(loc, *self.snapmla_buffers(layer.layer_id))
+        c, r = library.fetch_dequant(loc, *self.snapmla_buffers(layer.layer_id))
         dst_dtype = dst_dtype or torch.bfloat16
         return c.unsqueeze(1).to(dst_dtype), r.unsqueeze(1).to(dst_dtype)
 

@@ -43,7 +43,8 @@ def pytest_collection_modifyitems(config, items):
         # the plugin refuses --device cpu unless Triton runs in its interpreter, which conftest only turns on where
         # there is no CUDA (a GPU host's Triton compiles for the GPU)
         if os.environ.get("TRITON_INTERPRET", "0") != "1":
-            skip = pytest.mark.skip(reason="runs the plugin on --device cpu: needs TRITON_INTERPRET=1 (CPU machines)")
+            skip = pytest.mark.skip(reason="runs on the CPU through Triton's interpreter: needs TRITON_INTERPRET=1 "
+                                           "(CPU machines)")
             for item in items:
                 if "cpu_interpreter" in item.keywords:
                     item.add_marker(skip)

@@ -98,3 +98,20 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
                 f"{name} argument {i}: {describe(a, static)} at capture, {describe(b, static)} at replay"
     if impl == "triton":
         assert_close(out.float(), proto.reference(mode, q, q_rope), rel_l2=3e-2, what=f"{mode} after replay")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_compile_traces_the_backends_forward_as_one_graph(gen, mode):
+    """SGLang's --enable-torch-compile runs the model's forward, our backend's included, through torch.compile: the
+    decode, target-verify and draft-extend forwards (step plan, Q-quant, decode and combine through the typed ops of
+    sglang_snapmla.library) trace without a graph break and compute what eager computes, bit for bit (`aot_eager`,
+    the Triton interpreter behind the ops)."""
+    proto = GraphProtocol(heads=16, max_bs=4, lens=[70, 130, 3], gen=gen, device="cpu")
+    q, q_rope = proto.queries(mode)
+    fb = proto.replay_metadata(mode)
+    eager = proto.forward(mode, fb, q, q_rope)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, q_rope: proto.forward(mode, fb, q, q_rope), fullgraph=True,
+                             backend="aot_eager")(q, q_rope)
+    assert torch.equal(eager, compiled)
+    assert_close(compiled.float(), proto.reference(mode, q, q_rope), rel_l2=3e-2, what=f"compiled {mode}")

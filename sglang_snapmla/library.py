@@ -1,0 +1,120 @@
+"""The ops SGLang's model calls, as typed torch ops (`torch.ops.snapmla.*`) for torch.compile.
+
+Under torch.compile (SGLang's `--enable-torch-compile`) Dynamo traces the model's forward, our backend included. A
+plain call into `ops` would be traced into its launch code: Triton launches, the sm_90a library's pybind call and
+the host-side checks, none of which Dynamo can keep in one graph. Registered as custom ops with fake
+implementations (output shapes and dtypes from the input shapes alone), each is one opaque node of known signature:
+
+| op | schema (what `ops` documents in full) |
+|---|---|
+| snapmla::quantize_q | (q_nope [T, H, 512], q_rope [T, H, 64]) -> (q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64]) |
+| snapmla::decode | (q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], kv_content, kv_scale, kv_rope, block_table [B, P] int32, seq_lens [B] int32, softmax_scale, the plan's impl / splits / slots / pdl / tiling, follows_q_quant) -> (out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32) |
+| snapmla::append_kv | (c_kv [T, 512], k_rope [T, 64], loc [T], kv_content!, kv_scale!, kv_rope!) -> () |
+| snapmla::fetch_dequant | (loc [N], kv_content, kv_scale, kv_rope) -> (c_kv [N, 512], k_rope [N, 64] bf16) |
+
+The functions below are what the backend and the pool call: inside a torch.compile trace they call the typed op,
+otherwise `ops` directly, because the dispatcher costs every call of a custom op tens of microseconds of host time
+(45 us on the CI machine's CPU) that eager prefill would pay per layer; under CUDA graphs neither path runs on the
+host at replay. Both reach the same kernels with the same arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import numerics as nx
+from . import ops
+
+Tensor = torch.Tensor
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the typed ops
+# ----------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("snapmla::quantize_q", mutates_args=())
+def _quantize_q(q_nope: Tensor, q_rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    return ops.quantize_q(q_nope, q_rope)
+
+
+@_quantize_q.register_fake
+def _(q_nope, q_rope):
+    T, H, _ = q_nope.shape
+    return (q_nope.new_empty(T, H, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE),
+            q_nope.new_empty(T, H, dtype=torch.float32), q_rope.new_empty(T, H, nx.ROPE_DIM))
+
+
+@torch.library.custom_op("snapmla::decode", mutates_args=())
+def _decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
+            block_table: Tensor, seq_lens: Tensor, softmax_scale: float, impl: str, splits: int, slots: int,
+            pdl: bool, tiling: list[int], follows_q_quant: bool) -> tuple[Tensor, Tensor]:
+    B, s_q, H, _ = q8.shape
+    plan = ops.DecodePlan(B, s_q, H, impl, splits, slots, pdl, tuple(tiling) if tiling else None)
+    return ops.decode_quantized(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
+                                softmax_scale, follows_q_quant=follows_q_quant, plan=plan)
+
+
+@_decode.register_fake
+def _(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale, impl, splits, slots,
+      pdl, tiling, follows_q_quant):
+    B, s_q, H, _ = q8.shape
+    return (q8.new_empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16),
+            q8.new_empty(B, H, s_q, dtype=torch.float32))
+
+
+@torch.library.custom_op("snapmla::append_kv", mutates_args=("kv_content", "kv_scale", "kv_rope"))
+def _append_kv(c_kv: Tensor, k_rope: Tensor, loc: Tensor, kv_content: Tensor, kv_scale: Tensor,
+               kv_rope: Tensor) -> None:
+    ops.append_kv(c_kv, k_rope, loc, kv_content, kv_scale, kv_rope)
+
+
+@_append_kv.register_fake
+def _(c_kv, k_rope, loc, kv_content, kv_scale, kv_rope):
+    return None
+
+
+@torch.library.custom_op("snapmla::fetch_dequant", mutates_args=())
+def _fetch_dequant(loc: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor) -> tuple[Tensor, Tensor]:
+    return ops.fetch_dequant(loc, kv_content, kv_scale, kv_rope)
+
+
+@_fetch_dequant.register_fake
+def _(loc, kv_content, kv_scale, kv_rope):
+    n = loc.shape[0]
+    return (kv_rope.new_empty(n, nx.KV_LORA_RANK), kv_rope.new_empty(n, nx.ROPE_DIM))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what the backend and the pool call
+# ----------------------------------------------------------------------------------------------------------
+def quantize_q(q_nope: Tensor, q_rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`ops.quantize_q`; the typed op inside a torch.compile trace."""
+    if torch.compiler.is_compiling():
+        return torch.ops.snapmla.quantize_q(q_nope, q_rope)
+    return ops.quantize_q(q_nope, q_rope)
+
+
+def decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
+           block_table: Tensor, seq_lens: Tensor, softmax_scale: float, plan: ops.DecodePlan,
+           follows_q_quant: bool = False) -> tuple[Tensor, Tensor]:
+    """`ops.decode_quantized` with a plan; the typed op (the plan's fields as its arguments) inside a trace."""
+    if torch.compiler.is_compiling():
+        return torch.ops.snapmla.decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
+                                        softmax_scale, plan.impl, plan.splits, plan.slots, plan.pdl,
+                                        list(plan.tiling or ()), follows_q_quant)
+    return ops.decode_quantized(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
+                                softmax_scale, follows_q_quant=follows_q_quant, plan=plan)
+
+
+def append_kv(c_kv: Tensor, k_rope: Tensor, loc: Tensor, kv_content: Tensor, kv_scale: Tensor,
+              kv_rope: Tensor) -> None:
+    """`ops.append_kv`; the typed op inside a trace."""
+    if torch.compiler.is_compiling():
+        return torch.ops.snapmla.append_kv(c_kv, k_rope, loc, kv_content, kv_scale, kv_rope)
+    return ops.append_kv(c_kv, k_rope, loc, kv_content, kv_scale, kv_rope)
+
+
+def fetch_dequant(loc: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor) -> tuple[Tensor, Tensor]:
+    """`ops.fetch_dequant` into new tensors; the typed op inside a trace."""
+    if torch.compiler.is_compiling():
+        return torch.ops.snapmla.fetch_dequant(loc, kv_content, kv_scale, kv_rope)
+    return ops.fetch_dequant(loc, kv_content, kv_scale, kv_rope)

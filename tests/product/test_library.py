@@ -1,0 +1,135 @@
+"""The typed ops (sglang_snapmla/library.py): registered with torch.library as their schemas say, fake
+implementations that agree with the kernels' outputs, and a decode step that torch.compile traces as one graph with
+the same outputs as eager (on the CPU: Triton's interpreter behind the ops, `aot_eager` as the compiler backend)."""
+
+import pytest
+import torch
+
+from sglang_snapmla import library, ops
+from sglang_snapmla import numerics as nx
+
+pytestmark = pytest.mark.cpu_interpreter  # CPU tensors, the Triton kernels in the interpreter
+
+
+def pool(gen, pages: int):
+    n = pages * nx.PAGE_SIZE
+    c_kv = torch.randn(n, nx.KV_LORA_RANK, generator=gen).to(torch.bfloat16)
+    k_rope = (4 * torch.randn(n, nx.ROPE_DIM, generator=gen)).to(torch.bfloat16)
+    return ops.pool_from_rows(c_kv, k_rope)
+
+
+def queries(gen, tokens: int, heads: int):
+    return (torch.randn(tokens, heads, nx.KV_LORA_RANK, generator=gen).to(torch.bfloat16),
+            torch.randn(tokens, heads, nx.ROPE_DIM, generator=gen).to(torch.bfloat16))
+
+
+def paging(gen, batch: int, pages: int):
+    """Each sequence over its own shuffled pages, lengths of one page and more."""
+    table = torch.stack([torch.randperm(pages, generator=gen) for _ in range(batch)]).to(torch.int32)
+    lens = torch.randint(1, pages * nx.PAGE_SIZE + 1, (batch,), generator=gen).to(torch.int32)
+    return table, lens
+
+
+# opcheck's fake-tensor test: the fake implementation's outputs match the op's (shape, dtype, strides, device). Its
+# schema test reads every tensor with ops CPU torch lacks for float8; what the ops write is checked below instead.
+OPCHECK = ("test_faketensor",)
+
+
+def written_arguments(op) -> list[str]:
+    return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def snapshot(tensors) -> list[torch.Tensor]:
+    return [t.view(torch.uint8).clone() if t.dtype == nx.FP8_DTYPE else t.clone() for t in tensors]
+
+
+def assert_unchanged(before, tensors):
+    for b, t in zip(before, tensors):
+        assert torch.equal(b, t.view(torch.uint8) if t.dtype == nx.FP8_DTYPE else t)
+
+
+def test_quantize_q_and_fetch_dequant_opcheck(gen):
+    q_nope, q_rope = queries(gen, 3, 16)
+    before = snapshot((q_nope, q_rope))
+    torch.library.opcheck(torch.ops.snapmla.quantize_q.default, (q_nope, q_rope), test_utils=OPCHECK)
+    assert_unchanged(before, (q_nope, q_rope))
+    arrays = pool(gen, 2)
+    loc = torch.tensor([5, 70, 3], dtype=torch.int64)
+    before = snapshot(arrays)
+    torch.library.opcheck(torch.ops.snapmla.fetch_dequant.default, (loc, *arrays), test_utils=OPCHECK)
+    assert_unchanged(before, arrays)
+    assert written_arguments(torch.ops.snapmla.quantize_q.default) == []
+    assert written_arguments(torch.ops.snapmla.fetch_dequant.default) == []
+
+
+def test_append_kv_opcheck_declares_what_it_writes(gen):
+    """The schema marks the three pool arrays as written (and nothing else): a compiler may then neither drop the
+    call, which returns nothing, nor move reads of the pool across it. The rows it writes are the spec's."""
+    assert written_arguments(torch.ops.snapmla.append_kv.default) == ["kv_content", "kv_scale", "kv_rope"]
+    arrays = pool(gen, 2)
+    c_kv = torch.randn(4, nx.KV_LORA_RANK, generator=gen).to(torch.bfloat16)
+    k_rope = torch.randn(4, nx.ROPE_DIM, generator=gen).to(torch.bfloat16)
+    loc = torch.tensor([1, 64, 9, 100], dtype=torch.int64)
+    torch.library.opcheck(torch.ops.snapmla.append_kv.default, (c_kv, k_rope, loc, *arrays), test_utils=OPCHECK)
+    torch.ops.snapmla.append_kv(c_kv, k_rope, loc, *arrays)
+    expected = ops.pool_from_rows(c_kv, k_rope)
+    for got, want in zip(arrays, expected):
+        assert torch.equal(got[loc].view(torch.uint8) if got.dtype == nx.FP8_DTYPE else got[loc],
+                           want.view(torch.uint8) if want.dtype == nx.FP8_DTYPE else want)
+
+
+@pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
+def test_decode_opcheck(gen, batch, s_q, splits):
+    pages, heads = 3, 16
+    arrays = pool(gen, pages)
+    table, lens = paging(gen, batch, pages)
+    lens = lens.clamp(min=s_q)
+    q8, q_scale, q_rope = ops.quantize_q(*queries(gen, batch * s_q, heads))
+    plan = ops.plan_decode(batch, s_q, heads, pages, q8.device, num_splits=splits)
+    args = (q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads), q_rope.view(batch, s_q, heads, -1),
+            *arrays, table, lens, 0.1, plan.impl, plan.splits, plan.slots, plan.pdl, [], False)
+    before = snapshot(args[:8])
+    torch.library.opcheck(torch.ops.snapmla.decode.default, args, test_utils=OPCHECK)
+    assert_unchanged(before, args[:8])
+    assert written_arguments(torch.ops.snapmla.decode.default) == []
+    out, lse = torch.ops.snapmla.decode(*args)
+    want_out, want_lse = ops.decode_quantized(*args[:9], plan=plan)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen):
+    """Append the step's new keys, fetch some rows back, Q-quant and decode: torch.compile(fullgraph=True) must trace
+    it without a graph break (a plain call into `ops` breaks it: Dynamo would trace the launch code) and compute what
+    the eager calls compute, bit for bit."""
+    batch, heads, pages = 3, 16, 4
+    gen_state = gen.get_state()
+
+    def inputs():
+        gen.set_state(gen_state)
+        arrays = pool(gen, pages)
+        table, lens = paging(gen, batch, pages)
+        new_k = torch.randn(batch, nx.KV_LORA_RANK, generator=gen).to(torch.bfloat16)
+        new_rope = torch.randn(batch, nx.ROPE_DIM, generator=gen).to(torch.bfloat16)
+        loc = (table[:, 0].long() * nx.PAGE_SIZE + (lens.long() - 1) % nx.PAGE_SIZE)  # each sequence's last slot
+        return arrays, table, lens, new_k, new_rope, loc, queries(gen, batch, heads)
+
+    plan = ops.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=2)
+
+    def step(arrays, table, lens, new_k, new_rope, loc, q):
+        library.append_kv(new_k, new_rope, loc, *arrays)
+        fetched = library.fetch_dequant(loc, *arrays)
+        q8, q_scale, q_rope = library.quantize_q(*q)
+        out, lse = library.decode(q8.view(batch, 1, heads, -1), q_scale.view(batch, 1, heads),
+                                  q_rope.view(batch, 1, heads, -1), *arrays, table, lens, 0.1, plan,
+                                  follows_q_quant=True)
+        return out, lse, *fetched
+
+    eager_in = inputs()
+    eager = step(*eager_in)
+    compiled_in = inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_in)
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    for a, b in zip(eager_in[0], compiled_in[0]):  # the pool writes happened in the compiled step too
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
