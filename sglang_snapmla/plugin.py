@@ -106,11 +106,12 @@ def selected_on_command_line(argv: list[str]) -> bool:
 def _hooks(HookType) -> dict:
     """SGLang function (HookRegistry target) -> (our hook, its type). A target that did not change when the hooks were
     applied is an integration point this SGLang release does not have (`integration_errors`)."""
+    from .request_checks import HOOKED_VALIDATION
+
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
     factory = "sglang.srt.speculative.draft_utils.DraftBackendFactory"
-    tokenizer_manager = "sglang.srt.managers.tokenizer_manager.TokenizerManager"
     hooks = {
-        f"{tokenizer_manager}._validate_one_request": (_validate_request_hook, HookType.AROUND),
+        HOOKED_VALIDATION: (_validate_request_hook, HookType.AROUND),
         f"{configurator}.calculate_mla_kv_cache_dim": (_kv_cache_dim_hook, HookType.AROUND),
         f"{configurator}.KVCacheConfigurator._build_mla_kv_pool": (_build_pool_hook, HookType.AROUND),
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),

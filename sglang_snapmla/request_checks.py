@@ -21,6 +21,9 @@ from __future__ import annotations
 from typing import Iterable
 
 PR = "sglang PR #8383"
+# SGLang's per-request validation, which the plugin wraps with these checks (plugin._hooks; tokenizer_workers checks
+# that the wrap applied in each tokenizer worker)
+HOOKED_VALIDATION = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 
 def _first_outside(ids: Iterable, vocab_size: int) -> tuple[int, object] | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .request_checks import HOOKED_VALIDATION
 from .server_policy import is_selected
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 # the scheduler-info key of the entry; its value in a worker, once plugins are loaded there
 WORKER_PLUGINS_KEY = "snapmla_tokenizer_worker_plugins"
 LOADED = "loaded"
-VALIDATION = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 
 def load_plugins_in_worker() -> str:
@@ -37,10 +37,9 @@ def load_plugins_in_worker() -> str:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    validate = pkgutil.resolve_name(VALIDATION)
-    if not hasattr(validate, "__wrapped__"):
+    if not hasattr(pkgutil.resolve_name(HOOKED_VALIDATION), "__wrapped__"):
         raise RuntimeError(f"sglang-snapmla: the request checks did not apply in tokenizer worker {os.getpid()} "
-                           f"({VALIDATION} is SGLang's own); serve with --tokenizer-worker-num 1.")
+                           f"({HOOKED_VALIDATION} is SGLang's own); serve with --tokenizer-worker-num 1.")
     logger.info("sglang-snapmla: plugins loaded in tokenizer worker %d", os.getpid())
     return LOADED
 

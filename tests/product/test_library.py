@@ -39,13 +39,18 @@ def written_arguments(op) -> list[str]:
     return [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """What torch.equal compares: float8 as its bytes (CPU torch has no float8 comparison)."""
+    return t.view(torch.uint8) if t.dtype == nx.FP8_DTYPE else t
+
+
 def snapshot(tensors) -> list[torch.Tensor]:
-    return [t.view(torch.uint8).clone() if t.dtype == nx.FP8_DTYPE else t.clone() for t in tensors]
+    return [bits(t).clone() for t in tensors]
 
 
 def assert_unchanged(before, tensors):
     for b, t in zip(before, tensors):
-        assert torch.equal(b, t.view(torch.uint8) if t.dtype == nx.FP8_DTYPE else t)
+        assert torch.equal(b, bits(t))
 
 
 def test_quantize_q_and_fetch_dequant_opcheck(gen):
@@ -74,8 +79,7 @@ def test_append_kv_opcheck_declares_what_it_writes(gen):
     torch.ops.snapmla.append_kv(c_kv, k_rope, loc, *arrays)
     expected = ops.pool_from_rows(c_kv, k_rope)
     for got, want in zip(arrays, expected):
-        assert torch.equal(got[loc].view(torch.uint8) if got.dtype == nx.FP8_DTYPE else got[loc],
-                           want.view(torch.uint8) if want.dtype == nx.FP8_DTYPE else want)
+        assert torch.equal(bits(got[loc]), bits(want))
 
 
 @pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
