@@ -16,6 +16,7 @@ KV writes go through the pool's fused K-append kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Optional
@@ -28,9 +29,21 @@ from . import ops
 from .pool import SnapMLATokenToKVPool
 
 
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """A decode, target verify or draft extend step as each of its layers runs it (`SnapMLAForward.plan_step`).
+
+    decode: the kernels' plan for [B, s_q, heads] queries; block_table [B, P] int32: FlashMLA's block table (under
+    CUDA graphs a view of its static buffer); seq_lens [B] int32: keys per sequence, the step's new tokens included."""
+    decode: ops.DecodePlan
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+
+
 class SnapMLAForward:
     """The forward paths of the backend. Reads `token_to_kv_pool`, `req_to_token`, `forward_metadata`
-    (FlashMLA's block table), `num_draft_tokens` and `max_pages`, which FlashMLABackend / our __init__ set.
+    (FlashMLA's block table), `num_q_heads`, `num_draft_tokens` and `max_pages`, which FlashMLABackend / our __init__
+    set; decode-like steps run the plan that `plan_step` made from them.
     Kept apart from the SGLang base class so it imports (and is tested) on machines without sgl_kernel's GPU ops."""
 
     # -- shared by decode, target verify and draft extend ------------------------------------------------------
@@ -51,8 +64,8 @@ class SnapMLAForward:
         return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
 
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: ops.DecodePlan):
-        """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), seq_lens [B] int32; returns
-        [B * s_q, H * 512]."""
+        """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
+        lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
         heads = layer.tp_q_head_num
         batch, s_q = plan.batch, plan.s_q
         q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
@@ -62,41 +75,48 @@ class SnapMLAForward:
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * nx.KV_LORA_RANK)
 
-    _step = None  # (forward batch, its metadata, last layer id, plan, int32 lengths): the step's plan, for its layers
+    step_plan: Optional[StepPlan] = None  # the plan of the step that `plan_step` saw last
 
-    def _step_plan(self, layer, forward_batch, s_q: int):
-        """-> (plan, seq_lens [B] int32) of this step's decode / target verify / draft extend: made at the step's
-        first layer, reused by the others. The split count comes from the static page bound, not from the block
-        table: under CUDA graphs the table is the view SGLang captured with (width 1 at capture), and a count derived
-        from it would be frozen into the graph. A forward that starts again (a layer id not above the last one:
-        SGLang runs a batch more than once to warm up and capture a CUDA graph) plans again, so that the lengths a
-        captured graph reads are computed inside it."""
-        step = self._step
-        if (step is not None and step[0] is forward_batch and step[1] is self.forward_metadata
-                and layer.layer_id > step[2]):
-            self._step = (*step[:2], layer.layer_id, *step[3:])
-            return step[3], step[4]
+    def plan_step(self, forward_batch, graph_seq_lens: Optional[torch.Tensor] = None) -> None:
+        """Plan a decode, target verify or draft extend step for all of its layers, from the batch and FlashMLA's
+        metadata for it (the caller has just built that): the split count from the static page bound (`max_pages`),
+        not from the block table, whose width under CUDA graphs is that of the view SGLang captured with; the int32
+        lengths; the step's checks. Any other batch clears the plan.
+        `graph_seq_lens`: under CUDA graphs (capture and every replay), a static int32 buffer of at least B entries,
+        which the lengths are written into here, outside the graph, for the captured kernels to read; eager steps
+        cast them to a new tensor."""
+        mode = forward_batch.forward_mode
+        if mode.is_target_verify() or mode.is_draft_extend_v2():
+            s_q = self.num_draft_tokens
+        elif mode.is_decode_or_idle():
+            s_q = 1
+        else:
+            self.step_plan = None
+            return
         bs = forward_batch.batch_size
-        if forward_batch.forward_mode.is_draft_extend_v2():
-            seq_lens = self.forward_metadata.seq_lens_k
-        elif forward_batch.forward_mode.is_target_verify():
-            seq_lens = forward_batch.seq_lens[:bs] + s_q
+        if mode.is_draft_extend_v2():  # FlashMLA's window-aligned int32 lengths (a static buffer under graphs)
+            seq_lens = self.forward_metadata.seq_lens_k[:bs]
         else:
             seq_lens = forward_batch.seq_lens[:bs]
-        plan = ops.plan_decode(bs, s_q, layer.tp_q_head_num, self.max_pages, seq_lens.device)
-        # the int32 cast (a kernel when SGLang's lengths are int64) is made here, once, so that in every layer the
-        # decode directly follows the Q-quant and overlaps it (programmatic dependent launch, ops.pdl_enabled)
-        seq_lens = seq_lens.to(torch.int32)
-        self._step = (forward_batch, self.forward_metadata, layer.layer_id, plan, seq_lens)
-        return plan, seq_lens
+            if mode.is_target_verify():  # the draft tokens follow the committed ones
+                seq_lens = seq_lens + s_q
+            seq_lens = graph_seq_lens[:bs].copy_(seq_lens) if graph_seq_lens is not None else seq_lens.to(torch.int32)
+        plan = ops.plan_decode(bs, s_q, self.num_q_heads, self.max_pages, seq_lens.device)
+        block_table = self.forward_metadata.block_kv_indices[:bs]
+        ops.check_decode_step(block_table, seq_lens, plan, self.token_to_kv_pool.num_slots)
+        self.step_plan = StepPlan(plan, block_table, seq_lens)
 
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, s_q: int):
-        """Write the new K, then attend with s_q query tokens per sequence over FlashMLA's block table."""
+        """Write the new K, then attend with s_q query tokens per sequence as the step's plan says."""
+        step, shape = self.step_plan, [forward_batch.batch_size, s_q, layer.tp_q_head_num]
+        planned = None if step is None else [step.decode.batch, step.decode.s_q, step.decode.heads]
+        if planned != shape:
+            raise RuntimeError(f"snapmla: this step's [batch, s_q, heads] is {shape} but its plan is for {planned}: "
+                               "the backend's forward metadata (init_forward_metadata or "
+                               "init_forward_metadata_out_graph) was not built for it")
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         q_nope, q_rope = self._split_q(q, q_rope, layer)
-        plan, seq_lens = self._step_plan(layer, forward_batch, s_q)
-        block_table = self.forward_metadata.block_kv_indices[: forward_batch.batch_size]
-        return self._attend(q_nope, q_rope, layer, block_table, seq_lens, plan)
+        return self._attend(q_nope, q_rope, layer, step.block_table, step.seq_lens, step.decode)
 
     # -- SGLang entry points ------------------------------------------------------------------------------
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True,
@@ -147,6 +167,8 @@ class SnapMLAForward:
                                                      self.req_to_token)
             planned = [(launch, ops.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, device))
                        for launch in launches]
+            for launch, plan in planned:
+                ops.check_decode_step(launch.block_table, launch.seq_lens, plan, self.token_to_kv_pool.num_slots)
             self._planned_batch = (forward_batch, key, planned)
         return self._planned_batch[2]
 
@@ -169,6 +191,24 @@ def backend_class() -> type:
             # The decode implementation resolved (and logged, once) at startup, outside any CUDA graph capture: the
             # prebuilt library's check and the extension's build run here, not inside the first captured decode.
             ops.decode_impl()
+            self.snapmla_graph_seq_lens = None
+
+        # SGLang's forward-metadata protocol: FlashMLA's metadata (the block table) first, then the step's plan.
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None):
+            super().init_cuda_graph_state(max_bs, max_num_tokens, block_kv_indices)
+            # the int32 lengths that captured decode-like graphs read, written before every replay (plan_step)
+            self.snapmla_graph_seq_lens = torch.ones(max_bs, dtype=torch.int32,
+                                                     device=self.cuda_graph_kv_indices.device)
+
+        def init_forward_metadata(self, forward_batch):
+            super().init_forward_metadata(forward_batch)
+            self.plan_step(forward_batch)
+
+        def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+            super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+            if self.snapmla_graph_seq_lens is None:
+                raise RuntimeError("snapmla: CUDA-graph metadata asked for before init_cuda_graph_state")
+            self.plan_step(forward_batch, graph_seq_lens=self.snapmla_graph_seq_lens)
 
     return SnapMLABackend
 

@@ -96,13 +96,14 @@ def quantize_q(q_nope: Tensor, q_rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
            block_table: Tensor, seq_lens: Tensor, softmax_scale: float, plan: ops.DecodePlan,
            follows_q_quant: bool = False) -> tuple[Tensor, Tensor]:
-    """`ops.decode_quantized` with a plan; the typed op (the plan's fields as its arguments) inside a trace."""
+    """`ops.decode_planned` (the step checked by `ops.check_decode_step`); inside a trace the typed op (the plan's
+    fields as its arguments), which checks every input as `ops.decode_quantized` does."""
     if torch.compiler.is_compiling():
         return torch.ops.snapmla.decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
                                         softmax_scale, plan.impl, plan.splits, plan.slots, plan.pdl,
                                         list(plan.tiling or ()), follows_q_quant)
-    return ops.decode_quantized(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
-                                softmax_scale, follows_q_quant=follows_q_quant, plan=plan)
+    return ops.decode_planned(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale,
+                              plan, follows_q_quant)
 
 
 def append_kv(c_kv: Tensor, k_rope: Tensor, loc: Tensor, kv_content: Tensor, kv_scale: Tensor,

@@ -12,6 +12,7 @@ Shapes and dtypes:
 | append_kv | c_kv [T, 512], k_rope [T, 64] bf16, loc [T] int32 or int64, pool arrays (in place) | - |
 | fetch_dequant | loc [N] int32 or int64, pool arrays | c_kv [N, 512], k_rope [N, 64] bf16 |
 | decode_quantized | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64] (quantize_q's output), pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
+| decode_planned | as decode_quantized, unchecked: a `DecodePlan` and the step's `check_decode_step` run once for all layers | as decode_quantized |
 | quantize_and_decode | q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16, then as decode_quantized | as decode_quantized |
 | records_to_pool | host_words [W] int32 (the HiCache host pool, page-locked on a GPU), record_words [n] int64, loc [n] int32 or int64, pool arrays (in place) | - |
 | pool_to_records | as records_to_pool; the host pool written in place | - |
@@ -38,7 +39,8 @@ from .settings import (CHECK_INDICES_ENV, index_checks_enabled, interpreter_mode
 # The ops a caller (the backend, the pool, a benchmark) builds on; the other module-level names are the dispatch's
 # parts (split-count model, launch flags, tilings) that tests and kernel benchmarks reach in on purpose.
 __all__ = ["SnapMLAInputError", "quantize_q", "append_kv", "pool_from_rows", "fetch_dequant", "decode_quantized",
-           "quantize_and_decode", "combine", "check_pool", "DecodePlan", "plan_decode", "decode_impl", "pdl_enabled",
+           "quantize_and_decode", "combine", "check_pool", "DecodePlan", "plan_decode", "check_decode_step",
+           "decode_planned", "decode_impl", "pdl_enabled",
            "records_to_pool", "pool_to_records"]
 
 MAX_SPLITS = 64
@@ -340,8 +342,8 @@ def partial_slots(batch: int, rows: int, splits: int, impl: str) -> int:
 @dataclasses.dataclass(frozen=True)
 class DecodePlan:
     """What a decode launch chain (Q-quant, split decode, combine) needs that depends on the step's shapes only:
-    built once per step (`plan_decode`; the backend at a step's first layer) and run by `decode_quantized` in every
-    layer. Shapes only, never device data: a plan recorded into a CUDA graph holds at every replay.
+    built once per step (`plan_decode`; the backend in its forward-metadata hooks) and run by `decode_planned` in
+    every layer. Shapes only, never device data: a plan recorded into a CUDA graph holds at every replay.
 
     batch, s_q, heads: the query shape [batch, s_q, heads] it was planned for; impl: "triton" or "cuda"; splits: the
     split count; slots: fp32 partial slots per query row (0 with one split: the decode writes the outputs itself);
@@ -462,12 +464,30 @@ def launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, blo
         P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final, num_warps=warps, num_stages=stages)
 
 
+def check_decode_step(block_table: torch.Tensor, seq_lens: torch.Tensor, plan: DecodePlan, num_slots: int) -> None:
+    """The checks of a decode that depend on the step only (the block table, the lengths, the plan's batch): the
+    backend runs them once per step and every layer then calls `decode_planned`. block_table [B, P] int32 page ids
+    (unit stride in its last dim), seq_lens [B] int32; `num_slots`: the pool's slots, for SNAPMLA_CHECK_INDICES=1."""
+    B = plan.batch
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
+        raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids (page size 64), got "
+                                f"{tuple(block_table.shape)} {block_table.dtype}")
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,):
+        raise SnapMLAInputError(f"seq_lens must be [B={B}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
+    _check_device(block_table, seq_lens)
+    if block_table.stride(1) != 1:
+        raise SnapMLAInputError("block_table must have unit stride in its last dim (a row-major table or a view of "
+                                "one, e.g. table[:, :n])")
+    if index_checks_enabled():
+        _check_paging(block_table, seq_lens, num_slots)
+
+
 def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
                      kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      softmax_scale: float, num_splits: int | None = None,
                      tiling: tuple[int, int, int] | None = None, impl: str | None = None,
                      follows_q_quant: bool = False, plan: DecodePlan | None = None):
-    """SnapMLA split-KV decode + combine over a paged cache (page size 64).
+    """SnapMLA split-KV decode + combine over a paged cache (page size 64), every input checked.
 
     q8 [B, s_q, H, 512] fp8, q_scale [B, s_q, H] fp32, q_rope [B, s_q, H, 64] bf16 (from `quantize_q`),
     block_table [B, max_pages] int32 page ids, seq_lens [B] int32 (including the s_q new tokens, which must
@@ -476,14 +496,11 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     the view's width into the table's storage (SGLang's CUDA-graph capture passes a narrowed view of a full-stride
     table); nothing is read from slots at or past seq_len or from entries past the sequence's pages.
     Returns out [B, s_q, H, 512] bf16 and lse [B, H, s_q] fp32 (natural log).
-    `plan`: the step's `plan_decode` (the backend passes one planned from a static page bound, so that CUDA-graph
-    capture and replay agree). Without it the call plans for itself from the block table's width, with `num_splits`,
-    `tiling` = (BLOCK_M, num_warps, num_stages) and `impl` ("triton", "cuda", "auto"; default SNAPMLA_DECODE_IMPL)
-    as overrides (benchmarks, tests); with it those three must be left unset.
-    `follows_q_quant`: the kernel launched just before this call on the stream is `quantize_q` (nothing else is
-    launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table
-    and its first pages while the Q-quant still runs (safe because the Q-quant lets it start only after waiting for
-    its own predecessors, and writes none of those).
+    `plan`: a `plan_decode` for these shapes. Without it the call plans for itself from the block table's width, with
+    `num_splits`, `tiling` = (BLOCK_M, num_warps, num_stages) and `impl` ("triton", "cuda", "auto"; default
+    SNAPMLA_DECODE_IMPL) as overrides (benchmarks, tests); with it those three must be left unset.
+    `follows_q_quant`: see `decode_planned`. The backend checks a step once (`check_decode_step`) and calls
+    `decode_planned` in each layer.
     """
     _check(q8, "q8", nx.FP8_DTYPE, nx.KV_LORA_RANK, 4)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
@@ -493,53 +510,59 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     if q_rope.shape[:3] != (B, s_q, H) or q_scale.shape != (B, s_q, H):
         raise SnapMLAInputError(f"q8 {tuple(q8.shape)}, q_scale {tuple(q_scale.shape)}, q_rope "
                                 f"{tuple(q_rope.shape)} must agree on [B, s_q, H]")
-    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B:
-        raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids (page size 64), got "
-                                f"{tuple(block_table.shape)} {block_table.dtype}")
-    if seq_lens.dtype != torch.int32 or seq_lens.shape != (B,):
-        raise SnapMLAInputError(f"seq_lens must be [B={B}] int32, got {tuple(seq_lens.shape)} {seq_lens.dtype}")
     _check_device(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens)
-    if block_table.stride(1) != 1:
-        raise SnapMLAInputError("block_table must have unit stride in its last dim (a row-major table or a view of "
-                                "one, e.g. table[:, :n])")
-    if index_checks_enabled():
-        _check_paging(block_table, seq_lens, kv_content.shape[0])
-    q8, q_scale, q_rope = q8.contiguous(), q_scale.contiguous(), q_rope.contiguous()
-    R = s_q * H
     if plan is None:
+        if block_table.dim() != 2:
+            raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids, got "
+                                    f"{tuple(block_table.shape)}")
         plan = plan_decode(B, s_q, H, block_table.shape[1], q8.device, impl, num_splits, tiling)
     elif num_splits or tiling or impl:
         raise SnapMLAInputError("decode_quantized: pass either a plan or num_splits / tiling / impl, not both")
     elif (plan.batch, plan.s_q, plan.heads) != (B, s_q, H):
         raise SnapMLAInputError(f"the decode plan is for [batch, s_q, heads] = {[plan.batch, plan.s_q, plan.heads]}, "
                                 f"the queries are {[B, s_q, H]}")
-    impl, splits = plan.impl, plan.splits
+    check_decode_step(block_table, seq_lens, plan, kv_content.shape[0])
+    return decode_planned(q8.contiguous(), q_scale.contiguous(), q_rope.contiguous(), kv_content, kv_scale, kv_rope,
+                          block_table, seq_lens, softmax_scale, plan, follows_q_quant)
+
+
+def decode_planned(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
+                   kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                   softmax_scale: float, plan: DecodePlan, follows_q_quant: bool = False):
+    """The decode chain of a checked step, no checks here: `plan`'s split decode, then its combine. Shapes as
+    `decode_quantized`, q8 / q_scale / q_rope contiguous (`quantize_q`'s outputs, viewed as [plan.batch, plan.s_q,
+    plan.heads, ...]), the pool arrays one layer of a pool that `check_pool` accepts, block_table and seq_lens those
+    `check_decode_step` accepted for this plan.
+    `follows_q_quant`: the kernel launched just before this call on the stream is `quantize_q` (nothing else is
+    launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table
+    and its first pages while the Q-quant still runs (safe because the Q-quant lets it start only after waiting for
+    its own predecessors, and writes none of those)."""
+    B, s_q, H, splits = plan.batch, plan.s_q, plan.heads, plan.splits
     dev = q8.device
     out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     if B == 0:
         return out, lse
     # With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
-    # (docs/KERNEL.md). Otherwise the partials go through the combine.
-    # unused outputs are passed as empty views (no allocation): the partials at one split, out / lse otherwise
+    # (docs/KERNEL.md). Otherwise the partials go through the combine. Unused outputs are passed as empty views (no
+    # allocation): the partials at one split, out / lse otherwise. The partials are allocated per call from the
+    # caching allocator, not held by the plan: inside a CUDA-graph capture they then come from the graph's pool,
+    # whereas a buffer held by the plan would be recorded by address and must outlive every graph that used it.
     final_in_kernel = splits == 1
     if final_in_kernel:
         o_part = lse_part = lse[:0]
     else:
-        slots = plan.slots
-        o_part = torch.empty(B, R, slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
-        lse_part = torch.empty(B, R, slots, dtype=torch.float32, device=dev)
-    pdl = plan.pdl
-    if impl == "cuda":
+        o_part = torch.empty(B, s_q * H, plan.slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
+        lse_part = torch.empty(B, s_q * H, plan.slots, dtype=torch.float32, device=dev)
+    if plan.impl == "cuda":
         launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                            out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
-                           splits, pdl=pdl, follows_q_quant=follows_q_quant)
+                           splits, pdl=plan.pdl, follows_q_quant=follows_q_quant)
     else:
         launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
                              lse_part, out, lse, softmax_scale, splits, plan.tiling)
-    if final_in_kernel:
-        return out, lse
-    combine(o_part, lse_part, out, lse, H, s_q, pdl, splits)
+    if not final_in_kernel:
+        combine(o_part, lse_part, out, lse, H, s_q, plan.pdl, splits)
     return out, lse
 
 

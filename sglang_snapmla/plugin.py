@@ -53,7 +53,9 @@ from .server_policy import (BACKEND, NO_GPU, SnapMLAConfigError, check_server_ar
 KV_LAYOUT = "snapmla_fp8_e4m3_644"
 logger = logging.getLogger(__name__)
 _registered = False
-_integration_errors: list[str] = []
+# What `register()` found missing in the installed SGLang (`integration_errors`); the server-args pass and the backend
+# factory raise on it where snapmla is selected
+integration_errors_found: list[str] = []
 
 
 def register() -> None:
@@ -73,18 +75,18 @@ def register() -> None:
     _add_once(deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS, BACKEND)
     register_attention_backend(BACKEND)(_create_backend)
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
-    hooks = {**_hooks(HookType), **release.server_args_hooks(SERVER_ARGS_STEPS, HookType)}
-    before = {target: _resolve(target) for target in hooks}
+    hooks = {**sglang_hooks(HookType), **release.server_args_hooks(SERVER_ARGS_STEPS, HookType)}
+    before = {target: resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():
         if before[target] is not None:  # a missing target is reported below, not left to fail in apply_hooks
             HookRegistry.register(target, fn, kind)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
-    _integration_errors[:] = integration_errors(before) + release.register_resolution_steps(SERVER_ARGS_STEPS)
-    for message in _integration_errors:
+    integration_errors_found[:] = integration_errors(before) + release.register_resolution_steps(SERVER_ARGS_STEPS)
+    for message in integration_errors_found:
         logger.error("%s", message)
     print_config_errors_as_one_line()
     _registered = True
-    if _integration_errors and selected_on_command_line(sys.argv):
+    if integration_errors_found and selected_on_command_line(sys.argv):
         # Another SGLang release may run none of the hooks that refuse it later (the server-args pass) before it
         # allocates the pool. SGLang's plugin loader logs a plugin's exceptions and goes on; SystemExit stops it.
         raise SystemExit(f"sglang-snapmla: {_integration_failure()}")
@@ -103,9 +105,11 @@ def selected_on_command_line(argv: list[str]) -> bool:
     return False
 
 
-def _hooks(HookType) -> dict:
-    """SGLang function (HookRegistry target) -> (our hook, its type). A target that did not change when the hooks were
-    applied is an integration point this SGLang release does not have (`integration_errors`)."""
+def sglang_hooks(HookType) -> dict:
+    """The SGLang functions this plugin wraps: target (HookRegistry's dotted name) -> (our hook, its HookType; all
+    AROUND: hook(original, *args, **kwargs)). A target that did not change when the hooks were applied is an
+    integration point this SGLang release does not have (`integration_errors`). The server-args steps are wired apart,
+    per release (`sglang_release.server_args_hooks`)."""
     from .request_checks import HOOKED_VALIDATION
 
     configurator = "sglang.srt.mem_cache.kv_cache_configurator"
@@ -128,7 +132,8 @@ def _hooks(HookType) -> dict:
     return hooks
 
 
-def _resolve(target: str):
+def resolve(target: str):
+    """The object a dotted SGLang name names now, or None where it does not exist."""
     import pkgutil
 
     try:
@@ -150,22 +155,22 @@ def integration_errors(before: dict) -> list[str]:
     if refused:
         out.append(refused)
     for target, original in before.items():
-        if original is None or _resolve(target) is original:
+        if original is None or resolve(target) is original:
             out.append(f"the hook on {target} did not apply ({'no such function' if original is None else 'unchanged'})"
                        f"; {fix}.")
     return out
 
 
 def _integration_failure() -> str:
-    """The one-line refusal for `_integration_errors`: the first (the release, where that is the cause), and how many
+    """The one-line refusal for `integration_errors_found`: the first (the release, where that is the cause), and how many
     more the log holds."""
-    more = len(_integration_errors) - 1
-    return ("--attention-backend snapmla cannot run on this SGLang: " + _integration_errors[0]
+    more = len(integration_errors_found) - 1
+    return ("--attention-backend snapmla cannot run on this SGLang: " + integration_errors_found[0]
             + (f" ({more} more integration errors logged above)" if more else ""))
 
 
 def _check_integration() -> None:
-    if _integration_errors:
+    if integration_errors_found:
         raise SnapMLAConfigError(_integration_failure())
 
 
@@ -358,13 +363,14 @@ def _page_size_step(server_args, previous):
     result = previous(server_args)
     run_post_process_pass(server_args, snapmla_server_args_pass)
     if is_selected(server_args) and not release.grows_decode_graphs():
-        _log_default_graph_size()
+        log_default_graph_size()
     return result
 
 
 @functools.lru_cache(maxsize=1)
-def _log_default_graph_size() -> None:
-    """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process."""
+def log_default_graph_size() -> None:
+    """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process (cached:
+    `log_default_graph_size.cache_clear()` lets it log again)."""
     logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
                 "only); --cuda-graph-max-bs sets another", release.installed(), release.GPU_VERIFIED)
 

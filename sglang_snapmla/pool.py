@@ -40,8 +40,14 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
                          enable_memory_saver, start_layer, end_layer, **kwargs)
 
     # ---- allocation ------------------------------------------------------------------------------------
+    @property
+    def num_slots(self) -> int:
+        """Slots of each per-layer array: the pool's tokens and the padded page, which holds slot 0, the dummy output
+        slot."""
+        return self.size + self.page_size
+
     def _create_buffers(self):
-        n = self.size + self.page_size  # the padded page holds slot 0, the dummy output slot
+        n = self.num_slots
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             with torch.cuda.use_mem_pool(self.custom_mem_pool) if self.custom_mem_pool else nullcontext():
                 # zeros, not empty: a never-written slot must read back as finite values (scale 0 -> 0)

@@ -31,9 +31,17 @@ SOURCES = ("snapmla_decode_sm90.cu", "c_api.cu")
 SYMBOL = "snapmla_decode_split_sm90"
 # the CUDA runtime linked statically: the library then needs only a driver for the CUDA release that built it
 NVCC_FLAGS = (*CODEGEN_FLAGS, "-shared", "-Xcompiler", "-fPIC", "-cudart", "static")
-_P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-ARGTYPES = [_P, _P, _P, _P, _P, _P, _I64, _P, _P, _P, _P, _P, _P, _I32, _I32, _I64, _I32, _I32, _I32, _F32, _I32, _I32,
-            _I32, _P]
+_P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+
+
+class DecodeParams(ctypes.Structure):
+    """snapmla::DecodeParams (kernels/cuda/snapmla_decode_sm90.h), field by field in the header's order and C types
+    (tests/product/test_prebuilt.py compares the two; the library reports its sizeof, which `PrebuiltDecode` checks)."""
+    _fields_ = [("q8", _P), ("q_scale", _P), ("q_rope", _P), ("kv_content", _P), ("kv_scale", _P), ("kv_rope", _P),
+                ("block_table", _P), ("seq_lens", _P), ("o_part", _P), ("lse_part", _P), ("out", _P),
+                ("lse_out", _P), ("pool_rows", _I64), ("bt_entries", _I64), ("stride_bt", _I32), ("batch", _I32),
+                ("R", _I32), ("H", _I32), ("S_Q", _I32), ("num_splits", _I32), ("part_slots", _I32),
+                ("launch_flags", _I32), ("qk_scale_log2", _F32)]
 
 
 def build(out: Path = LIBRARY, nvcc: str | None = None, source_dir: Path = CUDA_DIR) -> Path:
@@ -56,7 +64,12 @@ class PrebuiltDecode:
         self.path = path
         self.lib = ctypes.CDLL(str(path))
         self.fn = getattr(self.lib, SYMBOL)
-        self.fn.argtypes, self.fn.restype = ARGTYPES, ctypes.c_int
+        self.fn.argtypes, self.fn.restype = [ctypes.POINTER(DecodeParams), _P], ctypes.c_int
+        self.lib.snapmla_decode_params_size.restype = ctypes.c_size_t
+        built = self.lib.snapmla_decode_params_size()
+        if built != ctypes.sizeof(DecodeParams):
+            raise RuntimeError(f"{path.name} was built with a {built}-byte DecodeParams, this package's is "
+                               f"{ctypes.sizeof(DecodeParams)} bytes: rebuild it (python -m sglang_snapmla.prebuilt)")
         self.lib.snapmla_error_string.argtypes, self.lib.snapmla_error_string.restype = [ctypes.c_int], ctypes.c_char_p
 
     def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
@@ -81,12 +94,15 @@ class PrebuiltDecode:
         storage = block_table.untyped_storage().nbytes() // 4 - block_table.storage_offset()
         if not 0 <= bt_entries <= storage:
             raise RuntimeError("snapmla sm90 decode: bt_entries exceeds the block table's storage")
-        err = self.fn(q8.data_ptr(), q_scale.data_ptr(), q_rope.data_ptr(), kv_content.data_ptr(), kv_scale.data_ptr(),
-                      kv_rope.data_ptr(), kv_content.shape[0], block_table.data_ptr(), seq_lens.data_ptr(),
-                      None if final else o_part.data_ptr(), None if final else lse_part.data_ptr(),
-                      out.data_ptr() if final else None, lse_out.data_ptr() if final else None, q8.shape[0],
-                      block_table.stride(0), bt_entries, R, H, S_Q, qk_scale_log2, num_splits, slots, launch_flags,
-                      torch.cuda.current_stream(q8.device).cuda_stream)
+        params = DecodeParams(
+            q8=q8.data_ptr(), q_scale=q_scale.data_ptr(), q_rope=q_rope.data_ptr(), kv_content=kv_content.data_ptr(),
+            kv_scale=kv_scale.data_ptr(), kv_rope=kv_rope.data_ptr(), block_table=block_table.data_ptr(),
+            seq_lens=seq_lens.data_ptr(), o_part=None if final else o_part.data_ptr(),
+            lse_part=None if final else lse_part.data_ptr(), out=out.data_ptr() if final else None,
+            lse_out=lse_out.data_ptr() if final else None, pool_rows=kv_content.shape[0], bt_entries=bt_entries,
+            stride_bt=block_table.stride(0), batch=q8.shape[0], R=R, H=H, S_Q=S_Q, num_splits=num_splits,
+            part_slots=slots, launch_flags=launch_flags, qk_scale_log2=qk_scale_log2)
+        err = self.fn(ctypes.byref(params), torch.cuda.current_stream(q8.device).cuda_stream)
         if err != 0:
             raise RuntimeError(f"snapmla sm90 decode launch failed: {self.lib.snapmla_error_string(err).decode()}"
                                + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be "

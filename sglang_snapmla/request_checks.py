@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Iterable
 
 PR = "sglang PR #8383"
-# SGLang's per-request validation, which the plugin wraps with these checks (plugin._hooks; tokenizer_workers checks
-# that the wrap applied in each tokenizer worker)
+# SGLang's per-request validation, which the plugin wraps with these checks (plugin.sglang_hooks; tokenizer_workers
+# checks that the wrap applied in each tokenizer worker)
 HOOKED_VALIDATION = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 
 

@@ -37,15 +37,31 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
   TORCH_CHECK(bt_entries >= 0 && bt_entries <= static_cast<int64_t>(block_table.storage().nbytes() / sizeof(int)) -
                                                    block_table.storage_offset(),
               "snapmla sm90 decode: bt_entries exceeds the block table's storage");
-  auto err = snapmla::launch_decode_split_sm90(
-      q8.data_ptr(), q_scale.data_ptr<float>(), q_rope.data_ptr(), kv_content.data_ptr(), kv_scale.data_ptr<float>(),
-      kv_rope.data_ptr(), kv_content.size(0), block_table.data_ptr<int>(), seq_lens.data_ptr<int>(),
-      final_out ? nullptr : o_part.data_ptr<float>(), final_out ? nullptr : lse_part.data_ptr<float>(),
-      final_out ? out.data_ptr() : nullptr, final_out ? lse_out.data_ptr<float>() : nullptr,
-      static_cast<int>(q8.size(0)), static_cast<int>(block_table.stride(0)), bt_entries,
-      static_cast<int>(R), static_cast<int>(H), static_cast<int>(S_Q), static_cast<float>(qk_scale_log2),
-      static_cast<int>(num_splits), static_cast<int>(part_slots), static_cast<int>(launch_flags),
-      c10::cuda::getCurrentCUDAStream());
+  snapmla::DecodeParams p = {};
+  p.q8 = q8.data_ptr();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.q_rope = q_rope.data_ptr();
+  p.kv_content = kv_content.data_ptr();
+  p.kv_scale = kv_scale.data_ptr<float>();
+  p.kv_rope = kv_rope.data_ptr();
+  p.block_table = block_table.data_ptr<int>();
+  p.seq_lens = seq_lens.data_ptr<int>();
+  p.o_part = final_out ? nullptr : o_part.data_ptr<float>();
+  p.lse_part = final_out ? nullptr : lse_part.data_ptr<float>();
+  p.out = final_out ? out.data_ptr() : nullptr;
+  p.lse_out = final_out ? lse_out.data_ptr<float>() : nullptr;
+  p.pool_rows = kv_content.size(0);
+  p.bt_entries = bt_entries;
+  p.stride_bt = static_cast<int32_t>(block_table.stride(0));
+  p.batch = static_cast<int32_t>(q8.size(0));
+  p.R = static_cast<int32_t>(R);
+  p.H = static_cast<int32_t>(H);
+  p.S_Q = static_cast<int32_t>(S_Q);
+  p.num_splits = static_cast<int32_t>(num_splits);
+  p.part_slots = static_cast<int32_t>(part_slots);
+  p.launch_flags = static_cast<int32_t>(launch_flags);
+  p.qk_scale_log2 = static_cast<float>(qk_scale_log2);
+  auto err = snapmla::launch_decode_split_sm90(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "snapmla sm90 decode launch failed: ", cudaGetErrorString(err),
               err == cudaErrorInvalidValue ? " (TMA descriptor encoding failed: the pool arrays, q8, q_rope and "
                                              "out must be 16-byte aligned)" : "");

@@ -724,15 +724,10 @@ static bool encode_rows_map(CUtensorMap* map, const void* base, int batch, int R
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const void* q_rope, const void* kv_content,
-                                     const float* kv_scale, const void* kv_rope, int64_t pool_rows,
-                                     const int* block_table, const int* seq_lens, float* o_part, float* lse_part,
-                                     void* out, float* lse_out, int batch, int stride_bt, int64_t bt_entries, int R,
-                                     int H, int S_Q, float qk_scale_log2, int num_splits, int part_slots,
-                                     int launch_flags, cudaStream_t stream) {
+cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream) {
   // out / lse_out (final outputs instead of partials) only with one split: there is nothing to merge then
-  if ((out != nullptr) != (lse_out != nullptr) || (out != nullptr && num_splits != 1) ||
-      (out == nullptr && part_slots < num_splits))
+  if ((p.out != nullptr) != (p.lse_out != nullptr) || (p.out != nullptr && p.num_splits != 1) ||
+      (p.out == nullptr && p.part_slots < p.num_splits))
     return cudaErrorInvalidConfiguration;
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
@@ -748,16 +743,16 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   // captured graph come from the graph's memory pool (fixed for every replay), as pointer arguments would. Without
   // final outputs the output map is unused (zeroed).
   CUtensorMap map_kv, map_rope, map_q8, map_qr, map_out = {};
-  if (!encode_pool_map(&map_kv, kv_content, pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
-      !encode_pool_map(&map_rope, kv_rope, pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
-      !encode_rows_map(&map_q8, q8, batch, R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+  if (!encode_pool_map(&map_kv, p.kv_content, p.pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
+      !encode_pool_map(&map_rope, p.kv_rope, p.pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
+      !encode_rows_map(&map_q8, p.q8, p.batch, p.R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
-      !encode_rows_map(&map_qr, q_rope, batch, R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      !encode_rows_map(&map_qr, p.q_rope, p.batch, p.R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
-      (out != nullptr && !encode_rows_map(&map_out, out, batch, R, kLatent, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                          CU_TENSOR_MAP_L2_PROMOTION_NONE)))
+      (p.out != nullptr && !encode_rows_map(&map_out, p.out, p.batch, p.R, kLatent, 2,
+                                            CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_L2_PROMOTION_NONE)))
     return cudaErrorInvalidValue;
-  dim3 grid((R + kRows - 1) / kRows, batch, num_splits);
+  dim3 grid((p.R + kRows - 1) / kRows, p.batch, p.num_splits);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = dim3(kThreads);
@@ -765,13 +760,15 @@ cudaError_t launch_decode_split_sm90(const void* q8, const float* q_scale, const
   config.stream = stream;
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[0].val.programmaticStreamSerializationAllowed = (launch_flags & kLaunchPdl) ? 1 : 0;
+  attrs[0].val.programmaticStreamSerializationAllowed = (p.launch_flags & kLaunchPdl) ? 1 : 0;
   config.attrs = attrs;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
-                            map_kv, map_rope, map_q8, map_qr, map_out, q_scale, kv_scale, block_table, seq_lens,
-                            o_part, lse_part, lse_out, stride_bt, bt_entries, R, H, S_Q, qk_scale_log2, num_splits,
-                            part_slots, (launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
+  return cudaLaunchKernelEx(&config, p.out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
+                            map_kv, map_rope, map_q8, map_qr, map_out, p.q_scale, p.kv_scale, p.block_table,
+                            p.seq_lens, p.o_part, p.lse_part, p.lse_out, static_cast<int>(p.stride_bt), p.bt_entries,
+                            static_cast<int>(p.R), static_cast<int>(p.H), static_cast<int>(p.S_Q), p.qk_scale_log2,
+                            static_cast<int>(p.num_splits), static_cast<int>(p.part_slots),
+                            (p.launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
 }
 
 }  // namespace snapmla

@@ -38,6 +38,7 @@ def setup(gen, heads):
     backend.token_to_kv_pool = pool
     backend.max_pages = 8
     backend.num_draft_tokens = 2
+    backend.num_q_heads = heads
     # two requests, each owning shuffled whole pages (SGLang allocates page-aligned slots with page size 64)
     pages = (torch.randperm(12, generator=gen)[:8] + 1).reshape(2, 4)
     backend.req_to_token = (pages[:, :, None] * 64 + torch.arange(64)).reshape(2, -1).to(torch.int32)
@@ -72,6 +73,7 @@ def test_decode_and_target_verify(setup, gen, heads):
         q = torch.randn(2 * s_q, H, 512, generator=gen).to(torch.bfloat16)
         qr = torch.randn(2 * s_q, H, 64, generator=gen).to(torch.bfloat16)
         fb = SimpleNamespace(forward_mode=mode, batch_size=2, seq_lens=lens, out_cache_loc=None)
+        backend.plan_step(fb)  # as the backend's init_forward_metadata does after FlashMLA's
         if s_q == 1:
             out = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
             seq = lens
@@ -84,11 +86,11 @@ def test_decode_and_target_verify(setup, gen, heads):
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
 
 
-def test_a_forward_run_again_plans_again(setup, gen, heads, monkeypatch):
-    """The step's plan and int32 lengths are made at its first layer and reused by the later ones; SGLang runs the
-    same batch (same ForwardBatch, same metadata) again to warm up and then to capture a CUDA graph, so a forward that
-    starts again must read the lengths afresh: a cast left over from the warm-up would be frozen into the graph. Here
-    the lengths change in place between two runs of layer 0, as a replay's copy into the static buffer changes them."""
+def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, gen, heads, monkeypatch):
+    """The step's plan, int32 lengths and checks are made once, by the forward-metadata hooks (`plan_step`), and every
+    layer runs them. Under CUDA graphs the lengths go into a static buffer at capture and again at every replay (the
+    captured kernels read it): here the lengths change in place and the replay hook runs again, as SGLang's runner
+    does, and the forward must read the new ones. A forward whose batch the plan was not made for is refused."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     from sglang_snapmla import ops
@@ -104,14 +106,21 @@ def test_a_forward_run_again_plans_again(setup, gen, heads, monkeypatch):
     pool.snapmla_buffers = lambda layer_id, buffers=pool.snapmla_buffers: buffers(0)  # layer 1 reads layer 0's pages
     plans = []
     monkeypatch.setattr(ops, "plan_decode", lambda *a, real=ops.plan_decode, **k: plans.append(a) or real(*a, **k))
+    static_lens = torch.ones(4, dtype=torch.int32)
+    backend.plan_step(fb, graph_seq_lens=static_lens)  # capture
     first = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
     assert torch.equal(backend.forward_decode(q, None, None, layer1, fb, save_kv_cache=False, q_rope=qr), first)
-    assert len(plans) == 1  # planned once for the step's two layers
+    assert len(plans) == 1 and backend.step_plan.seq_lens.data_ptr() == static_lens.data_ptr()
     lens.copy_(torch.tensor([190, 5]))
+    backend.plan_step(fb, graph_seq_lens=static_lens)  # replay
     again = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
     ref = reference(pool, q.view(2, 1, heads, 512), qr.view(2, 1, heads, 64), backend.forward_metadata.block_kv_indices,
                     lens.to(torch.int32))
-    assert_close(again.float().view(2, 1, heads, 512), ref, rel_l2=1e-2, what="the second run")
+    assert_close(again.float().view(2, 1, heads, 512), ref, rel_l2=1e-2, what="the replayed step")
+    verify = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=2, seq_lens=lens, out_cache_loc=None)
+    with pytest.raises(RuntimeError, match=r"its plan is for \[2, 1, %d\]" % heads):
+        backend.forward_extend(torch.cat([q, q]), None, None, layer, verify, save_kv_cache=False,
+                               q_rope=torch.cat([qr, qr]))
 
 
 def test_absorbed_extend_writes_and_attends(setup, gen, heads):

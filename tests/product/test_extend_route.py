@@ -67,7 +67,6 @@ def dispatch(monkeypatch):
 
     plugin.register()
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
-    monkeypatch.setattr(plugin, "_in_captured_prefill", lambda: False)
 
     def sglang_rule(attn, fb, name):  # SGLang's choice for flashmla outside captured prefill (it needs server args)
         prefix = sum(fb.extend_prefix_lens_cpu)
@@ -83,7 +82,7 @@ def dispatch(monkeypatch):
                                chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
         fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
                              seq_lens_cpu=[p + e for p, e in zip(prefix, ext)], get_max_chunk_capacity=lambda: 1 << 17)
-        return plugin._dispatch_attention_method(attn, fb)
+        return handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb)  # what DeepSeek's model calls
 
     return run, AttnForwardMethod
 
@@ -102,10 +101,10 @@ def test_dispatch_applies_the_route_per_batch(dispatch):
 def test_dispatch_keeps_sglangs_choice_in_captured_prefill(dispatch, monkeypatch):
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
 
-    from sglang_snapmla import plugin
+    from sglang.srt.model_executor.runner_backend_utils import breakable_cuda_graph
 
     run, M = dispatch
-    monkeypatch.setattr(plugin, "_in_captured_prefill", lambda: True)
+    monkeypatch.setattr(breakable_cuda_graph, "is_in_breakable_cuda_graph", lambda: True)  # as inside a capture
     monkeypatch.setattr(handlers, "_handle_attention_backend", lambda *a: M.MLA)  # SGLang pins MLA there
     assert run([4000], [4096]) == M.MLA
     assert run([0], [4096]) == M.MLA

@@ -83,7 +83,7 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     if not sglang_release.grows_decode_graphs():  # 0.5.23: SGLang's default stays, and the server log says so
         assert args.cuda_graph_config.decode.max_bs == bf16.cuda_graph_config.decode.max_bs
         assert args.mem_fraction_static == bf16.mem_fraction_static
-        plugin._log_default_graph_size.cache_clear()
+        plugin.log_default_graph_size.cache_clear()
         said = []
         monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
         _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
@@ -175,6 +175,21 @@ def test_mtp_draft_backends_are_snapmla(plugin, monkeypatch):
     assert "flashmla" in factory.create_decode_backend() and len(built) == 2  # SGLang's own map, untouched
 
 
+def _hook(plugin, target_suffix: str):
+    """The hook the plugin registers on the SGLang function whose dotted name ends with `target_suffix`."""
+    from sglang.srt.plugins.hook_registry import HookType
+
+    (fn,) = [fn for target, (fn, _) in plugin.sglang_hooks(HookType).items() if target.endswith(target_suffix)]
+    return fn
+
+
+def _backend_factory():
+    """What SGLang's model runner calls for --attention-backend snapmla (its registry, filled by register())."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    return ATTENTION_BACKENDS["snapmla"]
+
+
 def _draft_factory(args, runner, steps):
     """A DraftBackendFactory as each release builds it: with the server args (0.5.17), or from the draft model runner,
     which holds them (0.5.18 on)."""
@@ -207,7 +222,7 @@ def test_parallel_layouts_parse_with_the_bundled_v3_config(plugin, layout):
 
 
 @pytest.mark.parametrize("where", ["draft model runner", "nowhere"])
-def test_draft_hooks_leave_another_backends_mtp_alone_without_factory_server_args(plugin, where):
+def test_draft_hooks_leave_another_backends_mtp_alone_without_factory_server_args(plugin, where, monkeypatch):
     """SGLang's DraftBackendFactory keeps no server_args from 0.5.18 on: with the plugin installed, MTP with another
     attention backend must still get SGLang's own draft backends (the hooks read the draft runner's server args, or
     stand aside)."""
@@ -215,11 +230,17 @@ def test_draft_hooks_leave_another_backends_mtp_alone_without_factory_server_arg
     runner = SimpleNamespace(server_args=args) if where == "draft model runner" else SimpleNamespace()
     factory = SimpleNamespace(draft_model_runner=runner, speculative_num_steps=3, topk=1)
     sglangs_own = object()
-    assert plugin._draft_decode_backend_hook(lambda f: sglangs_own, factory) is sglangs_own
-    assert plugin._draft_extend_backend_hook(lambda f: sglangs_own, factory) is sglangs_own
+    decode_hook, extend_hook = (_hook(plugin, f"DraftBackendFactory.{name}")
+                                for name in ("create_decode_backend", "create_draft_extend_backend"))
+    assert decode_hook(lambda f: sglangs_own, factory) is sglangs_own
+    assert extend_hook(lambda f: sglangs_own, factory) is sglangs_own
     if where == "draft model runner":  # the same factory serving snapmla is recognised from the runner's args
+        from sglang_snapmla import backend
+
         args.attention_backend = "snapmla"
-        assert plugin._draft_selects_snapmla(factory)
+        monkeypatch.setattr(backend, "multi_step_draft_backend_class",
+                            lambda: lambda runner, topk, steps: ("snapmla draft decode", runner, topk, steps))
+        assert decode_hook(lambda f: sglangs_own, factory) == ("snapmla draft decode", runner, 1, 3)
 
 
 def test_other_backends_untouched(plugin):
@@ -320,18 +341,18 @@ def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatc
 
     from sglang.srt.plugins.hook_registry import HookType
 
-    target = next(iter(plugin._hooks(HookType)))
-    unchanged = {target: plugin._resolve(target)}  # as if apply_hooks had left it alone
+    target = next(iter(plugin.sglang_hooks(HookType)))
+    unchanged = {target: plugin.resolve(target)}  # as if apply_hooks had left it alone
     (message,) = plugin.integration_errors(unchanged)
     assert target in message and "pip install sglang==0.5.23 (or ==0.5.17" in message
     assert "no such function" in plugin.integration_errors({target: None})[0]
     monkeypatch.setattr(sglang, "__version__", "0.5.20")
     assert any("SGLang 0.5.20 is installed" in m for m in plugin.integration_errors({}))
-    monkeypatch.setattr(plugin, "_integration_errors", [message])
+    monkeypatch.setattr(plugin, "integration_errors_found", [message])
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
         plugin.snapmla_server_args_pass(SimpleNamespace(attention_backend="snapmla"))
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
-        plugin._create_backend(SimpleNamespace())
+        _backend_factory()(SimpleNamespace())
 
 
 def test_pd_handshake_sees_snapmlas_own_layout(plugin, monkeypatch):
@@ -343,7 +364,7 @@ def test_pd_handshake_sees_snapmlas_own_layout(plugin, monkeypatch):
 
     monkeypatch.setattr(backend, "create_snapmla_backend", lambda runner: "backend")
     runner = SimpleNamespace(kv_cache_dtype_str="fp8_e4m3")
-    assert plugin._create_backend(runner) == "backend"
+    assert _backend_factory()(runner) == "backend"
     assert runner.kv_cache_dtype_str == plugin.KV_LAYOUT
     choices = next(a.choices for a in _server_arg_actions(sa) if "--kv-cache-dtype" in a.option_strings)
     assert plugin.KV_LAYOUT not in choices and "auto" in choices

@@ -81,3 +81,32 @@ def test_without_the_library_load_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setattr(prebuilt, "LIBRARY", tmp_path / "absent.so")
     module, why = prebuilt.load.__wrapped__()
     assert module is None and "python -m sglang_snapmla.prebuilt" in why
+
+
+def test_the_ctypes_params_mirror_the_headers_struct():
+    """prebuilt.DecodeParams is snapmla::DecodeParams field by field: names, order and C types as the header declares
+    them (ctypes lays the struct out as the C compiler does from those)."""
+    import ctypes
+    import re
+
+    from sglang_snapmla import cuda_ext
+
+    header = (cuda_ext.SOURCE_DIR / "snapmla_decode_sm90.h").read_text()
+    body = re.search(r"struct DecodeParams \{(.*?)\};", header, re.S).group(1)
+    c_types = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "float": ctypes.c_float}
+    declared = [(name, ctypes.c_void_p if ctype.endswith("*") else c_types[ctype])
+                for ctype, name in re.findall(r"^\s*((?:const )?\w+\*?) (\w+);", body, re.M)]
+    assert len(declared) == body.count(";") and declared == prebuilt.DecodeParams._fields_
+
+
+def test_a_library_built_with_another_params_layout_is_refused(library, monkeypatch):
+    """The library reports sizeof(DecodeParams) as it was built; a loader whose mirror differs (a library from
+    another revision of the header) refuses it instead of passing it misplaced fields."""
+    import ctypes
+
+    class Longer(prebuilt.DecodeParams):
+        _fields_ = [("added", ctypes.c_int64)]
+
+    monkeypatch.setattr(prebuilt, "DecodeParams", Longer)
+    with pytest.raises(RuntimeError, match="rebuild it"):
+        prebuilt.PrebuiltDecode(library)

@@ -80,7 +80,7 @@ class GraphProtocol:
         from sglang_snapmla.pool import SnapMLATokenToKVPool
 
         plugin.register()
-        flashmla = import_flashmla_backend()
+        import_flashmla_backend()
         self.device, self.heads, self.window, self.gen = device, heads, window, gen
         self.lens = list(lens)
         self.bs = len(lens)
@@ -105,13 +105,14 @@ class GraphProtocol:
         # request-pool row r + 1 holds request r (row 0: where capture and padded rows point)
         be.req_to_token = torch.zeros(max_bs + 1, max_context_len, dtype=torch.int32, device=device)
         if device == "cuda":
-            flashmla.FlashMLABackend.init_cuda_graph_state(be, max_bs, max_bs * window)
-        else:  # the same buffers as FlashMLABackend.init_cuda_graph_state (it allocates on "cuda" by name)
+            be.init_cuda_graph_state(max_bs, max_bs * window)
+        else:  # the same buffers as SnapMLABackend.init_cuda_graph_state (FlashMLA's allocates on "cuda" by name)
             be.cuda_graph_kv_indices = torch.full((max_bs, (max_context_len + nx.PAGE_SIZE) // nx.PAGE_SIZE), 1,
                                                   dtype=torch.int32)
             be.cuda_graph_mla_metadata = torch.empty(8, 8, dtype=torch.int32)
             be.cuda_graph_num_splits = torch.empty(max_bs + 1, dtype=torch.int32)
             be.cuda_graph_draft_extend_seq_lens_k = torch.ones(max_bs, dtype=torch.int32)
+            be.snapmla_graph_seq_lens = torch.ones(max_bs, dtype=torch.int32)
         self.backend, self.pool, self.max_bs = be, pool, max_bs
         self.layer = SimpleNamespace(layer_id=0, tp_q_head_num=heads, scaling=(nx.KV_LORA_RANK + nx.ROPE_DIM) ** -0.5)
         self._write_batch(num_pages, pages_per_req)
@@ -231,7 +232,8 @@ class GraphProtocol:
         return out.reshape(self.bs * s_q, -1)
 
     def static_storages(self) -> set[int]:
-        """Addresses of the buffers a captured graph reads in place (pool, block table, draft-extend lengths)."""
+        """Addresses of the buffers a captured graph reads in place (pool, block table, lengths)."""
         be = self.backend
-        bufs = [*self.pool.snapmla_buffers(0), be.cuda_graph_kv_indices, be.cuda_graph_draft_extend_seq_lens_k]
+        bufs = [*self.pool.snapmla_buffers(0), be.cuda_graph_kv_indices, be.cuda_graph_draft_extend_seq_lens_k,
+                be.snapmla_graph_seq_lens]
         return {t.untyped_storage().data_ptr() for t in bufs}

@@ -15,7 +15,7 @@ timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings -p no:xdist -
   tests/product/test_serving_safety.py tests/product/test_gpu_kernels.py tests/product/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
 echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
 source tools/gpu_host/mutant.sh
-(cd /tmp/mutant && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra \
+(cd $MUTANT_DIR && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra \
   tests/product/test_gpu_graph_protocol.py -k "cuda and decode" 2>&1 | tee "$OUT/mutation.log" | grep -E "passed|failed" | tail -2)
 for tool in memcheck racecheck; do
   for impl in triton cuda; do

@@ -1,7 +1,7 @@
 # Sourced first by every tools/gpu_host/*.sh script (GPU host, the runtime in .gpu): $OUT for the logs, the SGLang
 # runtime on the path, JIT caches in an ignored folder of the checkout (a warm machine reuses them), the plugin
 # installed into the runtime.
-# absolute: scripts change folder (correctness.sh runs its mutant in /tmp/mutant) and still write here
+# absolute: scripts change folder (correctness.sh runs its mutant in $MUTANT_DIR) and still write here
 OUT=$(realpath -m "${OUT:-/tmp/snapmla_out}"); mkdir -p "$OUT"
 source tools/gpu_host/activate.sh .gpu/sglang-runtime.tar.xz
 export PYTHONUNBUFFERED=1
