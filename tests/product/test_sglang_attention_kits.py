@@ -130,7 +130,7 @@ def test_the_fp8_tolerance_still_rejects_a_wrong_decode(kits, monkeypatch, bug):
     key, still fails the kit."""
     from sglang_snapmla import ops
 
-    decode = ops.decode_quantized
+    decode = ops.decode_planned  # what every layer of a planned step runs
 
     def wrong_decode(q, q_scale, q_rope, content, scale, rope, block_table, seq_lens, *args, **kwargs):
         if bug == "pages of another request":
@@ -139,7 +139,7 @@ def test_the_fp8_tolerance_still_rejects_a_wrong_decode(kits, monkeypatch, bug):
             seq_lens = seq_lens - 1
         return decode(q, q_scale, q_rope, content, scale, rope, block_table, seq_lens, *args, **kwargs)
 
-    monkeypatch.setattr(ops, "decode_quantized", wrong_decode)
+    monkeypatch.setattr(ops, "decode_planned", wrong_decode)
     with pytest.raises(AssertionError, match="not close"):
         kits["mla"].run_mla_attention_case(_Case(), _case(kits, "DECODE", 16, DECODE_PREFIXES), atol=FP8_ATOL,
                                            rtol=FP8_RTOL, **DIMS)
