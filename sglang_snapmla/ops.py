@@ -510,7 +510,6 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
     if q_rope.shape[:3] != (B, s_q, H) or q_scale.shape != (B, s_q, H):
         raise SnapMLAInputError(f"q8 {tuple(q8.shape)}, q_scale {tuple(q_scale.shape)}, q_rope "
                                 f"{tuple(q_rope.shape)} must agree on [B, s_q, H]")
-    _check_device(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens)
     if plan is None:
         if block_table.dim() != 2:
             raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids, got "
@@ -522,6 +521,7 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
         raise SnapMLAInputError(f"the decode plan is for [batch, s_q, heads] = {[plan.batch, plan.s_q, plan.heads]}, "
                                 f"the queries are {[B, s_q, H]}")
     check_decode_step(block_table, seq_lens, plan, kv_content.shape[0])
+    _check_device(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens)
     return decode_planned(q8.contiguous(), q_scale.contiguous(), q_rope.contiguous(), kv_content, kv_scale, kv_rope,
                           block_table, seq_lens, softmax_scale, plan, follows_q_quant)
 
