@@ -156,8 +156,9 @@ class SnapMLAForward:
     _planned_batch = None  # (forward batch, its lengths, its (launch, plan)s): every layer of a forward reuses them
 
     def _absorbed_launches(self, forward_batch, heads: int, device):
-        """-> [(launch, decode plan)] of the batch, planned at its first layer. Eager (prefill outside CUDA graphs):
-        each launch's decode is planned from its own longest sequence."""
+        """-> [(launch, decode plan)] of the batch, planned and checked at its first absorbed layer, not in the
+        forward-metadata hooks: a prefill the route sends to MHA (`plugin`'s dispatch, per batch) needs no launches.
+        Eager (prefill outside CUDA graphs): each launch's decode is planned from its own longest sequence."""
         # Held by reference, so the batch cannot be freed and another take its id; the lengths guard against a batch
         # object reused with other contents.
         key = (tuple(forward_batch.extend_seq_lens_cpu), tuple(forward_batch.seq_lens_cpu.tolist()))
