@@ -11,8 +11,8 @@ python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_
 grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
 export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
 echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
-timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra ${PYTEST_PATHS:-tests/product/test_gpu_graph_protocol.py tests/product/test_sglang_attention_kits.py \
-  tests/product/test_serving_safety.py tests/product/test_gpu_kernels.py tests/product/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -12
+timeout ${PYTEST_TIMEOUT:-400} python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra --durations=20 ${PYTEST_PATHS:-tests/product/test_gpu_graph_protocol.py tests/product/test_sglang_attention_kits.py \
+  tests/product/test_serving_safety.py tests/product/test_gpu_kernels.py tests/product/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -34
 echo "== mutation: the decode's block-table bound from the view's width (the capture-view bug) must fail the test"
 source tools/gpu_host/mutant.sh
 (cd $MUTANT_DIR && PYTHONPATH=$MUTANT_PYTHONPATH python3 -c "import sglang_snapmla.ops as o; print(\"mutant:\", o.__file__)" && PYTHONPATH=$MUTANT_PYTHONPATH timeout 200 python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra \
