@@ -429,8 +429,9 @@ def block_table_entries(block_table: torch.Tensor) -> int:
 
 def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
                        lse, softmax_scale: float, splits: int, pdl: bool = False, follows_q_quant: bool = False):
-    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_quantized` does both; a
-    benchmark that times the kernel without the combine calls this): with splits > 1 it writes o_part
+    """The sm_90a split kernel alone, on buffers the caller allocated and checked (`decode_planned` allocates them,
+    after `decode_quantized` or the backend's `check_decode_step` checked; a benchmark that times the kernel without
+    the combine calls this): with splits > 1 it writes o_part
     [B, s_q * H, slots, 512] fp32 and lse_part [B, s_q * H, slots] (base 2; slots >= splits, `partial_slots`; split s
     in slot s), and out / lse are empty views; with
     one split it writes out [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log), and the partials are empty
@@ -447,7 +448,7 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
 
 def launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                          out, lse, softmax_scale: float, splits: int, tiling: tuple[int, int, int] | None = None):
-    """The Triton split kernel alone, on buffers the caller allocated and checked (`decode_quantized`; tests that
+    """The Triton split kernel alone, on buffers the caller allocated and checked (`decode_planned`; tests that
     look at the partials): with partials (o_part [B, s_q * H, slots, 512] fp32, lse_part [B, s_q * H, slots], slots
     >= splits, split s in slot s) it writes them; with empty partials (one split only) it writes out
     [B, s_q, H, 512] bf16 and lse [B, H, s_q] (natural log) itself. `tiling` = (BLOCK_M, num_warps, num_stages)."""

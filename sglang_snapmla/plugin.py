@@ -162,8 +162,8 @@ def integration_errors(before: dict) -> list[str]:
 
 
 def _integration_failure() -> str:
-    """The one-line refusal for `integration_errors_found`: the first (the release, where that is the cause), and how many
-    more the log holds."""
+    """The one-line refusal for `integration_errors_found`: the first (the release, where that is the cause), and how
+    many more the log holds."""
     more = len(integration_errors_found) - 1
     return ("--attention-backend snapmla cannot run on this SGLang: " + integration_errors_found[0]
             + (f" ({more} more integration errors logged above)" if more else ""))

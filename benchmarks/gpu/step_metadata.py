@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [measure(h, b, args.seq_len) for h in args.heads for b in args.batches]
     print(f"{torch.cuda.get_device_name()}, {args.seq_len} keys per sequence, decode {ops.decode_impl()}")
-    print("| heads | batch | FlashMLA schedule µs/step | snapmla plan µs/step | attention µs/layer | schedule share of "
-          f"{V3_LAYERS} layers' attention |")
+    print("| heads | batch | FlashMLA schedule µs/step | snapmla plan µs/step | attention µs/layer | "
+          f"schedule share of {V3_LAYERS} layers' attention |")
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['heads']} | {r['batch']} | {r['flashmla_schedule_us']} | {r['snapmla_plan_us']} | "
