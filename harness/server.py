@@ -48,10 +48,13 @@ RUNS["snapmla-hicache-kernels"] = RUNS["snapmla-hicache-copies"] = RUNS["snapmla
 RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode instead of the sm_90a one
 # snapmla with every prefill over a cached prefix on MHA outside captured prefill graphs (the route model off)
 RUNS["snapmla-mha"] = RUNS["snapmla"]
+# snapmla computing FlashMLA's tile schedule every step, as SGLang's flashmla backend does (it never reads it)
+RUNS["snapmla-flashmla-schedule"] = RUNS["snapmla"]
 RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"},  # run -> server environment
            "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}, "snapmla-mha": {"SNAPMLA_EXTEND_ROUTE": "mha"},
            "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"},
-           "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"}}
+           "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"},
+           "snapmla-flashmla-schedule": {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}}
 
 
 def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:

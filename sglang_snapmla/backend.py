@@ -16,14 +16,16 @@ KV writes go through the pool's fused K-append kernel.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
+import threading
 from typing import Optional
 
 import torch
 
-from . import extend, library
+from . import extend, library, settings
 from . import numerics as nx
 from . import ops
 from .pool import SnapMLATokenToKVPool
@@ -106,6 +108,23 @@ class SnapMLAForward:
         ops.check_decode_step(block_table, seq_lens, plan, self.token_to_kv_pool.num_slots)
         self.step_plan = StepPlan(plan, block_table, seq_lens)
 
+    skips_flashmla_schedule = True  # False: SNAPMLA_FLASHMLA_SCHEDULE=1, FlashMLA's schedule computed (measurements)
+    schedule_for_graph = False  # whether FlashMLA's metadata code is building CUDA-graph metadata (building_metadata)
+    unread_schedules = 0  # how many FlashMLA tile schedules this backend has not computed
+    _empty_schedule = None
+
+    def unread_schedule(self, batch: int):
+        """What FlashMLA's metadata code gets instead of `get_mla_metadata(lengths [batch], ...)`: (tile schedule
+        [n, 8], splits [batch + 1]) int32, never read. Under CUDA graphs the first row of its static schedule buffer and
+        the first batch + 1 entries of its static splits buffer, which it copies into themselves; eager, empty
+        tensors (stored in its metadata only)."""
+        if self.schedule_for_graph:
+            return self.cuda_graph_mla_metadata[:1], self.cuda_graph_num_splits[: batch + 1]
+        if self._empty_schedule is None:
+            empty = torch.empty(0, dtype=torch.int32, device=self.req_to_token.device)
+            self._empty_schedule = (empty.view(0, 8), empty)
+        return self._empty_schedule
+
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, s_q: int):
         """Write the new K, then attend with s_q query tokens per sequence as the step's plan says."""
         step, shape = self.step_plan, [forward_batch.batch_size, s_q, layer.tp_q_head_num]
@@ -174,10 +193,60 @@ class SnapMLAForward:
         return self._planned_batch[2]
 
 
+# -- FlashMLA's tile schedule, not computed ------------------------------------------------------------------
+# FlashMLA's metadata code, which the backend runs for its block table, also builds FlashMLA's own kernel schedule
+# with `get_mla_metadata` (a kernel launch and two allocations per step; under CUDA graphs two copies into static
+# buffers before every replay), which SnapMLA's kernels never read. While a SnapMLA backend builds its metadata on a
+# thread, the module's `get_mla_metadata` returns placeholders instead: under CUDA graphs views of FlashMLA's own
+# static buffers (their copies into themselves return at once), in eager steps two empty tensors.
+_building_metadata = threading.local()  # .backend: the SnapMLA backend building its forward metadata on this thread
+
+
+def skip_flashmla_schedule(flashmla_backend) -> None:
+    """Wrap `flashmla_backend.get_mla_metadata` (SGLang's module; both releases call it by that name) so that it
+    returns `SnapMLAForward.unread_schedule` for a SnapMLA backend inside `building_metadata` and calls FlashMLA
+    otherwise (other backends, other threads). Idempotent; a release without the name is refused loudly."""
+    original = getattr(flashmla_backend, "get_mla_metadata", None)
+    if original is None:
+        raise RuntimeError("snapmla: SGLang's flashmla_backend module has no get_mla_metadata, which the SnapMLA "
+                           "backend replaces while it builds FlashMLA's page-table metadata; this SGLang release is "
+                           "not one the plugin supports (sglang_snapmla.sglang_release)")
+    if getattr(original, "snapmla_unread_schedule", False):
+        return
+
+    @functools.wraps(original)
+    def get_mla_metadata(cache_seqlens, *args, **kwargs):
+        backend = getattr(_building_metadata, "backend", None)
+        if backend is None:
+            return original(cache_seqlens, *args, **kwargs)
+        backend.unread_schedules += 1
+        return backend.unread_schedule(cache_seqlens.shape[0])
+
+    get_mla_metadata.snapmla_unread_schedule = True
+    flashmla_backend.get_mla_metadata = get_mla_metadata
+
+
+@contextlib.contextmanager
+def building_metadata(backend, graphed: bool):
+    """FlashMLA's metadata code runs in here for `backend`, without FlashMLA's tile schedule (see above)."""
+    if not backend.skips_flashmla_schedule:
+        yield
+        return
+    backend.schedule_for_graph = graphed
+    _building_metadata.backend = backend
+    try:
+        yield
+    finally:
+        _building_metadata.backend = None
+
+
 @functools.lru_cache(maxsize=1)
 def backend_class() -> type:
     """SnapMLABackend = SnapMLAForward over SGLang's FlashMLABackend (imported here: it needs sgl_kernel's GPU ops)."""
+    from sglang.srt.layers.attention import flashmla_backend
     from sglang.srt.layers.attention.flashmla_backend import FlashMLABackend
+
+    skip_flashmla_schedule(flashmla_backend)
 
     class SnapMLABackend(SnapMLAForward, FlashMLABackend):
         def __init__(self, model_runner, skip_prefill: bool = False, kv_indptr_buf=None, kv_last_page_len_buf=None):
@@ -193,6 +262,7 @@ def backend_class() -> type:
             # prebuilt library's check and the extension's build run here, not inside the first captured decode.
             ops.decode_impl()
             self.snapmla_graph_seq_lens = None
+            self.skips_flashmla_schedule = not settings.flashmla_schedule_computed()
 
         # SGLang's forward-metadata protocol: FlashMLA's metadata (the block table) first, then the step's plan.
         def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, block_kv_indices=None):
@@ -202,11 +272,13 @@ def backend_class() -> type:
                                                      device=self.cuda_graph_kv_indices.device)
 
         def init_forward_metadata(self, forward_batch):
-            super().init_forward_metadata(forward_batch)
+            with building_metadata(self, graphed=False):
+                super().init_forward_metadata(forward_batch)
             self.plan_step(forward_batch)
 
         def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-            super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+            with building_metadata(self, graphed=True):
+                super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
             if self.snapmla_graph_seq_lens is None:
                 raise RuntimeError("snapmla: CUDA-graph metadata asked for before init_cuda_graph_state")
             self.plan_step(forward_batch, graph_seq_lens=self.snapmla_graph_seq_lens)

@@ -13,6 +13,9 @@ PDL_ENV = "SNAPMLA_PDL"  # 0 turns programmatic dependent launch off
 CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"  # 1: the public ops check slot ids, page ids and lengths (a host sync)
 EXTEND_ROUTE_ENV = "SNAPMLA_EXTEND_ROUTE"  # auto | mha | absorbed: the route of prefills over a cached prefix
 HICACHE_COPIES_ENV = "SNAPMLA_HICACHE_COPIES"  # kernels (default) | torch: what moves HiCache pages between host and device
+# 1: FlashMLA's tile schedule, which snapmla never reads, is computed every step as SGLang's flashmla backend does
+# (measuring what skipping it saves, benchmarks/serve_tpot.py)
+FLASHMLA_SCHEDULE_ENV = "SNAPMLA_FLASHMLA_SCHEDULE"
 CUDA_SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"  # kernel development: build the CUDA decode from another source dir
 
 
@@ -39,6 +42,10 @@ def index_checks_enabled() -> bool:
 
 def requested_hicache_copies() -> str:
     return os.environ.get(HICACHE_COPIES_ENV, "kernels")
+
+
+def flashmla_schedule_computed() -> bool:
+    return os.environ.get(FLASHMLA_SCHEDULE_ENV, "0") == "1"
 
 
 def cuda_source_dir() -> str | None:

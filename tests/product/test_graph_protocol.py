@@ -119,3 +119,53 @@ def test_torch_compile_traces_the_backends_forward_as_one_graph(gen, mode):
                              backend="aot_eager")(q, q_rope)
     assert torch.equal(eager, compiled)
     assert_close(compiled.float(), proto.reference(mode, q, q_rope), rel_l2=3e-2, what=f"compiled {mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_flashmla_tile_schedule_is_not_computed(gen, mode):
+    """FlashMLA's metadata code, which builds the block table snapmla reads, also builds FlashMLA's own tile schedule
+    (`get_mla_metadata`), which snapmla never reads. While a snapmla backend builds its metadata -- eager, at capture
+    and at every replay -- the module's `get_mla_metadata` hands back placeholders instead: under graphs views of
+    FlashMLA's static buffers, which its copies then copy into themselves. Any other caller gets FlashMLA's schedule;
+    SNAPMLA_FLASHMLA_SCHEDULE=1 (the backend's `skips_flashmla_schedule` off) computes it for snapmla too."""
+    from sglang_graph_protocol import import_flashmla_backend
+
+    proto = GraphProtocol(heads=16, max_bs=4, lens=[70, 130, 3], gen=gen, device="cpu")
+    be, flashmla_backend = proto.backend, import_flashmla_backend()
+    flashmla_schedule = flashmla_backend.get_mla_metadata.__wrapped__
+    skipped = be.unread_schedules
+    proto.capture_metadata(mode)
+    assert be.unread_schedules == skipped + 1, "FlashMLA's schedule computed at capture"
+    assert be.forward_metadata.flashmla_metadata.shape == (1, 8)
+    placeholders = be.unread_schedule(proto.bs)  # what FlashMLA's code copies into its static buffers: themselves
+    assert [(t.data_ptr(), t.shape) for t in placeholders] == \
+        [(be.cuda_graph_mla_metadata.data_ptr(), (1, 8)), (be.cuda_graph_num_splits.data_ptr(), (proto.bs + 1,))]
+    proto.replay_metadata(mode)
+    assert be.unread_schedules == skipped + 2, "FlashMLA's schedule computed at a replay"
+    assert be.step_plan is not None and be.step_plan.decode.batch == proto.bs
+    lens = torch.tensor(proto._runner_lens(mode))
+    be.init_forward_metadata(proto._forward_batch(mode, lens, lens, torch.arange(1, proto.bs + 1)))
+    assert be.unread_schedules == skipped + 3, "FlashMLA's schedule computed in an eager step"
+    assert be.forward_metadata.flashmla_metadata.numel() == 0 and be.step_plan.decode.batch == proto.bs
+    # another backend's call, outside a snapmla backend's metadata: FlashMLA's own schedule
+    lens32 = lens.to(torch.int32)
+    theirs, expected = flashmla_backend.get_mla_metadata(lens32, 16, 1), flashmla_schedule(lens32, 16, 1)
+    assert [t.shape for t in theirs] == [t.shape for t in expected]
+    be.skips_flashmla_schedule = False
+    proto.replay_metadata(mode)
+    assert be.unread_schedules == skipped + 3
+    assert be.forward_metadata.flashmla_metadata.shape == expected[0].shape
+
+
+def test_a_release_without_get_mla_metadata_is_refused():
+    from types import SimpleNamespace
+
+    from sglang_snapmla.backend import skip_flashmla_schedule
+
+    with pytest.raises(RuntimeError, match="has no get_mla_metadata"):
+        skip_flashmla_schedule(SimpleNamespace())
+    module = SimpleNamespace(get_mla_metadata=lambda *a: "flashmla")
+    skip_flashmla_schedule(module)
+    wrapped = module.get_mla_metadata
+    skip_flashmla_schedule(module)  # once per module: the wrapper is not wrapped again
+    assert module.get_mla_metadata is wrapped and wrapped(torch.ones(2)) == "flashmla"

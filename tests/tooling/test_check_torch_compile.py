@@ -1,0 +1,29 @@
+"""The torch.compile check (tools/check_torch_compile.py): the two servers' flags, the comparison, the table."""
+
+from tools import check_torch_compile as ctc
+
+
+def test_only_the_compiled_server_compiles_and_both_capture_the_same_batches():
+    eager, compiled = (ctc.variant_flags("snapmla", v, 8) for v in ctc.VARIANTS)
+    assert "--enable-torch-compile" not in eager
+    assert compiled[:len(eager)] == eager
+    assert compiled[len(eager):] == ["--enable-torch-compile", "--torch-compile-max-bs", "8"]
+    assert eager[eager.index("--cuda-graph-max-bs") + 1] == "8"
+
+
+def test_outputs_are_compared_per_level_and_errors_reported():
+    def probe(ids, lps):
+        return {"ids": ids, "logprobs": lps}
+
+    eager = {"levels": {"1": [probe([1, 2, 3], [-0.1, -0.2, -0.3]), probe([4, 5], [-1.0, -1.0])]},
+             "median_tpot_ms": 5.0, "startup_s": 40.0}
+    compiled = {"levels": {"1": [probe([1, 2, 3], [-0.1, -0.2, -0.3]), probe([4, 6], [-1.0, -1.5])]},
+                "median_tpot_ms": 4.0, "startup_s": 200.0}
+    cmp = ctc.compare(eager, compiled)
+    assert cmp["1"]["identical"] == 1 and cmp["1"]["probes"] == 2
+    assert abs(cmp["1"]["mean_abs_dlogprob"] - 0.5 / 5) < 1e-9  # 5 tokens up to and incl. the first difference
+    text = ctc.table({"snapmla": {"eager": eager, "compiled": compiled, "compare": cmp},
+                      "flashmla": {"eager": eager, "compiled": {"error": "RuntimeError('did not start')"},
+                                   "compare": ctc.compare(eager, {"error": "x"})}})
+    assert "| snapmla | 1 | 1/2 | 0.10000 | 5.0 | 4.0 | 40.0 | 200.0 |" in text
+    assert "| flashmla | - | error: RuntimeError('did not start') |" in text
