@@ -10,7 +10,7 @@ warm-up, then `python -m sglang.bench_serving` random-ids (in --input-len / out 
 max(8, 2c) prompts, --max-concurrency c). A run's TPOT at c is the median over its rounds of bench_serving's median
 TPOT (the same for ITL; output tok/s likewise). Rounds alternate the servers, so a drift of the machine over the call
 reaches every run alike. Prints a table (each run's TPOT beside the first run's, measured in the same call), writes
-serve_tpot.json and serve_tpot.png (`--redraw JSON` draws the PNG where matplotlib is).
+serve_tpot.json and serve_tpot.png (`--redraw JSON` prints the table again and draws the PNG where matplotlib is).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ def summarize(samples: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, 
     out: dict[str, dict[str, dict]] = {}
     for run, by_c in samples.items():
         for c, rounds in by_c.items():
-            row = {m: statistics.median(r[m] for r in rounds) if all(r.get(m) is not None for r in rounds) else None
-                   for m in METRICS}
+            row = {m: round(statistics.median(r[m] for r in rounds), 3) if all(r.get(m) is not None for r in rounds)
+                   else None for m in METRICS}
             row["tpot_rounds_ms"] = [r.get("median_tpot_ms") for r in rounds]
             out.setdefault(run, {})[c] = row
     return out
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.redraw:
         saved = json.loads(args.redraw.read_text())
+        print(table(saved["summary"]))
         plot(saved["summary"], saved["title"], args.redraw.with_suffix(".png"))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)

@@ -144,11 +144,6 @@ def _unsupported_setups(args) -> list[str]:
     if getattr(args, "enable_kv_cache_sharding", False):  # SGLang 0.5.23
         out.append("--enable-kv-cache-sharding is not supported with --attention-backend snapmla: it stripes SGLang's "
                    "576-wide MLA pool across ranks. Drop the flag.")
-    if getattr(args, "enable_torch_compile", False):
-        out.append("--enable-torch-compile is not supported with --attention-backend snapmla: its backend's forward "
-                   "traces as one graph through its typed ops (sglang_snapmla.library), but no compiled server has "
-                   "been checked against eager outputs on a GPU. Drop the flag (snapmla's decode runs inside "
-                   "SGLang's CUDA graphs without it).")
     algo = getattr(args, "speculative_algorithm", None)
     if algo not in SUPPORTED_SPECULATIVE:
         out.append(f"--speculative-algorithm {algo} is not supported with --attention-backend snapmla: its draft "

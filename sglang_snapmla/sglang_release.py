@@ -9,6 +9,7 @@
 | `DraftBackendFactory` | holds `server_args` | built from the draft model runner (`draft_model_runner.server_args`) | 0.5.18 |
 | FlashMLA page-table metadata (the SnapMLA backend's parent) | from `req_to_token` | from KV location plans (`forward_batch.kv_loc_plan`, `model_runner.kv_index_translator`) where reads are translated, else from `req_to_token` as before; reads are translated only with `--enable-unified-memory`, which the plugin refuses (with `--enable-kv-cache-sharding`) | 0.5.22 |
 | what SGLang builds the HiCache host pool from (`MLATokenToKVPoolHost.__init__`, adopted by `host_pool`) | the device pool | `buffer_info` of the device pool's `get_device_pool_infos()` (an MLABufferInfo of one 576-wide tensor per layer; the snapmla pool gives `pool.SnapMLAHostRecords`) | 0.5.18-0.5.23 |
+| FlashMLA's tile schedule, which the SnapMLA backend answers with placeholders (`backend.skip_flashmla_schedule`) | `get_mla_metadata` of `flashmla_backend`'s namespace (from `sgl_kernel.flash_mla`) | the same name (from `flash_mla_interface`) | - |
 | FlashMLA through `sgl_kernel.flash_mla` | at import of SGLang's backend | through SGLang's `kernels/ops/attention/flash_mla_interface.py` over the `flash_mla` wheel (needs libcuda at import) | 0.5.23 |
 
 Both releases serve (`SUPPORTED`). 0.5.17 is verified on Hopper GPUs; 0.5.23 needs torch 2.14, which the GPU hosts do

@@ -308,9 +308,8 @@ V3 = ROOT / "configs/models/deepseek-v3-shape"
       "--speculative-num-draft-tokens", "4"], "eagle-topk 1"),
     (["--enable-unified-memory"], "enable-unified-memory is not supported"),
     (["--enable-kv-cache-sharding", "--tp", "2"], "enable-kv-cache-sharding is not supported"),
-    (["--enable-torch-compile"], "enable-torch-compile is not supported"),
 ], ids=["dcp", "pd-offload", "pd-pp", "no-ragged", "fp16", "eagle3", "standalone", "tree-draft", "unified-memory",
-        "kv-sharding", "torch-compile"])
+        "kv-sharding"])
 def test_setups_that_assume_sglangs_pool_fail_at_startup(plugin, extra, match):
     """Options whose code paths read SGLang's 576-wide pool or need a kernel snapmla lacks: refused while the
     arguments are parsed, with the fix, before anything is allocated. The unified pool (whose page reads go through
@@ -322,6 +321,16 @@ def test_setups_that_assume_sglangs_pool_fail_at_startup(plugin, extra, match):
     with pytest.raises(ValueError, match=match):
         parse("--model-path", str(V3), "--attention-backend", "snapmla", "--device", "cpu", "--load-format", "dummy",
               *extra)
+
+
+@pytest.mark.cpu_interpreter
+def test_torch_compile_serves_with_snapmla(plugin):
+    """--enable-torch-compile is accepted: the backend's forward traces through its typed ops (sglang_snapmla.library;
+    test_graph_protocol.py), and a compiled server's outputs were checked against eager ones on a GPU
+    (tools/check_torch_compile.py, docs/ACCURACY.md)."""
+    args = parse("--model-path", str(V3), "--attention-backend", "snapmla", "--device", "cpu", "--load-format",
+                 "dummy", "--enable-torch-compile", "--torch-compile-max-bs", "8")
+    assert args.enable_torch_compile and args.attention_backend == "snapmla"
 
 
 @pytest.mark.cpu_interpreter
