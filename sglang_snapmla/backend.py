@@ -45,7 +45,8 @@ class StepPlan:
 class SnapMLAForward:
     """The forward paths of the backend. Reads `token_to_kv_pool`, `req_to_token`, `forward_metadata`
     (FlashMLA's block table), `num_q_heads`, `num_draft_tokens` and `max_pages`, which FlashMLABackend / our __init__
-    set; decode-like steps run the plan that `plan_step` made from them.
+    set (and, for `unread_schedule`, FlashMLA's static schedule buffers); decode-like steps run the plan that
+    `plan_step` made from them.
     Kept apart from the SGLang base class so it imports (and is tested) on machines without sgl_kernel's GPU ops."""
 
     # -- shared by decode, target verify and draft extend ------------------------------------------------------
