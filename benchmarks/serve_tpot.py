@@ -4,8 +4,9 @@ costs a serving user (GPU host, after `source tools/gpu_host/env.sh`).
     python -m benchmarks.serve_tpot --model configs/models/deepseek-v3-shape \\
         --runs snapmla-flashmla-schedule snapmla --concurrency 1 128 --rounds 2 --out tpot_v3
 
-Each round starts every run's server in turn (harness RUNS, dummy weights, page 64, `--cuda-graph-max-bs` covering
-the largest concurrency, so every measured step replays a CUDA graph) and, per concurrency c, sends an unmeasured
+Each round starts every run's server in turn (harness RUNS, dummy weights unless `--load-format auto`, page 64,
+`--cuda-graph-max-bs` covering the largest concurrency, so every measured step replays a CUDA graph) and, per
+concurrency c, sends an unmeasured
 warm-up, then `python -m sglang.bench_serving` random-ids (in --input-len / out --output-len, every request the same,
 max(8, 2c) prompts, --max-concurrency c). A run's TPOT at c is the median over its rounds of bench_serving's median
 TPOT (the same for ITL; output tok/s likewise). Rounds alternate the servers, so a drift of the machine over the call
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--context-length", type=int, default=32768, help="at most the model's (4096: the small trained "
+                    "checkpoint of tools/train_tiny_mla.py)")
+    ap.add_argument("--load-format", default="dummy", help="'auto' for a trained checkpoint")
     ap.add_argument("--startup-timeout", type=float, default=420, help="seconds until /health answers")
     ap.add_argument("--bench-timeout", type=float, default=300)
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
@@ -107,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, run in enumerate(args.runs):
             log = args.out / f"server_{run}_round{rnd}.log"
             with serving(args.model, 31000 + i, ["--cuda-graph-max-bs", graph_bs, *RUNS[run], *args.extra], log,
-                         args.startup_timeout, env=RUN_ENV.get(run)):
+                         args.startup_timeout, env=RUN_ENV.get(run), context_length=args.context_length,
+                         load_format=args.load_format):
                 for c in args.concurrency:
                     bench_serving(31000 + i, args.model, args.input_len, min(args.output_len, 32), c,
                                   args.bench_timeout, seed=2, max_concurrency=c)  # warm-up
