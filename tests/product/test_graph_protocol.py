@@ -169,3 +169,28 @@ def test_a_release_without_get_mla_metadata_is_refused():
     wrapped = module.get_mla_metadata
     skip_flashmla_schedule(module)  # once per module: the wrapper is not wrapped again
     assert module.get_mla_metadata is wrapped and wrapped(torch.ones(2)) == "flashmla"
+
+
+def test_mtp_draft_steps_plan_without_flashmlas_schedule(gen):
+    """MTP draft decoding runs through FlashMLA's multi-step container (`backend.multi_step_draft_backend_class`),
+    which hands each step's snapmla backend a DECODE view of the draft batch (SGLang's `build_inner_fb_view`): under
+    graphs and eagerly, every step's backend plans the decode and computes no FlashMLA schedule."""
+    from types import SimpleNamespace
+
+    from sglang_snapmla.backend import multi_step_draft_backend_class
+
+    steps = [GraphProtocol(heads=16, max_bs=4, lens=[70, 130, 3], gen=gen, device="cpu") for _ in range(2)]
+    container = object.__new__(multi_step_draft_backend_class())
+    container.speculative_num_steps, container.topk = len(steps) + 1, 1
+    container.attn_backends = [p.backend for p in steps]
+    proto = steps[0]
+    lens = torch.tensor(proto.lens)
+    fb = proto._forward_batch("decode", lens, lens, torch.arange(1, proto.bs + 1))
+    fb.spec_info, fb.seq_lens_sum = SimpleNamespace(), int(lens.sum())
+    container.init_forward_metadata_out_graph(fb)
+    container.init_forward_metadata(fb)
+    for p in steps:
+        be = p.backend
+        assert be.unread_schedules == 2, "a draft step computed FlashMLA's schedule"
+        assert be.step_plan is not None and (be.step_plan.decode.batch, be.step_plan.decode.s_q) == (proto.bs, 1)
+        assert be.step_plan.seq_lens.tolist() == proto.lens
