@@ -110,16 +110,15 @@ class SnapMLAForward:
         self.step_plan = StepPlan(plan, block_table, seq_lens)
 
     skips_flashmla_schedule = True  # False: SNAPMLA_FLASHMLA_SCHEDULE=1, FlashMLA's schedule computed (measurements)
-    schedule_for_graph = False  # whether FlashMLA's metadata code is building CUDA-graph metadata (building_metadata)
     unread_schedules = 0  # how many FlashMLA tile schedules this backend has not computed
     _empty_schedule = None
 
-    def unread_schedule(self, batch: int):
+    def unread_schedule(self, batch: int, graphed: bool):
         """What FlashMLA's metadata code gets instead of `get_mla_metadata(lengths [batch], ...)`: (tile schedule
-        [n, 8], splits [batch + 1]) int32, never read. Under CUDA graphs the first row of its static schedule buffer and
-        the first batch + 1 entries of its static splits buffer, which it copies into themselves; eager, empty
-        tensors (stored in its metadata only)."""
-        if self.schedule_for_graph:
+        [n, 8], splits [batch + 1]) int32, never read. `graphed` (CUDA-graph metadata): the first row of its static
+        schedule buffer and the first batch + 1 entries of its static splits buffer, which it copies into themselves;
+        eager: empty tensors (stored in its metadata only)."""
+        if graphed:
             return self.cuda_graph_mla_metadata[:1], self.cuda_graph_num_splits[: batch + 1]
         if self._empty_schedule is None:
             empty = torch.empty(0, dtype=torch.int32, device=self.req_to_token.device)
@@ -200,7 +199,8 @@ class SnapMLAForward:
 # buffers before every replay), which SnapMLA's kernels never read. While a SnapMLA backend builds its metadata on a
 # thread, the module's `get_mla_metadata` returns placeholders instead: under CUDA graphs views of FlashMLA's own
 # static buffers (their copies into themselves return at once), in eager steps two empty tensors.
-_building_metadata = threading.local()  # .backend: the SnapMLA backend building its forward metadata on this thread
+# .owner: (the SnapMLA backend building its forward metadata on this thread, whether it is CUDA-graph metadata)
+_building_metadata = threading.local()
 
 
 def skip_flashmla_schedule(flashmla_backend) -> None:
@@ -217,11 +217,12 @@ def skip_flashmla_schedule(flashmla_backend) -> None:
 
     @functools.wraps(original)
     def get_mla_metadata(cache_seqlens, *args, **kwargs):
-        backend = getattr(_building_metadata, "backend", None)
-        if backend is None:
+        owner = getattr(_building_metadata, "owner", None)
+        if owner is None:
             return original(cache_seqlens, *args, **kwargs)
+        backend, graphed = owner
         backend.unread_schedules += 1
-        return backend.unread_schedule(cache_seqlens.shape[0])
+        return backend.unread_schedule(cache_seqlens.shape[0], graphed)
 
     get_mla_metadata.snapmla_unread_schedule = True
     flashmla_backend.get_mla_metadata = get_mla_metadata
@@ -233,12 +234,11 @@ def building_metadata(backend, graphed: bool):
     if not backend.skips_flashmla_schedule:
         yield
         return
-    backend.schedule_for_graph = graphed
-    _building_metadata.backend = backend
+    _building_metadata.owner = (backend, graphed)
     try:
         yield
     finally:
-        _building_metadata.backend = None
+        _building_metadata.owner = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -63,12 +63,11 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
         static_schedule[: s.shape[0]].copy_(s)
         static_splits.copy_(n)
 
-    graph_metadata = SimpleNamespace(schedule_for_graph=True, cuda_graph_mla_metadata=static_schedule,
-                                     cuda_graph_num_splits=static_splits)
+    graph_metadata = SimpleNamespace(cuda_graph_mla_metadata=static_schedule, cuda_graph_num_splits=static_splits)
 
     def left_of_schedule():  # the same lines, get_mla_metadata answered as snapmla's backend answers it
         lens64.to(torch.int32)
-        s, n = SnapMLAForward.unread_schedule(graph_metadata, batch)
+        s, n = SnapMLAForward.unread_schedule(graph_metadata, batch, graphed=True)
         static_schedule[: s.shape[0]].copy_(s)
         static_splits[: batch + 1].copy_(n)
 
@@ -88,7 +87,8 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
     schedule_us, left_us, plan_us = host_us(flashmla_schedule), host_us(left_of_schedule), host_us(snapmla_plan)
     layer_us = time_graph(lambda _: layer, 1)
     return {"heads": heads, "batch": batch, "seq_len": seq_len, "flashmla_schedule_us": round(schedule_us, 2),
-            "left_of_schedule_us": round(left_us, 2), "snapmla_plan_us": round(plan_us, 2), "attention_layer_us": round(layer_us, 2),
+            "left_of_schedule_us": round(left_us, 2), "snapmla_plan_us": round(plan_us, 2),
+            "attention_layer_us": round(layer_us, 2),
             "schedule_share": round(schedule_us / (V3_LAYERS * layer_us), 5)}
 
 
@@ -102,7 +102,7 @@ def plot(rows: list[dict], gpu: str, path: Path) -> None:
     xs = range(len(rows))
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([x - 0.27 for x in xs], [r["flashmla_schedule_us"] for r in rows], 0.27, label="FlashMLA schedule / step")
-    ax.bar(list(xs), [r.get("left_of_schedule_us", 0) for r in rows], 0.27, label="left of it in snapmla / step")
+    ax.bar(list(xs), [r["left_of_schedule_us"] for r in rows], 0.27, label="left of it in snapmla / step")
     ax.bar([x + 0.27 for x in xs], [r["snapmla_plan_us"] for r in rows], 0.27, label="snapmla plan / step")
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("µs per step")
