@@ -10,7 +10,9 @@ greedily at 1 and MAX_BS concurrent requests, so that every decode step runs a c
 `python -m sglang.bench_serving` at concurrency 1 (random ids, in 256 / out 128, 8 prompts) for the batch-1 TPOT.
 Reported per run: the probes whose greedy outputs are identical between the two servers at each level, the mean
 |logprob difference| before the first differing token (nats), both servers' median TPOT and start-up time (the
-compiled one's includes Inductor's compilation). Prints a table and writes check_torch_compile.json.
+compiled one's includes Inductor's compilation). With flashmla among the runs, every server is also compared with
+flashmla BF16 eager, the accuracy gate's reference (the same measures). Prints the tables and writes
+check_torch_compile.json (`--reprint JSON` prints the tables of a saved one again).
 A server that does not start, or a run whose outputs differ, is reported, not hidden: the server log says why.
 """
 
@@ -26,6 +28,7 @@ from harness.probes import POOL_FLAGS, generate_level, token_errors, workload
 from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
 
 VARIANTS = ("eager", "compiled")
+REFERENCE = "flashmla"  # its eager server: the accuracy gate's reference, flashmla BF16
 
 
 def variant_flags(run: str, variant: str, max_bs: int) -> list[str]:
@@ -68,6 +71,24 @@ def compare(eager: dict, compiled: dict) -> dict:
     return out
 
 
+def against_reference(results: dict) -> dict:
+    """{run: {variant: `compare` of that server with flashmla BF16 eager}}; {} without a served reference run."""
+    ref = results.get(REFERENCE, {}).get("eager")
+    if not ref or "error" in ref:
+        return {}
+    return {run: {v: compare(ref, r[v]) for v in VARIANTS} for run, r in results.items()}
+
+
+def reference_table(against: dict) -> str:
+    lines = [f"| server | level | identical to {REFERENCE} eager | mean abs dlogprob |", "|---|---:|---:|---:|"]
+    for run, by_variant in against.items():
+        for variant, levels in by_variant.items():
+            for level, m in levels.items():
+                lines.append(f"| {run} {variant} | {level} | {m['identical']}/{m['probes']} | "
+                             f"{m['mean_abs_dlogprob']:.5f} |")
+    return "\n".join(lines)
+
+
 def table(results: dict) -> str:
     lines = ["| run | level | identical greedy outputs | mean abs dlogprob | TPOT eager ms | TPOT compiled ms | "
              "start eager s | start compiled s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -84,12 +105,19 @@ def table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a trained checkpoint with heldout.json")
+    ap.add_argument("--model", help="a trained checkpoint with heldout.json (needed unless --reprint)")
     ap.add_argument("--runs", nargs="+", default=["snapmla"], choices=list(RUNS))
     ap.add_argument("--max-bs", type=int, default=8, help="--torch-compile-max-bs and the captured batches")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds until /health (compilation included)")
     ap.add_argument("--out", type=Path, default=Path("compile_out"))
+    ap.add_argument("--reprint", type=Path, help="only print the tables of this check_torch_compile.json")
     args = ap.parse_args(argv)
+    if args.reprint:
+        results = json.loads(args.reprint.read_text())
+        print(f"{table(results)}\n\n{reference_table(against_reference(results))}")
+        return 0
+    if not args.model:
+        ap.error("--model is needed (a trained checkpoint with heldout.json)")
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     results = {}
@@ -100,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         results[run] = r
         print(json.dumps({"run": run, "compare": r["compare"]} | {v: {k: x for k, x in r[v].items() if k != "levels"}
                                                                   for v in VARIANTS}), flush=True)
-    print(table(results))
+    print(f"{table(results)}\n\n{reference_table(against_reference(results))}")
     (args.out / "check_torch_compile.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -27,3 +27,17 @@ def test_outputs_are_compared_per_level_and_errors_reported():
                                    "compare": ctc.compare(eager, {"error": "x"})}})
     assert "| snapmla | 1 | 1/2 | 0.10000 | 5.0 | 4.0 | 40.0 | 200.0 |" in text
     assert "| flashmla | - | error: RuntimeError('did not start') |" in text
+
+
+def test_every_server_is_compared_with_flashmla_bf16_eager_when_it_ran():
+    def server(ids):
+        return {"levels": {"1": [{"ids": ids, "logprobs": [-0.5] * len(ids)}]}, "median_tpot_ms": 1.0,
+                "startup_s": 1.0}
+
+    results = {"snapmla": {"eager": server([1, 2]), "compiled": server([1, 3])},
+               "flashmla": {"eager": server([1, 2]), "compiled": server([1, 2])}}
+    against = ctc.against_reference(results)
+    assert against["snapmla"]["eager"]["1"]["identical"] == 1 and against["snapmla"]["compiled"]["1"]["identical"] == 0
+    assert "| snapmla compiled | 1 | 0/1 | 0.00000 |" in ctc.reference_table(against)
+    assert ctc.against_reference({"snapmla": results["snapmla"]}) == {}  # no reference run: no table rows
+    assert ctc.against_reference({**results, "flashmla": {"eager": {"error": "x"}, "compiled": {"error": "x"}}}) == {}
