@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.server import greedy_generate
+from harness.server import greedy_generate, stream_generate
 
 PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
+# how long the probes wait for every filler of a level to be decoding before they are sent anyway
+FILLER_ADMIT_TIMEOUT_S = 120
 # The pool is capped (the same for every run) because SGLang 0.5.17's FP8 paths for MLA dequantize a layer's whole pool
 # at once: flashmla's prefix extend (the radix level, chunked prefill) and FlashInfer MLA's every step cast
 # get_key_buffer(layer) to BF16. At SGLang's default memory fraction that copy of the small trained model's per-layer
@@ -36,25 +39,54 @@ def workload(held: dict, fillers: int) -> tuple[list[list[int]], list[list[int]]
 
 
 def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
-    """The probes' greedy outputs (ids, logprobs) at `level` concurrent requests."""
-    def probe(ids):
-        r = greedy_generate(port, ids, PROBE_TOKENS, return_logprob=True)
-        return {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]]}
+    """The probes' greedy outputs at `level` concurrent requests: per probe {"ids", "logprobs"}, and where fillers
+    ran {"fillers", "fillers_running"}: how many were sent beside it, and how many of them were decoding when it was
+    sent and still decoding when it returned (all of them: the probe decoded inside a batch that held every filler).
 
-    if level == 1:
-        return [probe(p) for p in probes]
+    The probes are sent once every filler is decoding (its first streamed token) or after FILLER_ADMIT_TIMEOUT_S
+    (a server that cannot admit them all at once); fillers decode FILLER_TOKENS, far more steps than a probe's
+    prefill and PROBE_TOKENS. A sleep between the two is not enough: on a fast host the fillers of a small model finish
+    their tokens before the probes are prefilled, and the probes then decode in a small batch (another split count)."""
+    def probe(ids, decoding):
+        started = [i for i, ev in enumerate(decoding) if ev.is_set()]  # the fillers decoding when it is sent
+        r = greedy_generate(port, ids, PROBE_TOKENS, return_logprob=True)
+        return {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]],
+                "returned_at": time.monotonic(), "started": started}
+
     out = []
     group = min(level, len(probes))
     for g in range(0, len(probes), group):
         batch = probes[g:g + group]
         n_fill = level - len(batch)
+        decoding = [threading.Event() for _ in range(n_fill)]
         with ThreadPoolExecutor(level) as ex:
-            filling = [ex.submit(greedy_generate, port, f, FILLER_TOKENS) for f in fillers[:n_fill]]
-            time.sleep(0.5 if n_fill else 0)  # the fillers are admitted first: the probes decode among them
-            out.extend(ex.map(probe, batch))
-            for f in filling:
-                f.result()
+            filling = [ex.submit(stream_generate, port, f, FILLER_TOKENS, ev)
+                       for f, ev in zip(fillers[:n_fill], decoding)]
+            wait_decoding(decoding, filling, FILLER_ADMIT_TIMEOUT_S)
+            done = list(ex.map(lambda ids: probe(ids, decoding), batch))
+            left_at = [f.result() for f in filling]
+        for d in done:
+            returned_at, started = d.pop("returned_at"), d.pop("started")
+            if n_fill:  # decoding before the probe was sent and still decoding when it returned
+                d |= {"fillers": n_fill, "fillers_running": sum(left_at[i] > returned_at for i in started)}
+        out.extend(done)
     return out
+
+
+def wait_decoding(decoding: list[threading.Event], filling: list, timeout: float) -> None:
+    """Until every filler is decoding or `timeout` s have passed; a filler's error is raised at once."""
+    deadline = time.monotonic() + timeout
+    while not all(ev.is_set() for ev in decoding) and time.monotonic() < deadline:
+        for f in filling:
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+        time.sleep(0.02)
+
+
+def held(level: list[dict]) -> tuple[int, int]:
+    """(fewest fillers any probe of a level decoded among, fillers sent beside it); (0, 0) without fillers."""
+    counted = [(p["fillers_running"], p["fillers"]) for p in level if "fillers" in p]
+    return min(counted, default=(0, 0))
 
 
 def token_errors(run: list[dict], ref: list[dict]) -> tuple[float, int]:

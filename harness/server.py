@@ -1,7 +1,7 @@
 """Serving runs for benchmarks and tools: the named server setups (RUNS), starting and stopping an SGLang server in
 its own process group, and the few HTTP calls every measurement makes.
 
-    from harness.server import RUNS, start_server, wait_healthy, stop_server, greedy_generate
+    from harness.server import RUNS, start_server, wait_healthy, stop_server, greedy_generate, stream_generate
 
 Not part of the shipped package: `benchmarks/` and `tools/` share it (python -m from the repository root).
 """
@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -76,6 +77,30 @@ def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float =
     return post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
                                                                           "temperature": 0, "ignore_eos": True},
                                     **extra}, timeout=timeout)
+
+
+def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: threading.Event | None = None,
+                    timeout: float = 900) -> float:
+    """`greedy_generate`, streamed (server-sent events, one per new token): sets `decoding` at the first event (the
+    request is prefilled and in the decode batch); returns time.monotonic() at the end of the stream (it has left
+    the batch). RuntimeError if the server streams an error."""
+    payload = {"input_ids": ids, "stream": True,
+               "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise RuntimeError(f"/generate streamed an error: {event['error']}")
+            if decoding is not None:
+                decoding.set()
+    return time.monotonic()
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float, poll_s: float = 2) -> float:

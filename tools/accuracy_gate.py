@@ -7,9 +7,10 @@ One server per run, CUDA graphs up to batch 512 (every level below decodes insid
 prompts (held-out, never trained on) are generated greedily, PROBE_TOKENS new tokens each, at every concurrency
 level: alone (1), and inside 8, 64, 160 and 512 concurrent requests; and once more alone right after level 1, their
 prompts then radix-cache hits (prefix reuse through the pool). At each level the fillers (other held-out text
-of varied lengths, FILLER_TOKENS new tokens) are sent first and the probes after them, so the probes decode in a
-batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime busy
-servers run in. The radix cache is flushed between levels, so every level prefills the probes the same way.
+of varied lengths, FILLER_TOKENS new tokens) are sent first and the probes once every filler decodes, so the probes
+decode in a batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime
+busy servers run in. A level whose probes did not decode among all its fillers (a filler finished first, or the server
+could not admit them all) is named beside the verdict: it measured a smaller batch. The radix cache is flushed between levels, so every level prefills the probes the same way.
 
 Per run and level, against the reference run (the first, flashmla BF16) at the same level: the mean |logprob
 difference| of the generated tokens up to the first token where the two greedy outputs part, and how many probes
@@ -34,7 +35,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.probes import POOL_FLAGS, PROBE_TOKENS, PROBES, generate_level, token_errors, workload
+from harness.probes import POOL_FLAGS, PROBE_TOKENS, PROBES, generate_level, held, token_errors, workload
 from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
 
 LEVELS = (1, 8, 64, 160, 512)
@@ -68,7 +69,14 @@ def gate(levels: dict, ref_levels: dict) -> dict:
     floor = errs["1"][0]
     ok = all(e <= GATE_FACTOR * floor + GATE_SLACK for e, _ in errs.values())
     return {"gate": "pass" if ok else "FAIL", "floor": floor,
-            "levels": {lv: {"mean_abs_dlogprob": e, "identical": same} for lv, (e, same) in errs.items()}}
+            "levels": {lv: {"mean_abs_dlogprob": e, "identical": same, "held": held(levels[lv])}
+                       for lv, (e, same) in errs.items()}}
+
+
+def not_held(levels: dict) -> list[str]:
+    """'c160: 12/128' for each level whose probes did not all decode among all their fillers (`probes.held`): that
+    level measured a smaller decode batch than its name says."""
+    return [f"c{lv}: {k}/{n}" for lv, v in levels.items() for k, n in [held(v)] if k < n]
 
 
 def max_running(log_path: Path) -> int:
@@ -182,7 +190,14 @@ def main():
         summary[name] = {**gate(r["levels"], ref["levels"]), "max_running": r["max_running"]}
         cells = " | ".join(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/{PROBES}" if v else "-"
                            for v in (summary[name]["levels"].get(lv) for lv in columns))
-        print(f"| {name} | {r['max_running']} | {cells} | {summary[name]['gate']} |")
+        short = not_held(r["levels"])
+        summary[name]["not_held"] = short
+        print(f"| {name} | {r['max_running']} | {cells} | {summary[name]['gate']}"
+              f"{' (fewer fillers: ' + ', '.join(short) + ')' if short else ''} |")
+    if "error" not in ref:
+        short = not_held(ref["levels"])
+        print(f"reference {ref_name}: " + ("fewer fillers at " + ", ".join(short) if short else
+                                            "every probe decoded among all its level's fillers"))
     print("server start (s, process to /health): " + ", ".join(
         f"{name} {results[name].get('startup_s', '-')}" for name, _, _ in runs))
     results["summary"] = summary

@@ -1,6 +1,7 @@
 """The serving-scale accuracy gate's arithmetic (tools/accuracy_gate.py), on made-up outputs (no server)."""
 
 import math
+import time
 
 from harness import probes as probes_module
 from tools import accuracy_gate as ag
@@ -64,7 +65,6 @@ def test_every_run_gets_the_layout_flags_last_and_concurrent_runs_are_all_measur
     monkeypatch.setattr(probes_module, "greedy_generate", fake_generate)
     monkeypatch.setattr(ag, "flush_cache", lambda port: None)
     monkeypatch.setattr(ag, "LEVELS", (1, 8))
-    monkeypatch.setattr(probes_module.time, "sleep", lambda s: None)
     monkeypatch.setattr(sys, "argv", ["accuracy_gate", "--model", str(model), "--runs", "flashmla", "snapmla",
                                       "--server-flags", "--tp 2 --enable-dp-attention --dp 2", "--concurrent",
                                       "--port", "34000", "--out", str(tmp_path / "out")])
@@ -120,7 +120,13 @@ def test_eviction_runs_between_the_level_one_and_the_radix_pass(monkeypatch, tmp
     monkeypatch.setattr(probes_module, "greedy_generate", fake_generate)
     monkeypatch.setattr(ag, "flush_cache", lambda port: None)
     monkeypatch.setattr(ag, "LEVELS", (1, 40))  # 8 fillers for level 40, which runs after the radix pass
-    monkeypatch.setattr(probes_module.time, "sleep", lambda s: None)
+
+    def fake_stream(port, ids, new_tokens, decoding, timeout=900):
+        calls.append(("filler", list(ids), new_tokens))
+        decoding.set()
+        return time.monotonic() + 60  # leaves the batch after the probes
+
+    monkeypatch.setattr(probes_module, "stream_generate", fake_stream)
     result = ag.measure_run(str(model), "snapmla-hicache", [], {}, 33000, tmp_path, 10, [], evict_tokens=20000)
     assert set(result["levels"]) == {"1", ag.RADIX, "40"}
     kinds = [k for k, _, _ in calls]

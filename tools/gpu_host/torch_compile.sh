@@ -12,5 +12,5 @@ train_checkpoint $CKPT 16
 wait
 RUNS=("$@")
 [ ${#RUNS[@]} -gt 0 ] || RUNS=(snapmla flashmla)
-python3 -m tools.check_torch_compile --model $CKPT --runs "${RUNS[@]}" --out "$OUT/compile" 2>&1 \
-  | grep -v "^{" | tail -8
+# the per-run JSON lines filtered out: the two tables it ends with, whole
+python3 -m tools.check_torch_compile --model $CKPT --runs "${RUNS[@]}" --out "$OUT/compile" 2>&1 | grep -v "^{"
