@@ -72,11 +72,15 @@ def flush_cache(port: int, timeout: float = 60) -> None:
     urllib.request.urlopen(req, timeout=timeout).close()  # a refusal (HTTP 400) raises HTTPError
 
 
+def greedy_payload(ids: list[int], new_tokens: int, **extra) -> dict:
+    """/generate's body for token ids, greedy, exactly `new_tokens` new tokens (EOS ignored); `extra` joins it."""
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True},
+            **extra}
+
+
 def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float = 900, **extra) -> dict:
-    """/generate on token ids, greedy, exactly `new_tokens` new tokens (EOS ignored); `extra` joins the payload."""
-    return post(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens,
-                                                                          "temperature": 0, "ignore_eos": True},
-                                    **extra}, timeout=timeout)
+    """/generate on token ids (`greedy_payload`), the whole answer at once."""
+    return post(port, "/generate", greedy_payload(ids, new_tokens, **extra), timeout=timeout)
 
 
 def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: threading.Event | None = None,
@@ -84,8 +88,7 @@ def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: thread
     """`greedy_generate`, streamed (server-sent events, one per new token): sets `decoding` at the first event (the
     request is prefilled and in the decode batch); returns time.monotonic() at the end of the stream (it has left
     the batch). RuntimeError if the server streams an error."""
-    payload = {"input_ids": ids, "stream": True,
-               "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    payload = greedy_payload(ids, new_tokens, stream=True)
     req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:

@@ -44,7 +44,7 @@ import torch
 
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from harness import reparameterize
-from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, token_errors, workload
+from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, held, token_errors, workload
 
 ORIGINAL, CONTROL = "original", "control"
 FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
@@ -231,7 +231,8 @@ def point_rows(results: dict, runs: list[str]) -> list[dict]:
                          "nonfinite_positions": r["nonfinite_positions"],
                          "teacher_forced": agreement(r["teacher_forced"], cont),
                          "dlogprob_alone": alone, f"dlogprob_c{CONCURRENT}": busy,
-                         f"identical_c{CONCURRENT}": same, "probes": len(r["alone"])})
+                         f"identical_c{CONCURRENT}": same, "probes": len(r["alone"]),
+                         f"held_c{CONCURRENT}": held(r[f"c{CONCURRENT}"])})
     return rows
 
 
@@ -357,6 +358,9 @@ def report(results: dict, runs: list[str], png: Path) -> list[dict]:
     if "kernel" in results:
         print("\n" + format_kernel(results["kernel"]))
     print("\n" + format_serving(rows))
+    short = [f"{r['point']} {r['run']}: {k}/{n}" for r in rows for k, n in [r.get(f"held_c{CONCURRENT}", (0, 0))] if k < n]
+    if short:  # those probes decoded in a smaller batch than CONCURRENT (harness/probes.generate_level)
+        print(f"probes that decoded among fewer than all fillers in {CONCURRENT}: " + "; ".join(short))
     for name in runs:
         if "error" in results["runs"].get(name, {}):
             print(f"{name}: error: {results['runs'][name]['error']}")

@@ -69,7 +69,9 @@ def test_point_rows_compare_with_the_reference_at_the_same_point():
     results = {"runs": {
         "flashmla": {"points": {"original": {**point(10.0, ref_probe, [[5, 6, 7, 8]]), "continuations": cont},
                                 "alpha=128": point(10.0, ref_probe, [[5, 6, 7, 8]])}},
-        "flashmla-fp8": {"points": {"original": point(10.1, near, [[5, 6, 7, 0]]),
+        "flashmla-fp8": {"points": {"original": {**point(10.1, near, [[5, 6, 7, 0]]),  # a filler left early
+                                                 f"c{sweep.CONCURRENT}": [{**near, "fillers": 480,
+                                                                           "fillers_running": 479}]},
                                     "alpha=128": point(math.inf, broken, [[-1, -1, -1, -1]], nonfinite=9)}}}}
     rows = {(r["point"], r["run"]): r for r in sweep.point_rows(results, ["flashmla", "flashmla-fp8"])}
     ok, bad = rows[("original", "flashmla-fp8")], rows[("alpha=128", "flashmla-fp8")]
@@ -78,6 +80,7 @@ def test_point_rows_compare_with_the_reference_at_the_same_point():
     assert bad["ppl_ratio"] == math.inf and bad["nonfinite_positions"] == 9 and bad["teacher_forced"] == 0
     assert bad["dlogprob_alone"] == math.inf and bad[f"identical_c{sweep.CONCURRENT}"] == 0
     assert rows[("alpha=128", "flashmla")]["dlogprob_alone"] == 0
+    assert ok[f"held_c{sweep.CONCURRENT}"] == (479, 480) and bad[f"held_c{sweep.CONCURRENT}"] == (0, 0)
     table = sweep.format_serving(list(rows.values()))
     assert "| alpha=128 | flashmla-fp8 | inf | 9 | 0.0 % | inf | inf | 0/1 |" in table
 
