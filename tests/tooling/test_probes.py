@@ -52,6 +52,44 @@ def test_stream_generate_marks_the_first_token_and_returns_when_the_stream_ends(
         server.stream_generate(port, [1], 2, threading.Event())
 
 
+def test_stream_generate_reads_sglangs_own_event_stream(monkeypatch):
+    """The installed SGLang's /generate (its FastAPI app, served by uvicorn on a local port) with a tokenizer manager
+    that yields two outputs, then one that fails: its server-sent events as SGLang frames them."""
+    import socket
+
+    import uvicorn
+    from sglang.srt.entrypoints import http_server
+
+    async def generate_request(obj, request=None):
+        if obj.input_ids == [9]:
+            raise ValueError("the request was refused")
+        for n in (1, 2):
+            yield {"text": "", "output_ids": [7] * n, "meta_info": {"completion_tokens": n}}
+
+    monkeypatch.setattr(http_server, "_global_state", type("State", (), {"tokenizer_manager": type(
+        "Manager", (), {"generate_request": staticmethod(generate_request),
+                        "create_abort_task": staticmethod(lambda obj: None)})()})())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # lifespan off: SGLang's start-up hook wants a running engine; the route alone is what is read here
+    uv = uvicorn.Server(uvicorn.Config(http_server.app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not uv.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert uv.started, "uvicorn did not start SGLang's app"
+        decoding = threading.Event()
+        assert server.stream_generate(port, [1, 2], 2, decoding) > 0 and decoding.is_set()
+        with pytest.raises(RuntimeError, match="the request was refused"):
+            server.stream_generate(port, [9], 2, threading.Event())
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+
+
 class FakeScheduler:
     """Stands in for a server: a filler decodes `admit_s[i]` s after it is sent (its prefill) and leaves the batch
     `decode_s` s later; a probe returns after `probe_s`. Records, per probe, how many fillers were decoding when it
