@@ -98,8 +98,9 @@ def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: thread
             data = line[6:].strip()
             if data == b"[DONE]":
                 break
-            event = json.loads(data)
-            if "error" in event:
+            # parsed only where it may be an error: an event repeats the output so far (SGLang streams cumulative
+            # output ids), and the gate reads hundreds of these streams at once in one Python process
+            if b'"error"' in data and "error" in (event := json.loads(data)):
                 raise RuntimeError(f"/generate streamed an error: {event['error']}")
             if decoding is not None:
                 decoding.set()
