@@ -7,10 +7,11 @@ costs a serving user (GPU host, after `source tools/gpu_host/env.sh`).
 Each round starts every run's server in turn (harness RUNS, dummy weights unless `--load-format auto`, page 64,
 `--cuda-graph-max-bs` covering the largest concurrency, so every measured step replays a CUDA graph) and, per
 concurrency c, sends an unmeasured warm-up, then `python -m sglang.bench_serving` random-ids (in --input-len / out
---output-len, every request the same, max(8, 2c) prompts, --max-concurrency c). A run's TPOT at c is the median over its rounds of bench_serving's median
-TPOT (the same for ITL; output tok/s likewise). Rounds alternate the servers, so a drift of the machine over the call
-reaches every run alike. Prints a table (each run's TPOT beside the first run's, measured in the same call), writes
-serve_tpot.json and serve_tpot.png (`--redraw JSON` prints the table again and draws the PNG where matplotlib is).
+--output-len, every request the same, max(8, 2c) prompts, --max-concurrency c). A run's TPOT at c is the median over its
+rounds of bench_serving's median TPOT (the same for ITL; output tok/s likewise). Rounds alternate the servers, so a
+drift of the machine over the call reaches every run alike. Prints a table (each run's TPOT beside the first run's,
+measured in the same call), writes serve_tpot.json and serve_tpot.png (`--redraw JSON` prints the table again and
+draws the PNG where matplotlib is).
 """
 
 from __future__ import annotations

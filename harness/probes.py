@@ -48,10 +48,11 @@ def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
     prefill and PROBE_TOKENS. A sleep between the two is not enough: on a fast host the fillers of a small model finish
     their tokens before the probes are prefilled, and the probes then decode in a small batch (another split count)."""
     def probe(ids, decoding):
-        started = [i for i, ev in enumerate(decoding) if ev.is_set()]  # the fillers decoding when it is sent
+        """(its output, the fillers decoding when it was sent, when it returned)"""
+        started = [i for i, ev in enumerate(decoding) if ev.is_set()]
         r = greedy_generate(port, ids, PROBE_TOKENS, return_logprob=True)
-        return {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]],
-                "returned_at": time.monotonic(), "started": started}
+        output = {"ids": r["output_ids"], "logprobs": [t[0] for t in r["meta_info"]["output_token_logprobs"]]}
+        return output, started, time.monotonic()
 
     out = []
     group = min(level, len(probes))
@@ -65,11 +66,10 @@ def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
             wait_decoding(decoding, filling, FILLER_ADMIT_TIMEOUT_S)
             done = list(ex.map(lambda ids: probe(ids, decoding), batch))
             left_at = [f.result() for f in filling]
-        for d in done:
-            returned_at, started = d.pop("returned_at"), d.pop("started")
+        for output, started, returned_at in done:
             if n_fill:  # decoding before the probe was sent and still decoding when it returned
-                d |= {"fillers": n_fill, "fillers_running": sum(left_at[i] > returned_at for i in started)}
-        out.extend(done)
+                output |= {"fillers": n_fill, "fillers_running": sum(left_at[i] > returned_at for i in started)}
+            out.append(output)
     return out
 
 

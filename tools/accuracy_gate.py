@@ -10,7 +10,8 @@ prompts then radix-cache hits (prefix reuse through the pool). At each level the
 of varied lengths, FILLER_TOKENS new tokens) are sent first and the probes once every filler decodes, so the probes
 decode in a batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime
 busy servers run in. A level whose probes did not decode among all its fillers (a filler finished first, or the server
-could not admit them all) is named beside the verdict: it measured a smaller batch. The radix cache is flushed between levels, so every level prefills the probes the same way.
+could not admit them all) is named beside the verdict: it measured a smaller batch. The radix cache is flushed between
+levels, so every level prefills the probes the same way.
 
 Per run and level, against the reference run (the first, flashmla BF16) at the same level: the mean |logprob
 difference| of the generated tokens up to the first token where the two greedy outputs part, and how many probes
@@ -69,8 +70,7 @@ def gate(levels: dict, ref_levels: dict) -> dict:
     floor = errs["1"][0]
     ok = all(e <= GATE_FACTOR * floor + GATE_SLACK for e, _ in errs.values())
     return {"gate": "pass" if ok else "FAIL", "floor": floor,
-            "levels": {lv: {"mean_abs_dlogprob": e, "identical": same, "held": held(levels[lv])}
-                       for lv, (e, same) in errs.items()}}
+            "levels": {lv: {"mean_abs_dlogprob": e, "identical": same} for lv, (e, same) in errs.items()}}
 
 
 def not_held(levels: dict) -> list[str]:

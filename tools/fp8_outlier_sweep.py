@@ -358,7 +358,7 @@ def report(results: dict, runs: list[str], png: Path) -> list[dict]:
     if "kernel" in results:
         print("\n" + format_kernel(results["kernel"]))
     print("\n" + format_serving(rows))
-    short = [f"{r['point']} {r['run']}: {k}/{n}" for r in rows for k, n in [r.get(f"held_c{CONCURRENT}", (0, 0))] if k < n]
+    short = [f"{r['point']} {r['run']}: {k}/{n}" for r in rows for k, n in [r[f"held_c{CONCURRENT}"]] if k < n]
     if short:  # those probes decoded in a smaller batch than CONCURRENT (harness/probes.generate_level)
         print(f"probes that decoded among fewer than all fillers in {CONCURRENT}: " + "; ".join(short))
     for name in runs:

@@ -137,7 +137,8 @@ def test_flashmla_tile_schedule_is_not_computed(gen, mode):
     proto.capture_metadata(mode)
     assert be.unread_schedules == skipped + 1, "FlashMLA's schedule computed at capture"
     assert be.forward_metadata.flashmla_metadata.shape == (1, 8)
-    placeholders = be.unread_schedule(proto.bs, graphed=True)  # what FlashMLA's code copies into its static buffers: themselves
+    # what FlashMLA's code copies into its static buffers: themselves
+    placeholders = be.unread_schedule(proto.bs, graphed=True)
     assert [(t.data_ptr(), t.shape) for t in placeholders] == \
         [(be.cuda_graph_mla_metadata.data_ptr(), (1, 8)), (be.cuda_graph_num_splits.data_ptr(), (proto.bs + 1,))]
     proto.replay_metadata(mode)
