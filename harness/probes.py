@@ -8,19 +8,23 @@ import math
 import statistics
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from harness.server import greedy_generate, stream_generate
+from harness.server import abort_request, greedy_generate, stream_generate
 
-PROBES, PROBE_TOKENS, FILLER_TOKENS = 32, 16, 160
+PROBES, PROBE_TOKENS = 32, 16
 # how long the probes wait for every filler of a level to be decoding before they are sent anyway
 FILLER_ADMIT_TIMEOUT_S = 120
 # The pool is capped (the same for every run) because SGLang 0.5.17's FP8 paths for MLA dequantize a layer's whole pool
 # at once: flashmla's prefix extend (the radix level, chunked prefill) and FlashInfer MLA's every step cast
 # get_key_buffer(layer) to BF16. At SGLang's default memory fraction that copy of the small trained model's per-layer
-# pool (4 layers) asks for 31 GiB and the server dies of CUDA OOM (docs/ACCURACY.md). 600k tokens hold the largest
-# concurrency the tools use (512 requests of up to 1 120 tokens).
+# pool (4 layers) asks for 31 GiB and the server dies of CUDA OOM (docs/ACCURACY.md).
 POOL_TOKENS = 600_000
+# A filler decodes until its level's probes have returned and is then aborted. It may ask for at most this many new
+# tokens (a 4096-token context holds them beside the longest filler, 960 tokens), and no more than the capped pool
+# holds for all of the level's fillers and probes at once (`filler_tokens`), so that none is retracted.
+FILLER_TOKENS_MAX = 2048
 POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
 
 
@@ -38,15 +42,27 @@ def workload(held: dict, fillers: int) -> tuple[list[list[int]], list[list[int]]
     return probes, out
 
 
+def filler_tokens(fillers: list[list[int]], probes: list[list[int]]) -> int:
+    """New tokens each filler asks for: FILLER_TOKENS_MAX, or less where 9/10 of POOL_TOKENS would not hold every
+    filler and probe at its full length (the rest is the scheduler's headroom)."""
+    room = POOL_TOKENS * 9 // 10 - sum(map(len, fillers)) - sum(len(p) + PROBE_TOKENS for p in probes)
+    tokens = min(FILLER_TOKENS_MAX, room // max(1, len(fillers)))
+    if tokens < 4 * PROBE_TOKENS:
+        raise ValueError(f"{len(fillers)} fillers of {sum(map(len, fillers))} tokens leave {room} tokens of the "
+                         f"{POOL_TOKENS}-token pool: too few to outlast the probes; use fewer or shorter fillers")
+    return tokens
+
+
 def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
     """The probes' greedy outputs at `level` concurrent requests: per probe {"ids", "logprobs"}, and where fillers
     ran {"fillers", "fillers_running"}: how many were sent beside it, and how many of them were decoding when it was
     sent and still decoding when it returned (all of them: the probe decoded inside a batch that held every filler).
 
     The probes are sent once every filler is decoding (its first streamed token) or after FILLER_ADMIT_TIMEOUT_S
-    (a server that cannot admit them all at once); fillers decode FILLER_TOKENS, far more steps than a probe's
-    prefill and PROBE_TOKENS. A sleep between the two is not enough: on a fast host the fillers of a small model finish
-    their tokens before the probes are prefilled, and the probes then decode in a small batch (another split count)."""
+    (a server that cannot admit them all at once); the fillers ask for `filler_tokens` new tokens and are aborted once
+    the probes have returned. Neither a sleep before the probes nor a short fixed filler length holds the batch: on a
+    fast host the first fillers of a small model decode 160 tokens before the server has admitted the last ones, and
+    the probes then decode in a smaller batch (another split count)."""
     def probe(ids, decoding):
         """(its output, the fillers decoding when it was sent, when it returned)"""
         started = [i for i, ev in enumerate(decoding) if ev.is_set()]
@@ -60,17 +76,36 @@ def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
         batch = probes[g:g + group]
         n_fill = level - len(batch)
         decoding = [threading.Event() for _ in range(n_fill)]
+        # SGLang aborts every request whose id starts with the one given: ids of one length, none a prefix of another
+        rids = [uuid.uuid4().hex for _ in range(n_fill)]
+        new_tokens = filler_tokens(fillers[:n_fill], batch) if n_fill else 0
         with ThreadPoolExecutor(level) as ex:
-            filling = [ex.submit(stream_generate, port, f, FILLER_TOKENS, ev)
-                       for f, ev in zip(fillers[:n_fill], decoding)]
-            wait_decoding(decoding, filling, FILLER_ADMIT_TIMEOUT_S)
-            done = list(ex.map(lambda ids: probe(ids, decoding), batch))
+            filling = [ex.submit(stream_generate, port, f, new_tokens, ev, rid)
+                       for f, ev, rid in zip(fillers[:n_fill], decoding, rids)]
+            try:
+                wait_decoding(decoding, filling, FILLER_ADMIT_TIMEOUT_S)
+                done = list(ex.map(lambda ids: probe(ids, decoding), batch))
+            except BaseException:
+                abort_fillers(port, rids, quiet=True)  # the server may be what failed: its error is the one to see
+                raise
+            abort_fillers(port, rids)  # the probes have returned: the fillers leave the batch for the next level
             left_at = [f.result() for f in filling]
         for output, started, returned_at in done:
             if n_fill:  # decoding before the probe was sent and still decoding when it returned
                 output |= {"fillers": n_fill, "fillers_running": sum(left_at[i] > returned_at for i in started)}
             out.append(output)
     return out
+
+
+def abort_fillers(port: int, rids: list[str], quiet: bool = False) -> None:
+    """Abort the fillers `rids` (SGLang's /abort_request); `quiet`: a server that does not answer is not an error."""
+    for rid in rids:
+        try:
+            abort_request(port, rid)
+        except OSError:
+            if not quiet:
+                raise
+            return
 
 
 def wait_decoding(decoding: list[threading.Event], filling: list, timeout: float) -> None:

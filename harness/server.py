@@ -84,11 +84,11 @@ def greedy_generate(port: int, ids: list[int], new_tokens: int, timeout: float =
 
 
 def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: threading.Event | None = None,
-                    timeout: float = 900) -> float:
-    """`greedy_generate`, streamed (server-sent events, one per new token): sets `decoding` at the first event (the
-    request is prefilled and in the decode batch); returns time.monotonic() at the end of the stream (it has left
-    the batch). RuntimeError if the server streams an error."""
-    payload = greedy_payload(ids, new_tokens, stream=True)
+                    rid: str | None = None, timeout: float = 900) -> float:
+    """`greedy_generate`, streamed (server-sent events, one per new token), under request id `rid` if given (for
+    `abort_request`): sets `decoding` at the first event (the request is prefilled and in the decode batch); returns
+    time.monotonic() at the end of the stream (it has left the batch). RuntimeError if the server streams an error."""
+    payload = greedy_payload(ids, new_tokens, stream=True, **({"rid": rid} if rid else {}))
     req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -105,6 +105,14 @@ def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: thread
             if decoding is not None:
                 decoding.set()
     return time.monotonic()
+
+
+def abort_request(port: int, rid: str, timeout: float = 60) -> None:
+    """SGLang's /abort_request for request `rid`: the request leaves the batch at the scheduler's next step and its
+    stream ends as a finished one. A rid that has already finished is ignored by the server."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/abort_request", data=json.dumps({"rid": rid}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=timeout).close()
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float, poll_s: float = 2) -> float:

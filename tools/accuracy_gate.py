@@ -7,8 +7,8 @@ One server per run, CUDA graphs up to batch 512 (every level below decodes insid
 prompts (held-out, never trained on) are generated greedily, PROBE_TOKENS new tokens each, at every concurrency
 level: alone (1), and inside 8, 64, 160 and 512 concurrent requests; and once more alone right after level 1, their
 prompts then radix-cache hits (prefix reuse through the pool). At each level the fillers (other held-out text
-of varied lengths, FILLER_TOKENS new tokens) are sent first and the probes once every filler decodes, so the probes
-decode in a batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime
+of varied lengths) are sent first, the probes once every filler decodes, and the fillers are aborted once the probes
+have returned, so the probes decode in a batch that holds the fillers: past ~67 requests at 16 heads the sm_90a decode runs one split, the regime
 busy servers run in. A level whose probes did not decode among all its fillers (a filler finished first, or the server
 could not admit them all) is named beside the verdict: it measured a smaller batch. The radix cache is flushed between
 levels, so every level prefills the probes the same way.

@@ -121,12 +121,13 @@ def test_eviction_runs_between_the_level_one_and_the_radix_pass(monkeypatch, tmp
     monkeypatch.setattr(ag, "flush_cache", lambda port: None)
     monkeypatch.setattr(ag, "LEVELS", (1, 40))  # 8 fillers for level 40, which runs after the radix pass
 
-    def fake_stream(port, ids, new_tokens, decoding, timeout=900):
+    def fake_stream(port, ids, new_tokens, decoding, rid=None, timeout=900):
         calls.append(("filler", list(ids), new_tokens))
         decoding.set()
         return time.monotonic() + 60  # leaves the batch after the probes
 
     monkeypatch.setattr(probes_module, "stream_generate", fake_stream)
+    monkeypatch.setattr(probes_module, "abort_request", lambda port, rid: None)
     result = ag.measure_run(str(model), "snapmla-hicache", [], {}, 33000, tmp_path, 10, [], evict_tokens=20000)
     assert set(result["levels"]) == {"1", ag.RADIX, "40"}
     kinds = [k for k, _, _ in calls]

@@ -20,7 +20,12 @@ def sse_server():
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
-            state["payloads"].append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            state["payloads"].append((self.path, json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
+            if self.path == "/abort_request":
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -42,11 +47,13 @@ def test_stream_generate_marks_the_first_token_and_returns_when_the_stream_ends(
     state["events"] = [{"text": "a", "output_ids": [5]}, {"text": "b", "output_ids": [5, 6]}]
     decoding = threading.Event()
     before = time.monotonic()
-    ended = server.stream_generate(port, [1, 2, 3], 2, decoding)
+    ended = server.stream_generate(port, [1, 2, 3], 2, decoding, rid="f00")
     assert decoding.is_set() and ended >= before
-    sent = state["payloads"][0]
-    assert sent["stream"] is True and sent["input_ids"] == [1, 2, 3]
+    path, sent = state["payloads"][0]
+    assert path == "/generate" and sent["stream"] is True and sent["input_ids"] == [1, 2, 3] and sent["rid"] == "f00"
     assert sent["sampling_params"] == {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}
+    server.abort_request(port, "f00")
+    assert state["payloads"][1] == ("/abort_request", {"rid": "f00"})
     state["events"] = [{"error": {"message": "prompt too long"}}]
     with pytest.raises(RuntimeError, match="prompt too long"):
         server.stream_generate(port, [1], 2, threading.Event())
@@ -65,10 +72,13 @@ def test_stream_generate_reads_sglangs_own_event_stream(monkeypatch):
             raise ValueError("the request was refused")
         for n in (1, 2):
             yield {"text": "", "output_ids": [7] * n, "meta_info": {"completion_tokens": n}}
+        seen_rids.append(obj.rid)
 
+    seen_rids, aborted = [], []
     monkeypatch.setattr(http_server, "_global_state", type("State", (), {"tokenizer_manager": type(
         "Manager", (), {"generate_request": staticmethod(generate_request),
-                        "create_abort_task": staticmethod(lambda obj: None)})()})())
+                        "create_abort_task": staticmethod(lambda obj: None),
+                        "abort_request": staticmethod(lambda rid="", abort_all=False: aborted.append(rid))})()})())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -82,7 +92,9 @@ def test_stream_generate_reads_sglangs_own_event_stream(monkeypatch):
             time.sleep(0.05)
         assert uv.started, "uvicorn did not start SGLang's app"
         decoding = threading.Event()
-        assert server.stream_generate(port, [1, 2], 2, decoding) > 0 and decoding.is_set()
+        assert server.stream_generate(port, [1, 2], 2, decoding, rid="ab12") > 0 and decoding.is_set()
+        server.abort_request(port, "ab12")
+        assert seen_rids == ["ab12"] and aborted == ["ab12"]
         with pytest.raises(RuntimeError, match="the request was refused"):
             server.stream_generate(port, [9], 2, threading.Event())
     finally:
@@ -92,22 +104,31 @@ def test_stream_generate_reads_sglangs_own_event_stream(monkeypatch):
 
 class FakeScheduler:
     """Stands in for a server: a filler decodes `admit_s[i]` s after it is sent (its prefill) and leaves the batch
-    `decode_s` s later; a probe returns after `probe_s`. Records, per probe, how many fillers were decoding when it
-    was sent."""
+    `decode_s` s later or when it is aborted; a probe returns after `probe_s`. Records, per probe, how many fillers
+    were decoding when it was sent, and the request ids aborted."""
 
     def __init__(self, admit_s, decode_s, probe_s=0.05):
         self.admit_s, self.decode_s, self.probe_s = admit_s, decode_s, probe_s
         self.decoding, self.lock, self.sent_among = 0, threading.Lock(), []
+        self.aborts, self.rids, self.new_tokens = {}, [], []
 
-    def stream_generate(self, port, ids, new_tokens, decoding, timeout=900):
+    def stream_generate(self, port, ids, new_tokens, decoding, rid=None, timeout=900):
+        with self.lock:
+            aborted = self.aborts.setdefault(rid, threading.Event())
+            self.rids.append(rid)
+            self.new_tokens.append(new_tokens)
         time.sleep(self.admit_s[ids[0]])
         with self.lock:
             self.decoding += 1
         decoding.set()
-        time.sleep(self.decode_s)
+        aborted.wait(self.decode_s)
         with self.lock:
             self.decoding -= 1
         return time.monotonic()
+
+    def abort_request(self, port, rid):
+        with self.lock:
+            self.aborts.setdefault(rid, threading.Event()).set()
 
     def greedy_generate(self, port, ids, new_tokens, **kw):
         with self.lock:
@@ -119,6 +140,7 @@ class FakeScheduler:
 def run_level(monkeypatch, scheduler, n_probes, level):
     monkeypatch.setattr(probes, "stream_generate", scheduler.stream_generate)
     monkeypatch.setattr(probes, "greedy_generate", scheduler.greedy_generate)
+    monkeypatch.setattr(probes, "abort_request", scheduler.abort_request)
     fillers = [[i] for i in range(level - n_probes)]
     return probes.generate_level(0, [[100 + i] for i in range(n_probes)], fillers, level)
 
@@ -133,6 +155,31 @@ def test_probes_are_sent_once_every_filler_decodes(monkeypatch):
     assert probes.held(out) == (12, 12) and ag.not_held({"16": out}) == []
 
 
+def test_fillers_decode_until_the_probes_return_then_leave(monkeypatch):
+    """Fillers that would decode far longer than the probes take are aborted once the probes return: the level ends
+    then, every filler counted, each aborted under its own request id (one length: SGLang aborts by id prefix)."""
+    scheduler = FakeScheduler(admit_s=[0.0] * 12, decode_s=60.0, probe_s=0.2)
+    t0 = time.monotonic()
+    out = run_level(monkeypatch, scheduler, n_probes=2, level=14)
+    assert time.monotonic() - t0 < 10
+    assert probes.held(out) == (12, 12)
+    assert len(set(scheduler.rids)) == 12 and len({len(r) for r in scheduler.rids}) == 1
+    assert all(scheduler.aborts[r].is_set() for r in scheduler.rids)
+    assert scheduler.new_tokens == [probes.FILLER_TOKENS_MAX] * 12
+
+
+def test_filler_length_fits_the_capped_pool():
+    """As many new tokens as the capped pool holds for every filler and probe at once, at most FILLER_TOKENS_MAX;
+    fillers that leave too little for that are refused by name."""
+    probe_prompts = [[1] * 256] * 32
+    assert probes.filler_tokens([[1] * 960] * 128, probe_prompts) == probes.FILLER_TOKENS_MAX
+    tokens = probes.filler_tokens([[1] * 512] * 480, probe_prompts)
+    assert 64 < tokens < probes.FILLER_TOKENS_MAX
+    assert 480 * (512 + tokens) + 32 * (256 + probes.PROBE_TOKENS) <= probes.POOL_TOKENS * 9 // 10
+    with pytest.raises(ValueError, match="fewer or shorter fillers"):
+        probes.filler_tokens([[1] * 1200] * 480, probe_prompts)
+
+
 def test_a_level_whose_fillers_finish_first_is_named(monkeypatch):
     """Fillers that leave the batch before the probes return (a server that cannot hold the level): the count says
     so and the gate names the level."""
@@ -144,10 +191,14 @@ def test_a_level_whose_fillers_finish_first_is_named(monkeypatch):
 
 
 def test_a_filler_error_is_raised_before_the_probes_run(monkeypatch):
-    def failing(port, ids, new_tokens, decoding, timeout=900):
+    def failing(port, ids, new_tokens, decoding, rid=None, timeout=900):
         raise RuntimeError("server refused the filler")
 
+    def unreachable(port, rid):
+        raise ConnectionRefusedError("server gone")
+
     monkeypatch.setattr(probes, "stream_generate", failing)
+    monkeypatch.setattr(probes, "abort_request", unreachable)
     monkeypatch.setattr(probes, "greedy_generate", lambda *a, **k: pytest.fail("a probe ran"))
     with pytest.raises(RuntimeError, match="refused the filler"):
         probes.generate_level(0, [[100]], [[1], [2]], 3)
