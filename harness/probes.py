@@ -25,6 +25,7 @@ POOL_TOKENS = 600_000
 # tokens (a 4096-token context holds them beside the longest filler, 960 tokens), and no more than the capped pool
 # holds for all of the level's fillers and probes at once (`filler_tokens`), so that none is retracted.
 FILLER_TOKENS_MAX = 2048
+ABORT_THREADS = 32
 POOL_FLAGS = ["--max-total-tokens", str(POOL_TOKENS)]
 
 
@@ -98,14 +99,18 @@ def generate_level(port: int, probes, fillers, level: int) -> list[dict]:
 
 
 def abort_fillers(port: int, rids: list[str], quiet: bool = False) -> None:
-    """Abort the fillers `rids` (SGLang's /abort_request); `quiet`: a server that does not answer is not an error."""
-    for rid in rids:
+    """Abort the fillers `rids` (SGLang's /abort_request, one request id per call), ABORT_THREADS calls at a time:
+    one after another, a server busy decoding hundreds of streams takes seconds to leave them all. `quiet`: a server
+    that does not answer is not an error."""
+    def abort(rid):
         try:
             abort_request(port, rid)
         except OSError:
             if not quiet:
                 raise
-            return
+
+    with ThreadPoolExecutor(max(1, min(ABORT_THREADS, len(rids)))) as ex:
+        list(ex.map(abort, rids))
 
 
 def wait_decoding(decoding: list[threading.Event], filling: list, timeout: float) -> None:

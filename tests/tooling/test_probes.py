@@ -202,3 +202,5 @@ def test_a_filler_error_is_raised_before_the_probes_run(monkeypatch):
     monkeypatch.setattr(probes, "greedy_generate", lambda *a, **k: pytest.fail("a probe ran"))
     with pytest.raises(RuntimeError, match="refused the filler"):
         probes.generate_level(0, [[100]], [[1], [2]], 3)
+    with pytest.raises(ConnectionRefusedError):  # after the probes, a server that cannot abort them is an error
+        probes.abort_fillers(0, ["a", "b"])
