@@ -58,10 +58,14 @@ RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}
            "snapmla-flashmla-schedule": {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}}
 
 
+def json_request(port: int, path: str, payload: dict) -> urllib.request.Request:
+    """A POST of `payload` as JSON to the local server's `path`."""
+    return urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
+                                  headers={"Content-Type": "application/json"})
+
+
 def post(port: int, path: str, payload: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(json_request(port, path, payload), timeout=timeout) as r:
         return json.loads(r.read())
 
 
@@ -89,9 +93,7 @@ def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: thread
     `abort_request`): sets `decoding` at the first event (the request is prefilled and in the decode batch); returns
     time.monotonic() at the end of the stream (it has left the batch). RuntimeError if the server streams an error."""
     payload = greedy_payload(ids, new_tokens, stream=True, **({"rid": rid} if rid else {}))
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(json_request(port, "/generate", payload), timeout=timeout) as r:
         for line in r:
             if not line.startswith(b"data: "):
                 continue
@@ -110,9 +112,8 @@ def stream_generate(port: int, ids: list[int], new_tokens: int, decoding: thread
 def abort_request(port: int, rid: str, timeout: float = 60) -> None:
     """SGLang's /abort_request for request `rid`: the request leaves the batch at the scheduler's next step and its
     stream ends as a finished one. A rid that has already finished is ignored by the server."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/abort_request", data=json.dumps({"rid": rid}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=timeout).close()
+    # SGLang answers an empty body, so not `post`
+    urllib.request.urlopen(json_request(port, "/abort_request", {"rid": rid}), timeout=timeout).close()
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float, poll_s: float = 2) -> float:
