@@ -178,12 +178,10 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
 
-// One thread: page `page` of the pool into stage `buf` (4 content boxes, the RoPE box, the scales), all completing
-// on the stage's mbarrier.
-__device__ __forceinline__ void load_page(uint8_t* smem, int buf, const CUtensorMap* map_kv,
+// One thread: page `page` of the pool into `stage` (4 content boxes, the RoPE box, the scales), all completing on
+// the stage's mbarrier `bar`.
+__device__ __forceinline__ void load_page(uint8_t* stage, uint64_t* bar, const CUtensorMap* map_kv,
                                           const CUtensorMap* map_rope, const float* kv_scale, int64_t page) {
-  uint8_t* stage = smem + kStage0 + buf * kStagePitch;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + kBar) + buf;
   mbar_expect_tx(bar, kStageBytes);
   const int row = static_cast<int>(page * kPage);
 #pragma unroll
@@ -221,10 +219,10 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
 // A variant with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
 // showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
 template <bool kMasked>
-__device__ __forceinline__ void transpose_half(uint8_t* smem, int buf, uint8_t* vt, int half, int tw, int valid) {
+__device__ __forceinline__ void transpose_half(const uint8_t* stage, uint8_t* vt, int half, int tw, int valid) {
   const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
   // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
-  const uint32_t rd = smem_u32(smem + kStage0 + buf * kStagePitch + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
+  const uint32_t rd = smem_u32(stage + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
                       (((2 * warp + (m >> 1)) ^ r) << 4);
   // stmatrix row addresses: matrix m = channels 2 r + (m & 1) + 16 (m >> 1) of the 32-channel chunk
   const uint32_t wr = smem_u32(vt) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
@@ -292,16 +290,18 @@ __device__ __forceinline__ void split_pages(int len, int split, int num_splits, 
 // sequences, and a width frozen into the graph would replace pages 1 and 2 by page 0.
 // Not inlined: inlined, its registers raised the kernel's spills (200 / 512 B instead of 124 / 304 at one split)
 // and put spill loads into the PV page loop.
-__device__ __noinline__ void load_first_pages(uint8_t* smem, const CUtensorMap* map_kv, const CUtensorMap* map_rope,
-                                              const float* kv_scale, const int* bt, const int& seq_len, int split,
-                                              int num_splits, int64_t bt_readable) {
-  int head[kStages];
+// `stage0`: the first of the kernel's kNumStages stages (kStagePitch apart), `full`: their mbarriers.
+template <int kNumStages>
+__device__ __noinline__ void load_first_pages(uint8_t* stage0, uint64_t* full, const CUtensorMap* map_kv,
+                                              const CUtensorMap* map_rope, const float* kv_scale, const int* bt,
+                                              const int& seq_len, int split, int num_splits, int64_t bt_readable) {
+  int head[kNumStages];
 #pragma unroll
-  for (int i = 0; i < kStages; ++i) head[i] = num_splits == 1 && i < bt_readable ? bt[i] : 0;
+  for (int i = 0; i < kNumStages; ++i) head[i] = num_splits == 1 && i < bt_readable ? bt[i] : 0;
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
-  for (int i = 0; i < kStages && first + i < last; ++i)
-    load_page(smem, i, map_kv, map_rope, kv_scale, num_splits == 1 ? head[i] : bt[first + i]);
+  for (int i = 0; i < kNumStages && first + i < last; ++i)
+    load_page(stage0 + i * kStagePitch, full + i, map_kv, map_rope, kv_scale, num_splits == 1 ? head[i] : bt[first + i]);
 }
 
 // kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
@@ -344,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   // (docs/KERNEL.md). No early trigger for the combine: its CTAs would sit on the SMs this grid leaves
   // free and waiting there cost 1.5 us at h128 b8 s_k 640 (docs/BENCHMARKS.md).
   if (kv_before_wait && t == 0)
-    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, bt_readable);
+    load_first_pages<kStages>(smem + kStage0, full, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits,
+                              bt_readable);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   if (t == 32) {  // Q of the tile by TMA (a warp other than the page loader's, which may still be in its round trips)
     mbar_expect_tx(qfull, 5 * kTile);
@@ -353,7 +354,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     tma_load_3d(smem + kQR, &map_qr, 0, tile * kRows, b, qfull);
   }
   if (!kv_before_wait && t == 0)
-    load_first_pages(smem, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits, bt_readable);
+    load_first_pages<kStages>(smem + kStage0, full, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits,
+                              bt_readable);
   const int seq_len = seq_lens[b];
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
@@ -601,8 +603,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     for (int c = first; c < last; ++c) {
       const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
       mbar_wait(full + buf, use_parity(c));
-      if (valid == kPage) transpose_half<false>(smem, buf, vt, half, tw, valid);
-      else transpose_half<true>(smem, buf, vt, half, tw, valid);
+      if (valid == kPage) transpose_half<false>(stage_of(c), vt, half, tw, valid);
+      else transpose_half<true>(stage_of(c), vt, half, tw, valid);
       fence_async_smem();  // V^T: generic stores, read by this warpgroup's WGMMA; the stage: read before a TMA rewrite
       if (half == 0) bar_sync<1, 128>();  // the whole V^T half is written
       else bar_sync<2, 128>();
@@ -610,7 +612,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
         mbar_arrive(empty + buf);  // this half of the page is transposed
         if (half == 0 && c + kStages < last) {  // wg 1 refills the stage once QK(c) and both halves are done with it
           mbar_wait(empty + buf, use_parity(c));
-          load_page(smem, buf, &map_kv, &map_rope, kv_scale, next_page);
+          load_page(stage_of(c), full + buf, &map_kv, &map_rope, kv_scale, next_page);
           next_page = c + kStages + 1 < last ? bt[c + kStages + 1] : 0;
         }
       }
@@ -678,6 +680,372 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 #endif
 }
 
+// ---- The narrow decode: sequences of at most kN (16 or 32) query rows (R = S_Q x H) ----
+// At 16 heads (DeepSeek-V3 at TP 8) the wide kernel's 64-row tiles are three quarters empty, and QK, the softmax and
+// PV do four times the work the rows need. Here the roles of WGMMA's operands are swapped: the page's 64 key tokens
+// (QK) and the latent channels (PV) are M, the query rows are N = kN:
+//   S^T [64 tokens x kN] = K8 Q8^T + K_rope' Q_rope'^T   (A = the staged page, B = Q, both from shared memory as TMA
+//                                                         wrote them: 16 x m64nNk32 e4m3 + 4 x m64nNk16 bf16)
+//   O^T [512 x kN] = O^T f + V^T P8^T                    (A = V^T, transposed from the page as in the wide kernel;
+//                                                         B = P8 [kN x 64 tokens]; per PV warpgroup 4 M tiles of 64
+//                                                         channels x 2 K steps of m64nNk32 e4m3)
+// The numerics are the wide kernel's (the same log-domain softmax, page references, P8 and row factors); what
+// changes is that a query row's scores now lie in one accumulator column spread over the warpgroup's four warps, so
+// the page maximum is reduced across lanes (shuffles) and across warps (shared memory, one named barrier per page),
+// and l at the end the same way. Each thread holds two tokens (16 w + lane / 4 and + 8) of kN / 4 query rows.
+// Q takes kN rows of shared memory instead of 64, which leaves room for a fourth page stage.
+template <int kN>
+struct NarrowSmem {
+  static constexpr int kStages = 4;
+  static constexpr int kCols = kN / 4, kAcc = kN / 2;     // per thread: query rows, accumulators of an M x kN tile
+  static constexpr int kQTile = kN * 128;                 // one [kN rows x 128 B] swizzled tile (8-row atoms)
+  static constexpr int kQ8 = 0;                           // 4 tiles
+  static constexpr int kQR = kQ8 + 4 * kQTile;            // 1 tile
+  static constexpr int kStage0 = kQR + kQTile;            // kStages x kStagePitch; 1024 B aligned (kQTile is)
+  static constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T halves, as in the wide kernel
+  static constexpr int kP8Bytes = kN * kPage;             // one P8 [kN rows x 64 B], K-major core matrices
+  static constexpr int kP8 = kVT + 2 * kVTHalfBytes;      // 2 buffers (page parity)
+  static constexpr int kRowF = kP8 + 2 * kP8Bytes;        // 2 x [kN] fp32 O rescale factors
+  static constexpr int kRed = kRowF + 2 * kN * 4;         // 2 x [4 warps][kN] fp32: page maxima, then l
+  static constexpr int kRowS = kRed + 2 * 4 * kN * 4;     // [kN] fp32 1 / l
+  static constexpr int kRowL = kRowS + kN * 4;            // [kN] fp32 base-2 LSE
+  static constexpr int kBar = kRowL + kN * 4;  // full / empty per stage, pfull / pempty per P8, qfull
+  static constexpr int kBytes = kBar + (2 * kStages + 5) * 8 + 1024;
+  static_assert(kQTile % 1024 == 0 && kBar % 8 == 0, "narrow decode: shared-memory alignment");
+  static_assert(kBytes <= 227 * 1024, "narrow decode: shared memory over the sm_90 per-CTA limit");
+  static_assert(8 * kQTile <= kStages * kStagePitch, "the bf16 output tile [kN x 1024 B] reuses the stages");
+};
+
+template <int kN>
+__device__ __forceinline__ void wgmma_narrow_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (kN == 16) wgmma_m64n16k32_e4m3(d, desc_a, desc_b, accumulate);
+  else wgmma_m64n32k32_e4m3(d, desc_a, desc_b, accumulate);
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_narrow_bf16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (kN == 16) wgmma_m64n16k16_bf16(d, desc_a, desc_b, accumulate);
+  else wgmma_m64n32k16_bf16(d, desc_a, desc_b, accumulate);
+}
+
+__device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+template <int kN, bool kFinal>
+__global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
+    const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
+    const __grid_constant__ CUtensorMap map_q8, const __grid_constant__ CUtensorMap map_qr,
+    const __grid_constant__ CUtensorMap map_out, const float* __restrict__ q_scale,
+    const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+    float* __restrict__ o_part, float* __restrict__ lse_part, float* __restrict__ lse_out, int stride_bt,
+    int64_t bt_entries, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int part_slots,
+    int kv_before_wait) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using L = NarrowSmem<kN>;
+  // (kCols and kAcc are members of L: as local constants, read inside the lambdas, they crash nvcc 13.0's front end)
+  constexpr int kSt = L::kStages;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+  const int b = blockIdx.y, split = blockIdx.z;
+  const int t = threadIdx.x, wg = t / 128, tw = t % 128, warp = tw / 32, lane = tw % 32;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBar);
+  uint64_t* empty = full + kSt;
+  uint64_t* pfull = empty + kSt;
+  uint64_t* pempty = pfull + 2;
+  uint64_t* qfull = pempty + 2;
+  if (t == 0) {
+    for (int i = 0; i < kSt; ++i) mbar_init(full + i, kTmaArrivals), mbar_init(empty + i, kStageReleases);
+    for (int i = 0; i < 2; ++i) mbar_init(pfull + i, kP8Publishers), mbar_init(pempty + i, kP8Consumers);
+    mbar_init(qfull, kTmaArrivals);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int* bt = block_table + (int64_t)b * stride_bt;
+  const int64_t bt_readable = bt_entries - (int64_t)b * stride_bt;
+  // the same prologue as the wide kernel (PDL, first pages before the wait after the Q quantization)
+  if (kv_before_wait && t == 0)
+    load_first_pages<kSt>(smem + L::kStage0, full, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits,
+                          bt_readable);
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (t == 32) {  // Q [kN rows] by TMA; rows past R are zero-filled
+    mbar_expect_tx(qfull, 5 * L::kQTile);
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk) tma_load_3d(smem + L::kQ8 + blk * L::kQTile, &map_q8, blk * 128, 0, b, qfull);
+    tma_load_3d(smem + L::kQR, &map_qr, 0, 0, b, qfull);
+  }
+  if (!kv_before_wait && t == 0)
+    load_first_pages<kSt>(smem + L::kStage0, full, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits,
+                          bt_readable);
+  const int seq_len = seq_lens[b];
+  int first, last;
+  split_pages(seq_len, split, num_splits, first, last);
+  if (!kFinal && first >= last) {  // a split without pages: LSE -inf, no partial rows (see the wide kernel)
+    if (t < R) lse_part[((int64_t)b * R + t) * part_slots + split] = -INFINITY;
+    if (t == 32) mbar_wait(qfull, 0);
+    return;
+  }
+  const int n_mine = last - first;
+  auto stage_index = [&](int page) { return (page - first) % kSt; };
+  auto stage_of = [&](int page) { return smem + L::kStage0 + stage_index(page) * kStagePitch; };
+  auto use_parity = [&](int page) { return ((page - first) / kSt) & 1; };
+  auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };
+  // accumulator layout (every M x kN accumulator here): register 4 j + 2 h + c of a thread is M row
+  // 16 warp + lane / 4 + 8 h and column (query row) 8 j + 2 (lane % 4) + c; `col(i)` is the query row of this
+  // thread's i-th column (j = i / 2, c = i % 2) and `acc(i, h)` its register
+  auto col = [&](int i) { return 8 * (i / 2) + 2 * (lane % 4) + (i % 2); };
+  auto acc = [](int i, int h) { return 4 * (i / 2) + 2 * h + (i % 2); };
+  float* rows_s = reinterpret_cast<float*>(smem + L::kRowS);
+  float* rows_l = reinterpret_cast<float*>(smem + L::kRowL);
+
+  if (wg == 0) {
+    // ---- softmax warpgroup: QK(c + 1) on the tensor cores while page c's softmax runs here ----
+    const int tok0 = 16 * warp + lane / 4;  // this thread's page tokens: tok0, tok0 + 8
+    float qs[L::kCols], ref[L::kCols], run[L::kCols], l[L::kCols];
+    int last_key[L::kCols];
+#pragma unroll
+    for (int i = 0; i < L::kCols; ++i) {
+      const int n = col(i);
+      qs[i] = n < R ? q_scale[(int64_t)b * R + n] * qk_scale_log2 : 0.f;
+      last_key[i] = seq_len - S_Q + n / H;
+      ref[i] = kNoRef, run[i] = -INFINITY, l[i] = 0.f;
+    }
+    const int unmasked_end = (seq_len - S_Q + 1) / kPage;
+    mbar_wait(qfull, 0);
+    const uint64_t desc_q = smem_desc_sw128(smem + L::kQ8), desc_qr = smem_desc_sw128(smem + L::kQR);
+    auto issue_qk = [&](float (&s)[L::kAcc], int page) {
+      const uint64_t desc_k = smem_desc_sw128(stage_of(page));
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kLatent / 32; ++k)
+        wgmma_narrow_e4m3<kN>(s, desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4),
+                              desc_q + (((k / 4) * L::kQTile + (k % 4) * 32) >> 4), k != 0);
+#pragma unroll
+      for (int k = 0; k < kRope * 2 / 32; ++k)
+        wgmma_narrow_bf16<kN>(s, desc_k + ((4 * kTile + k * 32) >> 4), desc_qr + ((k * 32) >> 4), 1);
+      wgmma_commit();
+    };
+    // this thread's P8 bytes: P8 [kN rows x 64 tokens] K-major (query row n at (n / 8) x 512 + (n % 8) x 16, the
+    // 16-token group g at g x 128), tokens inside a group in the V^T slot order (transpose_half: token tau < 8 at
+    // slot 4 (tau / 2) + tau % 2, tau + 8 two slots further); tok0's group is `warp`
+    const int p8_slot = warp * 128 + 4 * ((lane / 4) / 2) + (lane / 4) % 2;
+    auto softmax_to_p8 = [&](float (&s)[L::kAcc], int page, int pb, auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
+      const int valid = valid_of(page);
+      float ksc[2], lg[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        ksc[h] = !kMasked || tok0 + 8 * h < valid ? ks[tok0 + 8 * h] : 0.f;
+        lg[h] = fast_log2(ksc[h]);  // -inf past the sequence end
+      }
+      float pm[L::kCols];
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float x = fmaf(s[acc(i, h)] * ksc[h], qs[i], lg[h]);
+          if (kMasked) {  // also replaces whatever an unwritten tail made of S (NaN x 0) by -inf
+            const int key = page * kPage + tok0 + 8 * h;
+            x = (key <= last_key[i] && col(i) < R) ? x : -INFINITY;
+          }
+          s[acc(i, h)] = x;
+        }
+        pm[i] = fmaxf(s[acc(i, 0)], s[acc(i, 1)]);
+      }
+      // the page maximum of each query row: over the warp's 16 tokens (lanes of equal lane % 4), then the 4 warps
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i)
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) pm[i] = fmaxf(pm[i], __shfl_xor_sync(0xffffffff, pm[i], x));
+      // page parity: a buffer is rewritten two pages later, after every thread has passed the next page's barrier
+      float* red = reinterpret_cast<float*>(smem + L::kRed) + pb * 4 * kN;
+      if (lane < 4) {
+#pragma unroll
+        for (int i = 0; i < L::kCols; ++i) red[warp * kN + col(i)] = pm[i];
+      }
+      bar_sync<3, kWarpgroup>();
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i)
+        pm[i] = fmaxf(fmaxf(red[col(i)], red[kN + col(i)]), fmaxf(red[2 * kN + col(i)], red[3 * kN + col(i)]));
+      float f[L::kCols];
+      uint8_t* p8 = smem + L::kP8 + pb * L::kP8Bytes;
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i) {
+        // the wide kernel's page reference: the page max, at most kRefGap below the running max, kNoRef before any key
+        run[i] = fmaxf(run[i], pm[i]);
+        const float nr = fmaxf(fmaxf(pm[i], run[i] - kRefGap), kNoRef), bias = nr - kLog2Fp8Max;
+        f[i] = fast_exp2(ref[i] - nr);
+        float sp = 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float inv_k = kMasked && !(ksc[h] > 0.f) ? 0.f : fast_rcp(ksc[h]);
+          const float p = fast_exp2(s[acc(i, h)] - bias);
+          sp = fmaf(p, inv_k, sp);  // P = P8 / sigma_k, for the denominator
+          s[acc(i, h)] = p;
+        }
+        l[i] = fmaf(l[i], f[i], sp);
+        ref[i] = nr;
+        const uint32_t pair = to_fp8x2(s[acc(i, 0)], s[acc(i, 1)]);  // tokens tok0 (low byte) and tok0 + 8
+        const uint32_t addr = smem_u32(p8) + (col(i) / 8) * 512 + (col(i) % 8) * 16 + p8_slot;
+        st_shared_u8(addr, pair & 0xFFu);
+        st_shared_u8(addr + 2, pair >> 8);
+      }
+      if (warp == 0 && lane < 4) {  // lanes 0..3 hold every query row
+        float* rowf = reinterpret_cast<float*>(smem + L::kRowF) + pb * kN;
+#pragma unroll
+        for (int i = 0; i < L::kCols; ++i) rowf[col(i)] = f[i];
+      }
+    };
+    auto softmax_page = [&](float (&s)[L::kAcc], int c) {
+      const int i = c - first, pb = i & 1;
+      if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
+      if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{});
+      else softmax_to_p8(s, c, pb, std::true_type{});
+      mbar_arrive(empty + stage_index(c));
+      fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
+    };
+    float cur[L::kAcc], nxt[L::kAcc];
+    if (n_mine > 0) {
+      mbar_wait(full, 0);
+      issue_qk(cur, first);
+      wgmma_wait<0>();
+      for (int c = first; c + 1 < last; ++c) {
+        mbar_wait(full + stage_index(c + 1), use_parity(c + 1));
+        issue_qk(nxt, c + 1);
+        if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));  // PV(c - 1) queues behind QK(c + 1)
+        softmax_page(cur, c);
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < L::kAcc; ++j) cur[j] = nxt[j];
+      }
+      if (last - 1 > first) mbar_arrive(pfull + ((last - 2 - first) & 1));
+      softmax_page(cur, last - 1);
+      mbar_arrive(pfull + ((last - 1 - first) & 1));
+    }
+    // l of each query row: over the warp's lanes, then the 4 warps (the buffer of parity n_mine: every thread has
+    // passed the last page's barrier, so nobody reads it any more)
+#pragma unroll
+    for (int i = 0; i < L::kCols; ++i)
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) l[i] += __shfl_xor_sync(0xffffffff, l[i], x);
+    float* red = reinterpret_cast<float*>(smem + L::kRed) + (n_mine & 1) * 4 * kN;
+    if (lane < 4) {
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i) red[warp * kN + col(i)] = l[i];
+    }
+    bar_sync<3, kWarpgroup>();
+    // lanes 0..3 of warp 0 hold every query row; the whole warp computes (no divergence around the stores that
+    // the barrier below publishes) and those lanes store
+    if (warp == 0) {
+#pragma unroll
+      for (int i = 0; i < L::kCols; ++i) {
+        const int n = col(i);
+        const float lsum = (red[n] + red[kN + n]) + (red[2 * kN + n] + red[3 * kN + n]);
+        // l = 0: the row sees no key (out 0, LSE -inf); a NaN l stays NaN
+        const float inv = lsum != 0.f ? 1.f / lsum : 0.f;
+        const float lse2 = lsum != 0.f ? ref[i] + log2f(lsum) - kLog2Fp8Max : -INFINITY;
+        if (lane < 4) rows_s[n] = inv, rows_l[n] = lse2;
+      }
+      __syncwarp();
+    }
+    __syncthreads();  // (1) row scales published
+    if (t < R) {
+      if (kFinal) lse_out[((int64_t)b * H + t % H) * S_Q + t / H] = rows_l[t] * 0.6931471805599453f;
+      else lse_part[((int64_t)b * R + t) * part_slots + split] = rows_l[t];
+    }
+  } else {
+    // ---- PV warpgroups: wg 1 owns latent channels 0..255, wg 2 channels 256..511 ----
+    const int half = wg - 1;
+    uint8_t* vt = smem + L::kVT + half * kVTHalfBytes;
+    float o[4][L::kAcc];  // O^T: 4 M tiles of 64 channels x kN query rows
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int j = 0; j < L::kAcc; ++j) o[mt][j] = 0.f;
+    int next_page = t == 128 && first + kSt < last ? bt[first + kSt] : 0;  // the loader thread's next page
+    for (int c = first; c < last; ++c) {
+      const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
+      mbar_wait(full + buf, use_parity(c));
+      if (valid == kPage) transpose_half<false>(stage_of(c), vt, half, tw, valid);
+      else transpose_half<true>(stage_of(c), vt, half, tw, valid);
+      fence_async_smem();
+      if (half == 0) bar_sync<1, 128>();
+      else bar_sync<2, 128>();
+      if (tw == 0) {
+        mbar_arrive(empty + buf);
+        if (half == 0 && c + kSt < last) {
+          mbar_wait(empty + buf, use_parity(c));
+          load_page(stage_of(c), full + buf, &map_kv, &map_rope, kv_scale, next_page);
+          next_page = c + kSt + 1 < last ? bt[c + kSt + 1] : 0;
+        }
+      }
+      mbar_wait(pfull + pb, (i >> 1) & 1);
+      const float* rowf = reinterpret_cast<const float*>(smem + L::kRowF) + pb * kN;
+#pragma unroll
+      for (int ii = 0; ii < L::kCols; ++ii) {
+        const float f = rowf[col(ii)];
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) o[mt][acc(ii, 0)] *= f, o[mt][acc(ii, 1)] *= f;
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kPage / 32; ++k) {
+        const uint64_t desc_p = smem_desc(smem + L::kP8 + pb * L::kP8Bytes + k * 256, (kPage / 16) * 128);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+          wgmma_narrow_e4m3<kN>(o[mt], smem_desc(vt + mt * 8 * kVTStride + k * 256, kVTStride), desc_p, 1);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      mbar_arrive(pempty + pb);
+    }
+    __syncthreads();  // (1) row scales published (and the other PV warpgroup done with the stages the output reuses)
+    float w[L::kCols];
+#pragma unroll
+    for (int ii = 0; ii < L::kCols; ++ii) w[ii] = rows_s[col(ii)];
+    if constexpr (kFinal) {
+      // bf16 out [B, R, 512] through a [kN x 1024 B] tile in the stages (8 swizzled [kN x 128 B] boxes), then
+      // each PV warpgroup's first thread stores its 4 boxes by TMA (rows past R clipped)
+      uint8_t* otile = smem + L::kStage0;
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ch = half * 256 + mt * 64 + 16 * warp + lane / 4 + 8 * h, byte = (ch % 64) * 2;
+#pragma unroll
+          for (int ii = 0; ii < L::kCols; ++ii) {
+            const int n = col(ii);
+            *reinterpret_cast<__nv_bfloat16*>(otile + (ch / 64) * L::kQTile + n * 128 +
+                                              ((((byte >> 4) & 7) ^ (n & 7)) << 4) + (byte & 15)) =
+                __float2bfloat16_rn(o[mt][acc(ii, h)] * w[ii]);
+          }
+        }
+      fence_async_smem();
+      if (half == 0) bar_sync<1, 128>();
+      else bar_sync<2, 128>();
+      if (tw == 0) {
+#pragma unroll
+        for (int box = 4 * half; box < 4 * half + 4; ++box)
+          tma_store_3d(&map_out, otile + box * L::kQTile, box * 64, 0, b);
+        bulk_store_commit_wait_read();
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ch = half * 256 + mt * 64 + 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+          for (int ii = 0; ii < L::kCols; ++ii) {
+            const int n = col(ii);
+            if (n < R) o_part[(((int64_t)b * R + n) * part_slots + split) * kLatent + ch] = o[mt][acc(ii, h)] * w[ii];
+          }
+        }
+    }
+  }
+#endif
+}
+
 // Host side (no torch types: the file compiles on its own, e.g. for the CPU CI's sm_90a compile check).
 
 // cuTensorMapEncodeTiled from the driver, looked up once through the runtime (no -lcuda at link time)
@@ -707,21 +1075,29 @@ static bool encode_pool_map(CUtensorMap* map, const void* base, int64_t rows, in
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// A [B, R, row] row-major array (Q8, Q RoPE, out) seen as 3-D {row elements, R, B} in boxes of 128 B x 64 rows x 1,
-// 128 B swizzle: one box is one [64 rows x 128 B] tile of the kernel's shared layout. Rows past R (the next
-// sequence's) are zero-filled on load and clipped on store.
+// A [B, R, row] row-major array (Q8, Q RoPE, out) seen as 3-D {row elements, R, B} in boxes of 128 B x box_rows x 1,
+// 128 B swizzle: one box is one [box_rows x 128 B] tile of the kernel's shared layout (64 rows in the wide kernel,
+// kN in the narrow one). Rows past R (the next sequence's) are zero-filled on load and clipped on store.
 static bool encode_rows_map(CUtensorMap* map, const void* base, int batch, int R, int row_elems, int elem_bytes,
-                            CUtensorMapDataType dtype, CUtensorMapL2promotion promotion) {
+                            CUtensorMapDataType dtype, CUtensorMapL2promotion promotion, int box_rows) {
   auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
   const cuuint64_t row_bytes = static_cast<cuuint64_t>(row_elems) * elem_bytes;
   cuuint64_t dims[3] = {static_cast<cuuint64_t>(row_elems), static_cast<cuuint64_t>(R), static_cast<cuuint64_t>(batch)};
   cuuint64_t strides[2] = {row_bytes, static_cast<cuuint64_t>(R) * row_bytes};
-  cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / elem_bytes), static_cast<cuuint32_t>(kRows), 1};
+  cuuint32_t box[3] = {static_cast<cuuint32_t>(128 / elem_bytes), static_cast<cuuint32_t>(box_rows), 1};
   cuuint32_t elem_strides[3] = {1, 1, 1};
   return encode(map, dtype, 3, const_cast<void*>(base), dims, strides, box, elem_strides,
                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The narrow kernel's N for R query rows per sequence, 0 for the wide kernel (R > 32)
+static int narrow_rows(int R) { return R <= 16 ? 16 : R <= 32 ? 32 : 0; }
+
+template <typename Kernel>
+static cudaError_t allow_smem(Kernel kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
 cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream) {
@@ -732,12 +1108,16 @@ cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream)
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
   static cudaError_t attr = [] {
-    cudaError_t e = cudaFuncSetAttribute(decode_split_sm90_kernel<false>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    return e != cudaSuccess ? e : cudaFuncSetAttribute(decode_split_sm90_kernel<true>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaError_t e = allow_smem(decode_split_sm90_kernel<false>, kSmemBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_split_sm90_kernel<true>, kSmemBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<16, false>, NarrowSmem<16>::kBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<16, true>, NarrowSmem<16>::kBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<32, false>, NarrowSmem<32>::kBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<32, true>, NarrowSmem<32>::kBytes);
+    return e;
   }();
   if (attr != cudaSuccess) return attr;
+  const int narrow = narrow_rows(p.R), box_rows = narrow ? narrow : kRows;
   // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
   // the addresses they were encoded with. The pool's stay fixed for the life of a server; Q and `out` inside a
   // captured graph come from the graph's memory pool (fixed for every replay), as pointer arguments would. Without
@@ -746,28 +1126,31 @@ cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream)
   if (!encode_pool_map(&map_kv, p.kv_content, p.pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
       !encode_pool_map(&map_rope, p.kv_rope, p.pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
       !encode_rows_map(&map_q8, p.q8, p.batch, p.R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows) ||
       !encode_rows_map(&map_qr, p.q_rope, p.batch, p.R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B) ||
+                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows) ||
       (p.out != nullptr && !encode_rows_map(&map_out, p.out, p.batch, p.R, kLatent, 2,
-                                            CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_L2_PROMOTION_NONE)))
+                                            CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                            box_rows)))
     return cudaErrorInvalidValue;
-  dim3 grid((p.R + kRows - 1) / kRows, p.batch, p.num_splits);
+  const bool final_out = p.out != nullptr;
+  auto kernel = narrow == 16 ? (final_out ? decode_narrow_sm90_kernel<16, true> : decode_narrow_sm90_kernel<16, false>)
+              : narrow == 32 ? (final_out ? decode_narrow_sm90_kernel<32, true> : decode_narrow_sm90_kernel<32, false>)
+                             : (final_out ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>);
   cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
+  config.gridDim = dim3(narrow ? 1 : (p.R + kRows - 1) / kRows, p.batch, p.num_splits);
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.dynamicSmemBytes = narrow == 16 ? NarrowSmem<16>::kBytes : narrow == 32 ? NarrowSmem<32>::kBytes : kSmemBytes;
   config.stream = stream;
   cudaLaunchAttribute attrs[1];
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = (p.launch_flags & kLaunchPdl) ? 1 : 0;
   config.attrs = attrs;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, p.out != nullptr ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>,
-                            map_kv, map_rope, map_q8, map_qr, map_out, p.q_scale, p.kv_scale, p.block_table,
-                            p.seq_lens, p.o_part, p.lse_part, p.lse_out, static_cast<int>(p.stride_bt), p.bt_entries,
-                            static_cast<int>(p.R), static_cast<int>(p.H), static_cast<int>(p.S_Q), p.qk_scale_log2,
-                            static_cast<int>(p.num_splits), static_cast<int>(p.part_slots),
+  return cudaLaunchKernelEx(&config, kernel, map_kv, map_rope, map_q8, map_qr, map_out, p.q_scale, p.kv_scale,
+                            p.block_table, p.seq_lens, p.o_part, p.lse_part, p.lse_out, static_cast<int>(p.stride_bt),
+                            p.bt_entries, static_cast<int>(p.R), static_cast<int>(p.H), static_cast<int>(p.S_Q),
+                            p.qk_scale_log2, static_cast<int>(p.num_splits), static_cast<int>(p.part_slots),
                             (p.launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
 }
 

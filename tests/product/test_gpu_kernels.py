@@ -95,6 +95,8 @@ def test_append_and_fetch_beyond_2gb_offsets(gen):
     *CUDA_DECODE_SMALL_CASES,  # incl. the small hard cases tests/product/test_kernels.py runs on the Triton decode
     ([16384, 777], 128, 2, None),
     ([1024 + 7 * i for i in range(32)], 64, 1, None),
+    ([2000 + 13 * i for i in range(48)], 32, 1, None),  # the narrow kernel over many pages and sequences
+    ([5000, 64, 2, 4097], 16, 2, 1000.0),
 ])
 def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     """The sm_90a CUDA split kernel (SNAPMLA_DECODE_IMPL=cuda) against the spec, on the same inputs. LSE within

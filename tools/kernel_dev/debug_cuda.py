@@ -10,6 +10,14 @@ from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
 CASES = [  # (name, seq_lens, heads, s_q, splits, zero_rope)
+    # the narrow kernel (<= 32 query rows per sequence)
+    ("1 page h16", [64], 16, 1, 1, True),
+    ("1 page h16 rope", [64], 16, 1, 1, False),
+    ("5 pages h16", [300], 16, 1, 1, False),
+    ("splits h32", [1000, 77], 32, 1, 3, False),
+    ("3 pages h16 sq2", [150], 16, 2, 1, False),
+    ("partial h8 sq2", [37, 130], 8, 2, 1, False),
+    # the wide kernel
     ("1 page h64", [64], 64, 1, 1, True),
     ("1 page h64 rope", [64], 64, 1, 1, False),
     ("2 pages h64", [128], 64, 1, 1, False),

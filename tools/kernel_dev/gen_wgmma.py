@@ -12,6 +12,11 @@ SHAPES = [  # (function, shape, operand type, accumulator registers per thread, 
     ("wgmma_m64n256k32_e4m3", "m64n256k32", "e4m3", 128, False, False),
     ("wgmma_m64n64k32_e4m3_rs", "m64n64k32", "e4m3", 32, False, True),
     ("wgmma_m64n64k16_bf16_rs", "m64n64k16", "bf16", 32, True, True),
+    # the narrow decode (<= 32 query rows): key tokens or latent channels as M, the query rows as N
+    ("wgmma_m64n16k32_e4m3", "m64n16k32", "e4m3", 8, False, False),
+    ("wgmma_m64n16k16_bf16", "m64n16k16", "bf16", 8, True, False),
+    ("wgmma_m64n32k32_e4m3", "m64n32k32", "e4m3", 16, False, False),
+    ("wgmma_m64n32k16_bf16", "m64n32k16", "bf16", 16, True, False),
 ]
 
 
