@@ -42,6 +42,10 @@ def test_cuda_decode_compiles_for_sm90a(tmp_path):
     assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in text
     assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in text
     assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in text
+    for n in (16, 32):  # the narrow kernel (<= 32 query rows): query rows as N
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3" in text
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in text
+    assert ".entry _ZN7snapmla25decode_narrow_sm90_kernel" in text
     res = subprocess.run([nvcc, "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-cubin",
                           "-Xptxas", "-v", "-o", str(tmp_path / "decode.cubin"), str(src)],
                          capture_output=True, text=True, timeout=600)
@@ -71,7 +75,8 @@ def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
 
 def test_v_transpose_mapping_emulated():
     """The decode's ldmatrix/stmatrix V transpose, replayed on byte coordinates, fills V^T in the slot order P8 uses,
-    without shared-memory bank conflicts (tools/kernel_dev/emulate_transpose.py)."""
+    without shared-memory bank conflicts, and the narrow kernel's P8 byte stores put each (query row, token) where
+    its PV WGMMA reads that token's V^T column (tools/kernel_dev/emulate_transpose.py)."""
     res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_transpose"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr

@@ -63,6 +63,24 @@ def transpose():
     return vt
 
 
+def narrow_p8_stores(n_rows: int) -> dict:
+    """The narrow kernel's P8 byte stores (P8 [n_rows x 64 tokens], K-major core matrices: row n at n // 8 x 512 +
+    n % 8 x 16, 16-token group g at g x 128): thread (warp, lane) holds accumulator rows = tokens 16 warp + lane // 4
+    (+ 8) of the query rows 8 (i // 2) + 2 (lane % 4) + i % 2, and stores them at slot 4 (tau // 2) + tau % 2 (+ 2),
+    tau = lane // 4. Returns {byte offset: (query row, token)}."""
+    p8 = {}
+    for warp in range(4):
+        for lane in range(32):
+            tau = lane // 4
+            for i in range(n_rows // 4):
+                n = 8 * (i // 2) + 2 * (lane % 4) + i % 2
+                for h in range(2):
+                    offset = n // 8 * 512 + n % 8 * 16 + warp * 128 + 4 * (tau // 2) + tau % 2 + 2 * h
+                    assert offset not in p8
+                    p8[offset] = (n, 16 * warp + tau + 8 * h)
+    return p8
+
+
 def main():
     vt = transpose()
     assert len(vt) == 512 * 64
@@ -72,7 +90,13 @@ def main():
     for q in range(4):  # P8: the thread with lane % 4 == q stores tokens 16i + (2q, 2q+1, 8+2q, 9+2q) at 16i + 4q..
         for i in range(4):
             assert [slot_token(16 * i + 4 * q + d) for d in range(4)] == [16 * i + 2 * q + d for d in (0, 1, 8, 9)]
-    print("ok: transpose exact, ldmatrix and stmatrix conflict-free, P8 slot order matches")
+    for n_rows in (16, 32):  # the narrow kernel: P8 as WGMMA's B operand [n_rows x 64], read with LBO 128, SBO 512
+        p8 = narrow_p8_stores(n_rows)
+        assert len(p8) == n_rows * 64
+        for n in range(n_rows):
+            for k in range(64):
+                assert p8[n // 8 * 512 + k // 16 * 128 + n % 8 * 16 + k % 16] == (n, slot_token(k)), (n_rows, n, k)
+    print("ok: transpose exact, ldmatrix and stmatrix conflict-free, P8 slot order matches (64-row and narrow kernels)")
 
 
 if __name__ == "__main__":
