@@ -327,8 +327,8 @@ def _graph_size_step(server_args, previous):
     if getattr(server_args, "enable_dp_attention", False):
         # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
         # from the pool (memory fraction 0.59 -> 0.40 on an H100); each rank's batch is a DP share of the requests
-        logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; --cuda-graph-max-bs "
-                    "sets another")
+        logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; %s sets another",
+                    release.DECODE_GRAPH_SIZE_FLAG)
         return previous(server_args)
     fraction_unset = server_args.mem_fraction_static is None
     result = previous(server_args)
@@ -341,7 +341,7 @@ def _graph_size_step(server_args, previous):
         server_args.mem_fraction_static = None
     result = previous(server_args)
     logger.info("snapmla: decode CUDA graphs up to batch %d (SGLang's default for a BF16 pool: %d); "
-                "--cuda-graph-max-bs sets another size", decode.max_bs, default)
+                "%s sets another size", decode.max_bs, default, release.DECODE_GRAPH_SIZE_FLAG)
     return result
 
 
@@ -372,7 +372,7 @@ def log_default_graph_size() -> None:
     """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process (cached:
     `log_default_graph_size.cache_clear()` lets it log again)."""
     logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
-                "only); --cuda-graph-max-bs sets another", release.installed(), release.GPU_VERIFIED)
+                "only); %s sets another", release.installed(), release.GPU_VERIFIED, release.DECODE_GRAPH_SIZE_FLAG)
 
 
 SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,

@@ -34,14 +34,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# (what is cached, its environment variable, its default folder): the compile caches of a first start
-CACHES = (
-    ("Triton kernels", "TRITON_CACHE_DIR", "~/.triton/cache"),
-    ("snapmla's decode extension (torch C++ extension, where no prebuilt library is shipped)", "TORCH_EXTENSIONS_DIR",
-     "~/.cache/torch_extensions"),
-    ("FlashInfer JIT (SGLang's norms, sampling, prefill)", "FLASHINFER_WORKSPACE_BASE", "~"),
-    ("SGLang's JIT kernels (tvm-ffi)", "TVM_FFI_CACHE_DIR", "~/.cache/tvm-ffi"),
-)
+from .environment import cache_folders
+
 PROMPT_IDS = range(100, 1100)  # token ids every MLA model's vocabulary holds
 PREFIX_TOKENS, FEW_NEW, NEW_TOKENS, BATCH = 2048, 32, 8, 8
 
@@ -136,10 +130,7 @@ def server_limits(port: int) -> tuple[int, int | None]:
 
 def cache_report() -> list[str]:
     lines = ["| cache | variable | folder | MB |", "|---|---|---|---:|"]
-    for what, var, default in CACHES:
-        folder = Path(os.path.expanduser(os.environ.get(var, default)))
-        if var == "FLASHINFER_WORKSPACE_BASE":
-            folder = folder / ".cache" / "flashinfer"
+    for what, var, folder in cache_folders():
         size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
         lines.append(f"| {what} | {var} | {folder} | {size / 1e6:.1f} |")
     return lines

@@ -10,6 +10,7 @@
 | FlashMLA page-table metadata (the SnapMLA backend's parent) | from `req_to_token` | from KV location plans (`forward_batch.kv_loc_plan`, `model_runner.kv_index_translator`) where reads are translated, else from `req_to_token` as before; reads are translated only with `--enable-unified-memory`, which the plugin refuses (with `--enable-kv-cache-sharding`) | 0.5.22 |
 | what SGLang builds the HiCache host pool from (`MLATokenToKVPoolHost.__init__`, adopted by `host_pool`) | the device pool | `buffer_info` of the device pool's `get_device_pool_infos()` (an MLABufferInfo of one 576-wide tensor per layer; the snapmla pool gives `pool.SnapMLAHostRecords`) | 0.5.18-0.5.23 |
 | FlashMLA's tile schedule, which the SnapMLA backend answers with placeholders (`backend.skip_flashmla_schedule`) | `get_mla_metadata` of `flashmla_backend`'s namespace (from `sgl_kernel.flash_mla`) | the same name (from `flash_mla_interface`) | - |
+| the decode graph size flag the plugin's messages and docs print (`DECODE_GRAPH_SIZE_FLAG`) | `--cuda-graph-max-bs-decode` (`--cuda-graph-max-bs` also parses; it sizes prefill graphs too) | `--cuda-graph-max-bs-decode` (`--cuda-graph-max-bs` is refused as an ambiguous prefix of the per-phase flags) | 0.5.18-0.5.23 |
 | FlashMLA through `sgl_kernel.flash_mla` | at import of SGLang's backend | through SGLang's `kernels/ops/attention/flash_mla_interface.py` over the `flash_mla` wheel (needs libcuda at import) | 0.5.23 |
 
 Both releases serve (`SUPPORTED`). 0.5.17 is verified on Hopper GPUs; 0.5.23 needs torch 2.14, which the GPU hosts do
@@ -29,6 +30,9 @@ from typing import Callable
 # torch 2.11 can run
 SUPPORTED = ("0.5.17", "0.5.23")
 GPU_VERIFIED = "0.5.17"
+
+# The flag that sizes the largest decode CUDA graph, spelled so that every supported release parses it (see the table)
+DECODE_GRAPH_SIZE_FLAG = "--cuda-graph-max-bs-decode"
 
 # A server-args step of ours: fn(server_args, previous) where previous(server_args) runs SGLang's own step.
 Step = Callable[[object, Callable[[object], None]], object]

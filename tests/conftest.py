@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
                 if "cpu_interpreter" in item.keywords:
                     item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on the Hopper host)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (`pytest -m gpu -n 0` on an H100 or H200)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

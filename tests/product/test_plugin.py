@@ -387,6 +387,44 @@ def _server_arg_actions(sa):
     return parser._actions
 
 
+def _documented_server_commands():
+    """(file, argv) of every SGLang server command in the README and docs/DEPLOY.md, continuation lines joined and
+    inline code cut at its closing backtick."""
+    import shlex
+
+    commands = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "DEPLOY.md"):
+        for line in doc.read_text().replace("\\\n", " ").splitlines():
+            for program in ("sglang serve ", "python -m sglang.launch_server ", "python3 -m sglang.launch_server "):
+                if program in line:
+                    tail = line[line.index(program) + len(program):].split("`")[0]
+                    commands.append((doc.name, [a for a in shlex.split(tail) if a not in ("...", "--help")]))
+    return commands
+
+
+def test_documented_flags_parse_on_the_installed_release(plugin):
+    """Every flag of the documented server commands, and the decode graph flag the plugin's log lines advise, is
+    accepted by the installed SGLang's own parser (0.5.23 refuses --cuda-graph-max-bs as ambiguous)."""
+    import argparse
+
+    from sglang.srt import server_args as sa
+
+    from sglang_snapmla import sglang_release
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    sa.ServerArgs.add_cli_args(parser)
+    commands = _documented_server_commands()
+    assert len(commands) >= 4 and any("--cuda-graph-max-bs-decode" in argv for _, argv in commands), commands
+    for doc, argv in commands:
+        try:
+            _, unknown = parser.parse_known_args(["--model-path", "m", *argv])  # a fragment may leave it out
+        except (argparse.ArgumentError, SystemExit) as e:
+            pytest.fail(f"{doc}: {' '.join(argv)}: {e}")
+        assert not [a for a in unknown if a.startswith("-")], (doc, argv, unknown)
+    args = parser.parse_args(["--model-path", "m", sglang_release.DECODE_GRAPH_SIZE_FLAG, "8"])
+    assert 8 in [v for k, v in vars(args).items() if "graph_max_bs" in k and "prefill" not in k]
+
+
 def test_launch_server_module_knows_the_choice():
     """`python -m sglang.launch_server` loads plugins before parsing in 0.5.17: --help lists snapmla."""
     res = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,

@@ -1,0 +1,88 @@
+"""`python -m sglang_snapmla`: the environment report, one test per branch of what it decides."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sglang_snapmla import cuda_ext, environment, prebuilt, sglang_release
+
+
+def _gpu(monkeypatch, capability=(9, 0), name="NVIDIA H200", count=1):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    monkeypatch.setattr(cuda_ext, "unavailable_reason",
+                        lambda: None if capability == (9, 0) else f"needs an sm_90 GPU, found sm_{capability[0]}0")
+
+
+def _cuda_home(monkeypatch, home):
+    import torch.utils.cpp_extension as ext
+
+    monkeypatch.setattr(ext, "CUDA_HOME", home)
+
+
+def test_module_entry_point_on_a_machine_without_a_gpu():
+    """On a CPU-only machine (CI) the command runs, names the missing GPU and exits 1."""
+    res = subprocess.run([sys.executable, "-m", "sglang_snapmla"], capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "decode: none (no CUDA GPU" in res.stdout
+    assert "serve: sglang serve --model-path <checkpoint> --attention-backend snapmla" in res.stdout
+    assert "TRITON_CACHE_DIR=" in res.stdout and "cannot serve here: no CUDA GPU" in res.stdout
+
+
+def test_prebuilt_library_serves_on_sm90(monkeypatch):
+    _gpu(monkeypatch, count=8)
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), None))
+    lines, status = environment.report()
+    text = "\n".join(lines)
+    assert "decode: sm_90a prebuilt" in text and "GPU 7: NVIDIA H200, sm_90" in text
+    assert "--attention-backend snapmla --tp 8" in text
+    assert status == (0 if sglang_release.refusal(sglang_release.installed()) is None else 1)
+
+
+def test_nvcc_build_where_no_library_is_shipped(monkeypatch):
+    _gpu(monkeypatch)
+    monkeypatch.setattr(prebuilt, "load", lambda: (None, "no prebuilt library"))
+    _cuda_home(monkeypatch, "/usr/local/cuda")
+    decode = environment.decode_choice()
+    assert decode.kind == "sm_90a built with nvcc" and "/usr/local/cuda" in decode.why
+
+
+@pytest.mark.parametrize("requested,kind", [("auto", "Triton"), ("cuda", "none")])
+def test_no_library_and_no_nvcc(monkeypatch, requested, kind):
+    """auto falls back to Triton (and says why); cuda makes the missing kernel a reason not to serve."""
+    _gpu(monkeypatch)
+    monkeypatch.setenv("SNAPMLA_DECODE_IMPL", requested)
+    monkeypatch.setattr(prebuilt, "load", lambda: (None, "no prebuilt library"))
+    _cuda_home(monkeypatch, None)
+    decode = environment.decode_choice()
+    assert decode.kind == kind and "no nvcc" in decode.why
+    lines, status = environment.report()
+    assert (status == 1) == (kind == "none") or sglang_release.refusal(sglang_release.installed())
+
+
+def test_other_gpus_run_the_triton_decode(monkeypatch):
+    _gpu(monkeypatch, capability=(8, 0), name="NVIDIA A100")
+    monkeypatch.setattr(prebuilt, "load", lambda: pytest.fail("the sm_90a library is not for this GPU"))
+    decode = environment.decode_choice()
+    assert decode.kind == "Triton" and "sm_80" in decode.why
+
+
+def test_triton_by_request(monkeypatch):
+    _gpu(monkeypatch)
+    monkeypatch.setenv("SNAPMLA_DECODE_IMPL", "triton")
+    assert environment.decode_choice() == environment.Decode("Triton", "SNAPMLA_DECODE_IMPL=triton")
+
+
+def test_unsupported_sglang_is_named_with_the_fix(monkeypatch):
+    _gpu(monkeypatch)
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), None))
+    monkeypatch.setattr(environment, "_version", lambda p: "0.5.19" if p == "sglang" else "1.0")
+    lines, status = environment.report()
+    text = "\n".join(lines)
+    assert status == 1 and "SGLang 0.5.19: NOT supported" in text
+    assert f"pip install sglang=={sglang_release.SUPPORTED[-1]}" in text
