@@ -109,34 +109,36 @@ class PrebuiltDecode:
                                   "16-byte aligned)" if err == 1 else ""))
 
 
-def self_check(module) -> str | None:
+def self_check(module, device: str = "cuda") -> str | None:
     """One small decode (2 sequences over page edges, 16 heads, one split and three) through `module` against the
-    Triton kernel on this GPU -> None, or what differed. Catches a library that loads but does not run right here."""
+    Triton kernel on `device` -> None, or what differed. Catches a library that loads but does not run right here.
+    (`device="cpu"` with TRITON_INTERPRET=1 runs the check itself on the CPU, with an injected decode: tests.)"""
     from . import ops
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     B, H, s_q, lens = 2, 16, 2, [130, 64]
     pages = 3
-    latent = torch.randn(B * pages * 64 + 64, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    latent = torch.randn(B * pages * 64 + 64, 576, device=device, generator=gen).to(torch.bfloat16)
     pool = ops.pool_from_rows(latent[:, :512], latent[:, 512:])
-    table = (torch.randperm(B * pages, device="cuda", generator=gen) + 1).to(torch.int32).view(B, pages)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(B * s_q, H, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    table = (torch.randperm(B * pages, device=device, generator=gen) + 1).to(torch.int32).view(B, pages)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(B * s_q, H, 576, device=device, generator=gen).to(torch.bfloat16)
     q8, qs, qr = (t.view(B, s_q, *t.shape[1:]) for t in ops.quantize_q(q[..., :512].contiguous(),
                                                                          q[..., 512:].contiguous()))
     for splits in (1, 3):
         ref, _ = ops.decode_quantized(q8, qs, qr, *pool, table, seq_lens, 576 ** -0.5, splits, impl="triton")
         out = torch.empty_like(ref)
-        lse = torch.empty(B, H, s_q, device="cuda")
+        lse = torch.empty(B, H, s_q, device=device)
         slots = ops.partial_slots(B, s_q * H, splits, "cuda")
-        o_part = torch.empty(B, s_q * H, slots, 512, device="cuda") if splits > 1 else lse[:0]
-        lse_part = torch.empty(B, s_q * H, slots, device="cuda") if splits > 1 else lse[:0]
+        o_part = torch.empty(B, s_q * H, slots, 512, device=device) if splits > 1 else lse[:0]
+        lse_part = torch.empty(B, s_q * H, slots, device=device) if splits > 1 else lse[:0]
         module.decode_split(q8, qs, qr, *pool, table, seq_lens, o_part, lse_part, out if splits == 1 else out[:0],
                             lse if splits == 1 else lse[:0], s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634,
                             splits, ops.block_table_entries(table), 0)
         if splits > 1:
             ops.combine(o_part, lse_part, out, lse, H, s_q, splits=splits)
-        torch.cuda.synchronize()
+        if device != "cpu":
+            torch.cuda.synchronize()
         rel = float((out.float() - ref.float()).norm() / ref.float().norm())
         if not rel <= 2e-2:
             return f"{splits} split(s): rel-L2 {rel:.3g} against the Triton decode"

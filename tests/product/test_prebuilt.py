@@ -110,3 +110,33 @@ def test_a_library_built_with_another_params_layout_is_refused(library, monkeypa
     monkeypatch.setattr(prebuilt, "DecodeParams", Longer)
     with pytest.raises(RuntimeError, match="rebuild it"):
         prebuilt.PrebuiltDecode(library)
+
+
+class _TritonAsLibrary:
+    """A stand-in for the library's `decode_split` (the binding's argument list) that runs the Triton decode, as a
+    correct library would decode; `garbage` makes it write random outputs instead, as a library that loads but
+    computes wrong would."""
+
+    def __init__(self, garbage: bool = False):
+        self.garbage = garbage
+
+    def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+                     out, lse, R, H, S_Q, qk_scale_log2, splits, bt_entries, launch_flags):
+        from sglang_snapmla import ops
+
+        if self.garbage:
+            for t in (o_part, lse_part, out, lse):
+                t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)).to(t.dtype))
+            return
+        ops.launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                 lse_part, out, lse, qk_scale_log2 / 1.4426950408889634, splits)
+
+
+@pytest.mark.cpu_interpreter
+def test_start_up_check_passes_a_right_decode_and_names_a_wrong_one():
+    """The check the server runs before it trusts the prebuilt library (`prebuilt.load`), on CPU tensors through
+    Triton's interpreter with an injected decode: a decode that computes what the Triton kernel computes passes, one
+    that writes garbage is named with its error."""
+    assert prebuilt.self_check(_TritonAsLibrary(), device="cpu") is None
+    problem = prebuilt.self_check(_TritonAsLibrary(garbage=True), device="cpu")
+    assert problem is not None and problem.startswith("1 split(s): rel-L2") and "against the Triton decode" in problem
