@@ -221,3 +221,31 @@ def test_tokenizer_workers_refuse_them_too(manager_for, backend, refused):
         assert "input_ids[0] = 1000000000 is not a token id" in seen["refusal"]
     else:
         assert "snapmla_tokenizer_worker_plugins" not in seen["info"] and seen["refusal"] is None
+
+
+@pytest.mark.cpu_interpreter
+def test_a_tokenizer_worker_without_the_checks_refuses_to_start(manager_for):
+    """A worker where SGLang's plugin loading does not hook the request validation (here its SGLANG_PLUGINS whitelist
+    leaves snapmla out) stops while it reads its arguments, naming the setting that serves, instead of serving
+    requests unchecked."""
+    import os
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    from sglang.srt.entrypoints import http_server
+
+    server_args = manager_for("snapmla").server_args
+    http_server.write_data_for_multi_tokenizer(SimpleNamespace(), server_args, {"max_req_input_len": 4096})
+    name = f"multi_tokenizer_args_{os.getpid()}"
+    try:
+        res = subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True, timeout=600,
+                             env=dict(os.environ, SGLANG_PLUGINS="another_plugin"))
+    finally:
+        try:
+            shared_memory.SharedMemory(name=name).unlink()
+        except FileNotFoundError:
+            pass
+    assert res.returncode != 0 and "WORKER " not in res.stdout, res.stdout[-1000:]
+    assert "the request checks did not apply in tokenizer worker" in res.stderr, res.stderr[-3000:]
+    assert "serve with --tokenizer-worker-num 1" in res.stderr
