@@ -159,6 +159,33 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     assert torch.equal(again, out)
 
 
+def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup, gen, heads):
+    """SGLang may hand the backend the same ForwardBatch object for another step with other lengths: the absorbed
+    extend must plan that step from its own lengths (each output against the spec), never reuse the plan of the
+    object's previous contents."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend, pool, layer = setup
+    prefix = [100, 3]
+    for b in range(2):
+        fill(pool, layer, backend.req_to_token[b, : prefix[b] + 64], gen)
+    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=None, req_pool_indices=torch.tensor([0, 1]))
+    for ext in ([5, 61], [40, 2]):
+        fb.extend_seq_lens_cpu = ext
+        fb.seq_lens_cpu = torch.tensor([p + e for p, e in zip(prefix, ext)])
+        q = torch.randn(sum(ext), heads, 512, generator=gen).to(torch.bfloat16)
+        qr = torch.randn(sum(ext), heads, 64, generator=gen).to(torch.bfloat16)
+        out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+        start = 0
+        for b in range(2):
+            rows = slice(start, start + ext[b])
+            ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
+                            backend.forward_metadata.block_kv_indices[b: b + 1],
+                            fb.seq_lens_cpu[b: b + 1].to(torch.int32))
+            assert_close(out[rows].float().view(1, ext[b], heads, 512), ref, rel_l2=1e-2, what=f"{ext}: request {b}")
+            start += ext[b]
+
+
 def test_absorbed_extend_batches_requests_of_unequal_spans(gen, heads):
     """Five requests, one launch per group of similar new spans (61 and 48 share a 61-token window, 5 and 4 a 5-token
     one; a request without new tokens takes none): every real token matches its own request's reference, whatever
