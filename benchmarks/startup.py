@@ -32,7 +32,7 @@ from pathlib import Path
 from benchmarks.server_log_stats import startup_report
 from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
-# every compile cache a start fills, by the variable that moves it (README, "Start-up time")
+# every compile cache a start fills, by the variable that moves it (docs/DEPLOY.md, "Start-up time")
 # (Python's bytecode is not among them: pip writes it when it installs a package)
 CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "FLASHINFER_WORKSPACE_BASE", "TVM_FFI_CACHE_DIR",
                    "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME", "CUDA_CACHE_PATH", "HOME")

@@ -2,6 +2,7 @@
 decide whether an FP8 KV cache works.
 
     python -m tools.reparameterize --model CKPT --out CKPT-a128 --alpha 128 --latent-spread 16
+    python -m tools.reparameterize --model CKPT --out CKPT-b1-64 --latent-scale 0.015625
     (the command line; the edit, here, is also what tools/fp8_outlier_sweep.py sweeps)
 
 Two changes per attention layer, each undone exactly by the next weight the activation meets:
@@ -12,6 +13,10 @@ Two changes per attention layer, each undone exactly by the next weight the acti
   latent spread     : `kv_a_layernorm`'s weight (the per-channel gain of the cached latent c_KV) is multiplied by one
                       gain per channel g_c and `kv_b_proj`'s column c (W_UK and W_UV both read channel c) by 1 / g_c,
                       so both the absorbed query . c_KV and the value projection are unchanged.
+  latent scale beta : the same edit with one gain for every channel: c_KV x beta, kv_b_proj / beta. The absorbed
+                      query (q_nope W_UK) grows by 1 / beta as the latent shrinks, so a cache or query cast with one
+                      fixed scale meets both sides of its range: at small beta the latent falls under FP8's normal
+                      range (2^-6) and the query grows; at large beta the reverse.
 Every factor is a power of two, so a bf16 (or fp32) weight times its factor is exact and the reparameterized model
 computes the same numbers as the original in any precision with enough exponent range: a BF16 server gives the
 same tokens, and only a cache format with a fixed range (per-tensor FP8 with scale 1.0: NaN above 448, subnormal
@@ -58,10 +63,14 @@ def latent_gains(spread: float, seed: int = 0) -> torch.Tensor:
 
 
 def reparameterize(state: dict[str, torch.Tensor], config: dict, alpha: float = 1.0,
-                   gains: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                   gains: torch.Tensor | None = None, latent_scale: float = 1.0) -> dict[str, torch.Tensor]:
     """A new state dict (DeepSeek-V2/V3 tensor names) with the RoPE key x alpha (query RoPE / alpha) and the latent's
-    channel c x gains[c] (kv_b_proj column c / gains[c]) in every layer. Tensors keep their dtype."""
+    channel c x gains[c] x latent_scale (kv_b_proj column c divided by the same) in every layer. Tensors keep their
+    dtype."""
     power_of_two(alpha, "--alpha")
+    power_of_two(latent_scale, "--latent-scale")
+    if latent_scale != 1.0:
+        gains = (torch.ones(KV_LORA_RANK) if gains is None else gains.float()) * latent_scale
     if config.get("kv_lora_rank") != KV_LORA_RANK or config.get("qk_rope_head_dim") != ROPE_DIM:
         raise ValueError(f"needs kv_lora_rank {KV_LORA_RANK} and qk_rope_head_dim {ROPE_DIM}; the config has "
                          f"{config.get('kv_lora_rank')} / {config.get('qk_rope_head_dim')}")
@@ -104,7 +113,7 @@ def uncompensated_latent(original: dict, state: dict) -> dict:
 
 
 def write_checkpoint(model_dir: Path, out: Path, alpha: float = 1.0, latent_spread: float = 1.0,
-                     seed: int = 0, edit=None) -> Path:
+                     seed: int = 0, edit=None, latent_scale: float = 1.0) -> Path:
     """Write the reparameterized copy of `model_dir` (a single-file safetensors checkpoint) to `out`.
 
     edit(original state, reparameterized state) -> state: a change on top (tests and the sweep's control checkpoint
@@ -113,7 +122,7 @@ def write_checkpoint(model_dir: Path, out: Path, alpha: float = 1.0, latent_spre
     config = json.loads((model_dir / "config.json").read_text())
     gains = latent_gains(latent_spread, seed) if latent_spread != 1 else None
     original = load_file(str(model_dir / WEIGHTS))
-    state = reparameterize(original, config, alpha, gains)
+    state = reparameterize(original, config, alpha, gains, latent_scale)
     if edit is not None:
         state = edit(original, state)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +131,7 @@ def write_checkpoint(model_dir: Path, out: Path, alpha: float = 1.0, latent_spre
             shutil.copy(f, out / f.name)
     save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / RECORD).write_text(json.dumps({"source": str(model_dir), "alpha": alpha, "latent_spread": latent_spread,
-                                          "seed": seed}))
+                                          "latent_scale": latent_scale, "seed": seed}))
     return out
 
 
@@ -133,9 +142,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--alpha", type=float, default=1.0, help="RoPE key factor (power of two)")
     ap.add_argument("--latent-spread", type=float, default=1.0,
                     help="largest / smallest latent channel gain (power of four; 1 = none)")
+    ap.add_argument("--latent-scale", type=float, default=1.0,
+                    help="one gain beta for every latent channel (power of two; kv_b_proj / beta)")
     ap.add_argument("--seed", type=int, default=0, help="which channel gets which gain")
     args = ap.parse_args(argv)
-    print(write_checkpoint(args.model, args.out, args.alpha, args.latent_spread, args.seed))
+    print(write_checkpoint(args.model, args.out, args.alpha, args.latent_spread, args.seed,
+                           latent_scale=args.latent_scale))
 
 
 if __name__ == "__main__":

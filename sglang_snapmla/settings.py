@@ -1,4 +1,4 @@
-"""The environment switches of sglang-snapmla, all read here (README, "Environment variables").
+"""The environment switches of sglang-snapmla, all read here (docs/DEPLOY.md, "Environment variables").
 
 Each is read when it is used, not at import: a test, or a process that sets one after importing the plugin, sees
 the value of the moment.

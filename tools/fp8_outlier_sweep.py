@@ -2,15 +2,18 @@
 
     python -m tools.fp8_outlier_sweep --model CKPT --out sweep_out \
         --runs flashmla flashmla-fp8 snapmla snapmla-triton --alphas 1 8 128 1024 --latent-spread 16
+    python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 0.0625 1 16
 
 CKPT is a trained checkpoint (tools/train_tiny_mla.py). The sweep serves the same model at several activation
 magnitudes: `original`, and for each alpha the function-preserving reparameterization of harness/reparameterize.py
-(RoPE key x alpha, query RoPE / alpha, latent channels spread over --latent-spread). In exact arithmetic, and in
+(RoPE key x alpha, query RoPE / alpha, latent channels spread over --latent-spread) and for each beta the latent
+scale (c_KV x beta, kv_b_proj / beta, so the absorbed query grows by 1 / beta). In exact arithmetic, and in
 BF16 too since every factor is a power of two, each point is the same model; a cache format with a fixed range is
 what tells them apart.
 
 Per point, on the GPU (`--kernel-level`): the activation ranges an FP8 cache meets (largest |k_rope|, |c_KV|, query
-values; the share of K values torch's float8 cast turns into NaN, above 464) and the decode error of each attention
+values; the share of K values torch's float8 cast turns into NaN, above 464, and of latent values under FP8's
+normal range, 2^-6) and the decode error of each attention
 path against the float64 golden on the model's own activations (the last token of held-out windows):
 FlashMLA BF16, FlashMLA FP8 fed as SGLang's flashmla backend feeds it (the pool's plain cast of all 576 dims,
 `scaled_fp8_quant` of Q with scale 1.0, descales 1.0: what SGLang does when a checkpoint has no k_scale), the
@@ -59,11 +62,19 @@ def point_name(alpha: float) -> str:
     return f"alpha={alpha:g}"
 
 
-def make_points(model: Path, work: Path, alphas: list[float], spread: float) -> dict[str, Path]:
-    """{point: checkpoint dir}: the original and one reparameterized copy per alpha (latent spread on each)."""
+def beta_name(beta: float) -> str:
+    return f"beta=1/{1 / beta:g}" if beta < 1 else f"beta={beta:g}"
+
+
+def make_points(model: Path, work: Path, alphas: list[float], spread: float,
+                betas: list[float] = ()) -> dict[str, Path]:
+    """{point: checkpoint dir}: the original, one reparameterized copy per alpha (latent spread on each) and one per
+    latent scale beta (nothing else changed)."""
     points = {ORIGINAL: model}
     for a in alphas:
         points[point_name(a)] = reparameterize.write_checkpoint(model, work / f"alpha{a:g}", a, spread)
+    for b in betas:
+        points[beta_name(b)] = reparameterize.write_checkpoint(model, work / f"beta{b:g}", latent_scale=b)
     return points
 
 
@@ -83,6 +94,7 @@ def activation_ranges(q_nope, q_rope, c_kv, k_rope, *_) -> dict:
     return {"k_rope_amax": float(k_rope.float().abs().max()), "c_kv_amax": float(c_kv.float().abs().max()),
             "q_amax": float(q.abs().max()), "q_rope_median": float(qr.median()),
             "k_nan_in_fp8_cast": float((k.abs() >= TORCH_FP8_NAN_ABOVE).float().mean()),
+            "c_kv_subnormal_in_fp8": float((c_kv.float().abs() < FP8_MIN_NORMAL).float().mean()),
             "q_rope_subnormal_in_fp8": float((qr < FP8_MIN_NORMAL).float().mean())}
 
 
@@ -248,8 +260,11 @@ def format_serving(rows: list[dict]) -> str:
 
 
 def format_kernel(kernel: dict) -> str:
+    # the latent's share under 2^-6: a column where every point measured it (sweeps saved before it have none)
+    latent = all("c_kv_subnormal_in_fp8" in r for k in kernel.values() for r in k["ranges"])
     lines = ["| point | max k_rope | max c_KV | max q | K values NaN in torch's fp8 cast | query RoPE below 2^-6 | "
-             + " | ".join(f"{p} rel-L2" for p in PATHS) + " |", "|---|---:|---:|---:|---:|---:|" + "---:|" * len(PATHS)]
+             + ("c_KV below 2^-6 | " if latent else "") + " | ".join(f"{p} rel-L2" for p in PATHS) + " |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * (len(PATHS) + latent)]
     for point, k in kernel.items():
         rng = k["ranges"]
         errs = [statistics.fmean(layer["rel_l2"] for layer in k["errors"][p]) for p in PATHS]
@@ -257,6 +272,7 @@ def format_kernel(kernel: dict) -> str:
                      f"{max(r['q_amax'] for r in rng):.3g} | "
                      f"{100 * statistics.fmean(r['k_nan_in_fp8_cast'] for r in rng):.3f} % | "
                      f"{100 * statistics.fmean(r['q_rope_subnormal_in_fp8'] for r in rng):.1f} % | "
+                     + (f"{100 * statistics.fmean(r['c_kv_subnormal_in_fp8'] for r in rng):.1f} % | " if latent else "")
                      + " | ".join(f"{e:.3e}" for e in errs) + " |")
     return "\n".join(lines)
 
@@ -302,7 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("sweep_out"))
     ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla", "snapmla-triton"],
                     choices=list(RUNS), help="the first is the reference")
-    ap.add_argument("--alphas", nargs="+", type=float, default=[1.0, 8.0, 128.0, 1024.0])
+    ap.add_argument("--alphas", nargs="*", type=float, default=[1.0, 8.0, 128.0, 1024.0])
+    ap.add_argument("--betas", nargs="*", type=float, default=[],
+                    help="latent scales (powers of two), e.g. 0.00390625 0.0625 1 16: the latent-magnitude sweep")
     ap.add_argument("--latent-spread", type=float, default=16.0)
     ap.add_argument("--kernel-level", action="store_true", help="activation ranges and decode error (GPU)")
     ap.add_argument("--kernel-windows", type=int, default=8)
@@ -320,11 +338,12 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     held = json.loads((args.model / "heldout.json").read_text())
-    points = make_points(args.model, args.out / "checkpoints", args.alphas, args.latent_spread)
+    points = make_points(args.model, args.out / "checkpoints", args.alphas, args.latent_spread, args.betas)
     control = make_control(args.model, args.out / "checkpoints")
     saved = args.out / "fp8_outlier_sweep.json"
     results = json.loads(saved.read_text()) if saved.exists() else {}
-    results.update({"model": str(args.model), "alphas": args.alphas, "latent_spread": args.latent_spread})
+    results.update({"model": str(args.model), "alphas": args.alphas, "betas": args.betas,
+                    "latent_spread": args.latent_spread})
     results.setdefault("runs", {})
     if args.kernel_level and "kernel" not in results:
         windows = [w for w in held["ppl_windows"][:args.kernel_windows]]

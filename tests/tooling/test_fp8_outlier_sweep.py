@@ -54,6 +54,27 @@ def test_kernel_level_sees_the_magnitudes_and_snapmla_does_not_depend_on_alpha(p
     assert all(0 < e["rel_l2"] < 0.1 and e["nan_rows"] == 0 for e in err)
 
 
+def test_latent_sweep_shrinks_the_latent_and_snapmla_does_not_depend_on_beta(points, gen, tmp_path):
+    """beta scales the latent the cache meets exactly (powers of two), puts it under FP8's normal range, and leaves
+    SnapMLA's decode error unchanged to the last bit (per-token scales follow the latent, the query's its own)."""
+    _, base = points
+    pts = sweep.make_points(base, tmp_path, [], 1.0, [1 / 256, 1.0])
+    assert list(pts) == [sweep.ORIGINAL, "beta=1/256", "beta=1"]
+    windows = torch.randint(0, 256, (2, 128), generator=gen).tolist()
+    res = {name: sweep.kernel_level(pts[name], windows, paths=("snapmla-spec",)) for name in ("beta=1/256", "beta=1")}
+    for small, one in zip(res["beta=1/256"]["ranges"], res["beta=1"]["ranges"]):
+        assert small["c_kv_amax"] == one["c_kv_amax"] / 256
+        assert small["c_kv_subnormal_in_fp8"] > one["c_kv_subnormal_in_fp8"]
+    def relative(r):  # the absolute rmse scales with the latent
+        return [(e["rel_l2"], e["one_minus_cos"], e["nan_rows"]) for e in r["errors"]["snapmla-spec"]]
+
+    assert relative(res["beta=1/256"]) == relative(res["beta=1"])
+    table = sweep.format_kernel({name: {"ranges": r["ranges"],
+                                        "errors": dict.fromkeys(sweep.PATHS, r["errors"]["snapmla-spec"])}
+                                 for name, r in res.items()})
+    assert "| c_KV below 2^-6 |" in table and table.count("\n| beta=") == 2
+
+
 def _probe(ids, lps):
     return {"ids": ids, "logprobs": lps}
 

@@ -33,10 +33,10 @@ def checkpoint(tmp_path_factory):
     return out
 
 
-def logits(model_dir, ids):
+def logits(model_dir, ids, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).eval()
     with torch.no_grad():
         return model(input_ids=ids).logits
 
@@ -77,7 +77,30 @@ def test_a_wrong_compensation_changes_the_logits(checkpoint, ids, tmp_path, wron
     assert rel_err(logits(tmp_path / "w", ids), logits(checkpoint, ids)) > 1e-2
 
 
+@pytest.mark.parametrize("beta", [1 / 64, 1 / 8, 1.0, 8.0])
+def test_latent_scale_keeps_the_bf16_model(checkpoint, ids, tmp_path, beta):
+    """The latent sweep's edit (c_KV x beta, kv_b_proj / beta) leaves the BF16 model's logits as they were, within
+    BF16 rounding, while the latent an FP8 cache stores moves by beta."""
+    out = rp.write_checkpoint(checkpoint, tmp_path / "b", latent_scale=beta)
+    ref, new = logits(checkpoint, ids, torch.bfloat16), logits(out, ids, torch.bfloat16)
+    assert rel_err(new.float(), ref.float()) < 1e-2, rel_err(new.float(), ref.float())
+    a, b = load_file(str(checkpoint / rp.WEIGHTS)), load_file(str(out / rp.WEIGHTS))
+    p = "model.layers.0.self_attn."
+    assert torch.equal(b[p + "kv_a_layernorm.weight"].float(), a[p + "kv_a_layernorm.weight"].float() * beta)
+    assert torch.equal(b[p + "kv_b_proj.weight"].float(), a[p + "kv_b_proj.weight"].float() / beta)
+    assert json.loads((out / rp.RECORD).read_text())["latent_scale"] == beta
+
+
+def test_latent_scale_without_its_compensation_is_another_model(checkpoint, ids, tmp_path):
+    """The comparison above can fail: the latent x 1/8 without kv_b_proj x 8 changes the BF16 logits."""
+    rp.write_checkpoint(checkpoint, tmp_path / "w", latent_scale=1 / 8, edit=rp.uncompensated_latent)
+    assert rel_err(logits(tmp_path / "w", ids, torch.bfloat16).float(),
+                   logits(checkpoint, ids, torch.bfloat16).float()) > 5e-2
+
+
 def test_factors_must_be_exact_powers_of_two():
+    with pytest.raises(ValueError, match="--latent-scale must be a power of two"):
+        rp.reparameterize({}, {"kv_lora_rank": 512, "qk_rope_head_dim": 64}, 1.0, latent_scale=0.1)
     with pytest.raises(ValueError, match="power of two"):
         rp.latent_gains(10.0)
     with pytest.raises(ValueError, match="power of four"):
