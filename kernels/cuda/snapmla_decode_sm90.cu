@@ -301,7 +301,8 @@ __device__ __noinline__ void load_first_pages(uint8_t* stage0, uint64_t* full, c
   int first, last;
   split_pages(seq_len, split, num_splits, first, last);
   for (int i = 0; i < kNumStages && first + i < last; ++i)
-    load_page(stage0 + i * kStagePitch, full + i, map_kv, map_rope, kv_scale, num_splits == 1 ? head[i] : bt[first + i]);
+    load_page(stage0 + i * kStagePitch, full + i, map_kv, map_rope, kv_scale,
+              num_splits == 1 ? head[i] : bt[first + i]);
 }
 
 // kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
@@ -966,8 +967,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
     for (int c = first; c < last; ++c) {
       const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
       mbar_wait(full + buf, use_parity(c));
-      if (valid == kPage) transpose_half<false>(stage_of(c), vt, half, tw, valid);
-      else transpose_half<true>(stage_of(c), vt, half, tw, valid);
+      if (valid < kPage) transpose_half<true>(stage_of(c), vt, half, tw, valid);  // the sequence's last page
+      else transpose_half<false>(stage_of(c), vt, half, tw, valid);
       fence_async_smem();
       if (half == 0) bar_sync<1, 128>();
       else bar_sync<2, 128>();

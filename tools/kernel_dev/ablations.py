@@ -11,8 +11,9 @@ benchmarks/gpu/time_variants.py and tools/gpu_host/ab.sh read:
     nopv   no PV WGMMAs (the O rescale, the P8 hand-off and the transpose stay)
     noqk   no QK WGMMAs (the softmax runs on whatever the accumulators hold)
 
-Each ablation replaces source text that must occur exactly once in the kernel: a kernel that no longer has it stops
-the tool with the ablation's name, so an ablation never silently times the unchanged kernel.
+Each ablation edits the 64-row kernel (the one docs/KERNEL.md's ablation table measures) and replaces source text
+that must occur exactly once in the file: a kernel that no longer has it stops the tool with the ablation's name, so
+an ablation never silently times the unchanged kernel.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ _SFU = [(f'asm("{op}.approx.ftz.f32 %0, %1;\\n" : "=f"(y) : "f"(x));', "y = fmaf
 # name -> [(text of the kernel, its replacement)]
 ABLATIONS = {
     "nosfu": _SFU,
-    "notr": [("""      if (valid == kPage) transpose_half<false>(smem, buf, vt, half, tw, valid);
-      else transpose_half<true>(smem, buf, vt, half, tw, valid);""", "      // ablation: no V transpose")],
+    "notr": [("""      if (valid == kPage) transpose_half<false>(stage_of(c), vt, half, tw, valid);
+      else transpose_half<true>(stage_of(c), vt, half, tw, valid);""", "      // ablation: no V transpose")],
     "nopv": [("""        wgmma_m64n256k32_e4m3(o, smem_desc(smem + kP8 + pb * kP8Bytes + k * 256, (kPage / 16) * 128),
                               smem_desc(vt + k * 256, kVTStride), 1);""", "        ;  // ablation: no PV WGMMA")],
     "noqk": [("""        wgmma_m64n64k32_e4m3_rs(s, q_frag[k], desc_k + (((k / 4) * kTile + (k % 4) * 32) >> 4),
