@@ -267,6 +267,14 @@ __device__ __forceinline__ float fast_rcp(float x) {
   return y;
 }
 
+// A softmax row's page reference (both kernels): the page's max t, but at most kRefGap below the row's running max
+// (this page included): a page far weaker than an earlier one would otherwise scale O and l up by
+// 2^(ref_old - ref_new) towards fp32 overflow; its P8 then uses less than the FP8 range and carries < 2^-64 of the
+// weight. kNoRef while the row has seen no key.
+__device__ __forceinline__ float page_reference(float page_max, float running_max) {
+  return fmaxf(fmaxf(page_max, running_max - kRefGap), kNoRef);
+}
+
 // Two fp8 values (RNE, saturating to +-448, the reference's to_fp8) packed for one 16-bit store: `lo` at the lower
 // address.
 __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
@@ -492,12 +500,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
         pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffff, pm0, x));
         pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffff, pm1, x));
       }
-      // The page's reference is its max, but at most kRefGap below the row's running max: a page far weaker than
-      // an earlier one would otherwise scale O and l up by 2^(ref_old - ref_new) towards fp32 overflow; its P8 then
-      // uses less than the FP8 range and carries < 2^-64 of the weight. kNoRef while the row has seen no key.
       run0 = fmaxf(run0, pm0);
       run1 = fmaxf(run1, pm1);
-      const float nr0 = fmaxf(fmaxf(pm0, run0 - kRefGap), kNoRef), nr1 = fmaxf(fmaxf(pm1, run1 - kRefGap), kNoRef);
+      const float nr0 = page_reference(pm0, run0), nr1 = page_reference(pm1, run1);
       const float f0 = fast_exp2(ref0 - nr0), f1 = fast_exp2(ref1 - nr1);  // O and l: old units -> new units
       const float b0 = nr0 - kLog2Fp8Max, b1 = nr1 - kLog2Fp8Max;
       float sp0[4] = {}, sp1[4] = {};
@@ -872,9 +877,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       uint8_t* p8 = smem + L::kP8 + pb * L::kP8Bytes;
 #pragma unroll
       for (int i = 0; i < L::kCols; ++i) {
-        // the wide kernel's page reference: the page max, at most kRefGap below the running max, kNoRef before any key
         run[i] = fmaxf(run[i], pm[i]);
-        const float nr = fmaxf(fmaxf(pm[i], run[i] - kRefGap), kNoRef), bias = nr - kLog2Fp8Max;
+        const float nr = page_reference(pm[i], run[i]), bias = nr - kLog2Fp8Max;
         f[i] = fast_exp2(ref[i] - nr);
         float sp = 0.f;
 #pragma unroll
