@@ -57,30 +57,40 @@ def build(build_directory: str | None = None, verbose: bool = False):
                       build_directory=build_directory, verbose=verbose)
 
 
+def locate() -> tuple[str, object, str]:
+    """Which sm_90a decode this machine would run, without building anything: ("prebuilt", the library's module, ""),
+    ("build", None, why no library serves) where nvcc can build the extension, or ("unavailable", None, why)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        return "unavailable", None, reason
+    from . import prebuilt
+
+    module, why_not = (None, "kernel development build") if settings.cuda_source_dir() else prebuilt.load()
+    if module is not None:
+        return "prebuilt", module, ""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None:
+        return "unavailable", None, f"{why_not}; and no nvcc (CUDA_HOME unset) to build it"
+    return "build", None, why_not
+
+
 @functools.lru_cache(maxsize=1)
 def load():
     """The sm_90a decode module (prebuilt library, else built extension), or None (reason logged once)."""
-    reason = unavailable_reason()
-    if reason is None:
-        from . import prebuilt
-
-        module, why_not = (None, "kernel development build") if settings.cuda_source_dir() else prebuilt.load()
-        if module is not None:
-            log.info("SnapMLA decode: sm_90a CUDA kernel, prebuilt library (SNAPMLA_DECODE_IMPL=triton selects the "
-                     "Triton kernel)")
+    kind, module, reason = locate()
+    if kind == "prebuilt":
+        log.info("SnapMLA decode: sm_90a CUDA kernel, prebuilt library (SNAPMLA_DECODE_IMPL=triton selects the "
+                 "Triton kernel)")
+        return module
+    if kind == "build":
+        try:
+            module = build()
+            log.info("SnapMLA decode: sm_90a CUDA kernel, built here with nvcc (%s; SNAPMLA_DECODE_IMPL=triton "
+                     "selects the Triton kernel)", reason)
             return module
-        from torch.utils.cpp_extension import CUDA_HOME
-
-        if CUDA_HOME is None:
-            reason = f"{why_not}; and nvcc not found (CUDA_HOME unset) to build it"
-        else:
-            try:
-                module = build()
-                log.info("SnapMLA decode: sm_90a CUDA kernel, built here with nvcc (%s; SNAPMLA_DECODE_IMPL=triton "
-                         "selects the Triton kernel)", why_not)
-                return module
-            except Exception as e:  # a failed build is reported, the Triton path stays usable
-                reason = f"{why_not}; build failed: {e!r:.500}"
+        except Exception as e:  # a failed build is reported, the Triton path stays usable
+            reason = f"{reason}; build failed: {e!r:.500}"
     log.warning("SnapMLA sm90 CUDA decode unavailable (%s); using the Triton kernels, several times slower at 128 "
                 "heads (docs/BENCHMARKS.md)", reason)
     return None

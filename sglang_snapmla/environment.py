@@ -43,20 +43,17 @@ def decode_choice() -> Decode:
     requested = settings.requested_decode_impl()
     if requested == "triton":
         return Decode("Triton", f"{settings.DECODE_IMPL_ENV}=triton")
-    unavailable = cuda_ext.unavailable_reason()
-    if unavailable is None:
-        module, why_not = prebuilt.load()
-        if module is not None:
-            return Decode("sm_90a prebuilt", f"{prebuilt.LIBRARY.name}, checked against the Triton decode on this GPU")
+    kind, _, why = cuda_ext.locate()
+    if kind == "prebuilt":
+        return Decode("sm_90a prebuilt", f"{prebuilt.LIBRARY.name}, checked against the Triton decode on this GPU")
+    if kind == "build":
         from torch.utils.cpp_extension import CUDA_HOME
 
-        if CUDA_HOME is not None:
-            return Decode("sm_90a built with nvcc", f"{why_not}; nvcc under {CUDA_HOME} builds it at the first start "
-                                                   "(~25 s, cached)")
-        unavailable = f"{why_not}; and no nvcc (CUDA_HOME unset) to build it"
+        return Decode("sm_90a built with nvcc", f"{why}; nvcc under {CUDA_HOME} builds it at the first start "
+                                               "(~25 s, cached)")
     if requested == "cuda":
-        return Decode("none", f"{settings.DECODE_IMPL_ENV}=cuda, but the sm_90a decode is unavailable: {unavailable}")
-    return Decode("Triton", unavailable)
+        return Decode("none", f"{settings.DECODE_IMPL_ENV}=cuda, but the sm_90a decode is unavailable: {why}")
+    return Decode("Triton", why)
 
 
 # (what is cached, its environment variable, its default folder): the compile caches of a first start
