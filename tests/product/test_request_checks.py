@@ -188,6 +188,28 @@ print("WORKER", json.dumps({"info": info, "refusal": refusal}))
 """
 
 
+def _run_tokenizer_worker(server_args, env=None):
+    """The main process's hand-off to tokenizer workers (`write_data_for_multi_tokenizer`, hooked) for `server_args`,
+    then a fresh interpreter reading it from shared memory as SGLang's workers do (WORKER) -> its CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+    from multiprocessing import shared_memory
+
+    from sglang.srt.entrypoints import http_server
+
+    http_server.write_data_for_multi_tokenizer(SimpleNamespace(), server_args, {"max_req_input_len": 4096})
+    name = f"multi_tokenizer_args_{os.getpid()}"
+    try:
+        return subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True, timeout=600,
+                              env=env)
+    finally:
+        try:  # the worker's resource tracker may have removed it already (Python < 3.13 tracks what a process opens)
+            shared_memory.SharedMemory(name=name).unlink()
+        except FileNotFoundError:
+            pass
+
+
 @pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("backend,refused", [("snapmla", True), ("triton", False)])
 def test_tokenizer_workers_refuse_them_too(manager_for, backend, refused):
@@ -196,23 +218,8 @@ def test_tokenizer_workers_refuse_them_too(manager_for, backend, refused):
     where snapmla serves, and leave other backends' workers as SGLang has them. The worker here is a fresh
     interpreter reading the shared memory as SGLang's workers do."""
     import json
-    import os
-    import subprocess
-    import sys
-    from multiprocessing import shared_memory
 
-    from sglang.srt.entrypoints import http_server
-
-    server_args = manager_for(backend).server_args
-    http_server.write_data_for_multi_tokenizer(SimpleNamespace(), server_args, {"max_req_input_len": 4096})
-    name = f"multi_tokenizer_args_{os.getpid()}"
-    try:
-        res = subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True, timeout=600)
-    finally:
-        try:  # the worker's resource tracker may have removed it already (Python < 3.13 tracks what a process opens)
-            shared_memory.SharedMemory(name=name).unlink()
-        except FileNotFoundError:
-            pass
+    res = _run_tokenizer_worker(manager_for(backend).server_args)
     line = next((x for x in res.stdout.splitlines() if x.startswith("WORKER ")), None)
     assert line, res.stdout[-1000:] + res.stderr[-3000:]
     seen = json.loads(line[len("WORKER "):])
@@ -229,23 +236,9 @@ def test_a_tokenizer_worker_without_the_checks_refuses_to_start(manager_for):
     leaves snapmla out) stops while it reads its arguments, naming the setting that serves, instead of serving
     requests unchecked."""
     import os
-    import subprocess
-    import sys
-    from multiprocessing import shared_memory
 
-    from sglang.srt.entrypoints import http_server
-
-    server_args = manager_for("snapmla").server_args
-    http_server.write_data_for_multi_tokenizer(SimpleNamespace(), server_args, {"max_req_input_len": 4096})
-    name = f"multi_tokenizer_args_{os.getpid()}"
-    try:
-        res = subprocess.run([sys.executable, "-c", WORKER, name], capture_output=True, text=True, timeout=600,
-                             env=dict(os.environ, SGLANG_PLUGINS="another_plugin"))
-    finally:
-        try:
-            shared_memory.SharedMemory(name=name).unlink()
-        except FileNotFoundError:
-            pass
+    res = _run_tokenizer_worker(manager_for("snapmla").server_args,
+                                env=dict(os.environ, SGLANG_PLUGINS="another_plugin"))
     assert res.returncode != 0 and "WORKER " not in res.stdout, res.stdout[-1000:]
     assert "the request checks did not apply in tokenizer worker" in res.stderr, res.stderr[-3000:]
     assert "serve with --tokenizer-worker-num 1" in res.stderr
