@@ -9,11 +9,11 @@ compiles at its first start (SGLang's FlashInfer and tvm-ffi kernels, the Triton
 snapmla's decode extension where the package carries no prebuilt library), waits for it, sends requests that reach
 each prefill path once (a prompt, a prompt over its cached prefix with few and with many new tokens -- the two routes
 of `extend.prefers_absorbed` -- a prompt longer than one prefill chunk, a concurrent batch), stops it, and prints the
-cache folders it filled with the variables that point a server at them (docs/DEPLOY.md, "Start-up time"). Keep those folders
-in the image (or set the variables to a volume): a server started there compiles nothing, provided its environment
-names the same CUDA toolkit folder (`CUDA_HOME`, printed at the end; the folder need not exist there): FlashInfer
-runs its build step at every start, and it recompiles, with nvcc, any cached kernel whose build command (which names
-that folder's nvcc) changed.
+cache folders it filled with the variables that point a server at them (docs/DEPLOY.md, "Start-up time"). Keep those
+folders in the image (or set the variables to a volume): a server started there compiles nothing, provided its
+environment names the same CUDA toolkit folder (`CUDA_HOME`, printed at the end; the folder need not exist there):
+FlashInfer runs its build step at every start, and it recompiles, with nvcc, any cached kernel whose build command
+(which names that folder's nvcc) changed.
 Exit status 0 when the server started and answered every request; 1 otherwise, with the tail of its log.
 """
 
