@@ -3,6 +3,7 @@
     python -m tools.fp8_outlier_sweep --model CKPT --out sweep_out \
         --runs flashmla flashmla-fp8 snapmla snapmla-triton --alphas 1 8 128 1024 --latent-spread 16
     python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 0.0625 1 16
+    python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 1 16 --runs --kernel-level
 
 CKPT is a trained checkpoint (tools/train_tiny_mla.py). The sweep serves the same model at several activation
 magnitudes: `original`, and for each alpha the function-preserving reparameterization of harness/reparameterize.py
@@ -283,8 +284,12 @@ def plot(rows: list[dict], kernel: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = list(dict.fromkeys(r["point"] for r in rows))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    points = list(dict.fromkeys(r["point"] for r in rows)) or list(kernel)  # a kernel-level-only sweep: its points
+    titles = ("perplexity / flashmla BF16 (inf drawn at 1e3)",
+              f"mean |dlogprob| vs BF16, probes in {CONCURRENT} requests\n(inf drawn at 1e3, 0 at {FLOOR_DRAWN:g})",
+              "decode rel-L2 vs float64 golden (NaN output drawn at 1)")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4)) if rows else plt.subplots(1, 1, figsize=(7, 4.4))
+    axes = list(axes) if rows else [None, None, axes]  # no serving rows: the kernel panel alone
     x = range(len(points))
     for name in dict.fromkeys(r["run"] for r in rows):
         mine = {r["point"]: r for r in rows if r["run"] == name}
@@ -297,10 +302,9 @@ def plot(rows: list[dict], kernel: dict, path: Path) -> None:
             errs = [statistics.fmean(l["rel_l2"] for l in kernel[pt]["errors"][p]) if pt in kernel else math.inf
                     for pt in points]
             axes[2].plot(x, [1.0 if math.isnan(e) else e for e in errs], marker="o", label=p)
-    for ax, title in zip(axes, ("perplexity / flashmla BF16 (inf drawn at 1e3)",
-                                f"mean |dlogprob| vs BF16, probes in {CONCURRENT} requests\n(inf drawn at 1e3, "
-                                f"0 at {FLOOR_DRAWN:g})",
-                                "decode rel-L2 vs float64 golden (NaN output drawn at 1)")):
+    for ax, title in zip(axes, titles):
+        if ax is None:
+            continue
         ax.set_xticks(list(x), points, rotation=20)
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
@@ -316,8 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", type=Path, help="checkpoint dir written by tools/train_tiny_mla.py (required unless "
                     "--redraw)")
     ap.add_argument("--out", type=Path, default=Path("sweep_out"))
-    ap.add_argument("--runs", nargs="+", default=["flashmla", "flashmla-fp8", "snapmla", "snapmla-triton"],
-                    choices=list(RUNS), help="the first is the reference")
+    ap.add_argument("--runs", nargs="*", default=["flashmla", "flashmla-fp8", "snapmla", "snapmla-triton"],
+                    choices=list(RUNS), help="the first is the reference; none: the kernel level only (no server)")
     ap.add_argument("--alphas", nargs="*", type=float, default=[1.0, 8.0, 128.0, 1024.0])
     ap.add_argument("--betas", nargs="*", type=float, default=[],
                     help="latent scales (powers of two), e.g. 0.00390625 0.0625 1 16: the latent-magnitude sweep")
@@ -335,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.model is None:
         ap.error("--model is required (or --redraw a saved sweep)")
+    if not args.runs and not args.kernel_level:
+        ap.error("--runs is empty and --kernel-level is not set: nothing to measure")
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     held = json.loads((args.model / "heldout.json").read_text())
@@ -373,7 +379,7 @@ def report(results: dict, runs: list[str], png: Path) -> list[dict]:
     """Print the kernel-level and serving tables of a sweep's results, draw the plot; returns the serving rows."""
     measured = [r for r in runs if "points" in results["runs"].get(r, {})]
     rows = point_rows(results, measured) if measured and measured[0] == runs[0] else []
-    print(f"\nmodel {results['model']}; latent spread {results['latent_spread']:g}; reference {runs[0]}")
+    print(f"\nmodel {results['model']}; latent spread {results['latent_spread']:g}; reference {runs[0] if runs else '(no run served)'}")
     if "kernel" in results:
         print("\n" + format_kernel(results["kernel"]))
     print("\n" + format_serving(rows))

@@ -75,6 +75,31 @@ def test_latent_sweep_shrinks_the_latent_and_snapmla_does_not_depend_on_beta(poi
     assert "| c_KV below 2^-6 |" in table and table.count("\n| beta=") == 2
 
 
+def test_no_runs_measures_the_kernel_level_only(points, tmp_path, monkeypatch, capsys):
+    """`--runs` with no run and `--kernel-level`: every point's kernel level, a table and a plot, no server started;
+    with neither, a clear error."""
+    _, base = points
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in base.iterdir():
+        (model / f.name).symlink_to(f)
+    (model / "heldout.json").write_text(json.dumps({"ppl_windows": [[1, 2, 3]] * 3}))
+    layer = {"ranges": [{"k_rope_amax": 1.0, "c_kv_amax": 2.0, "q_amax": 3.0, "k_nan_in_fp8_cast": 0.0,
+                         "q_rope_subnormal_in_fp8": 0.0, "c_kv_subnormal_in_fp8": 0.5}],
+             "errors": {p: [{"rel_l2": 0.01, "one_minus_cos": 1e-4, "nan_rows": 0.0}] for p in sweep.PATHS}}
+    measured = []
+    monkeypatch.setattr(sweep, "kernel_level", lambda path, windows: measured.append(path) or layer)
+    monkeypatch.setattr(sweep, "serve_run", lambda *a, **k: pytest.fail("a server was started"))
+    out = tmp_path / "out"
+    sweep.main(["--model", str(model), "--out", str(out), "--alphas", "--betas", "0.25", "--runs", "--kernel-level"])
+    saved = json.loads((out / "fp8_outlier_sweep.json").read_text())
+    assert list(saved["kernel"]) == [sweep.ORIGINAL, "beta=1/4"] and len(measured) == 2 and saved["runs"] == {}
+    assert "| beta=1/4 | 1 | 2 | 3 |" in capsys.readouterr().out
+    assert (out / "fp8_outlier_sweep.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        sweep.main(["--model", str(model), "--out", str(out), "--runs"])
+
+
 def _probe(ids, lps):
     return {"ids": ids, "logprobs": lps}
 
