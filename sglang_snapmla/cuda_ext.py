@@ -17,20 +17,15 @@ from pathlib import Path
 
 import torch
 
-from . import kernels as kernels_pkg
 from . import settings
+from .cuda_sources import CODEGEN_FLAGS, SOURCE_DIR
 
 log = logging.getLogger(__name__)
-# the kernels folder is mapped into the package (sglang_snapmla.kernels), so ask the package where it lives
-SOURCE_DIR = Path(kernels_pkg.__file__).resolve().parent / "cuda"
 # Kernel development only: build from another copy of kernels/cuda (an A/B of two kernel versions on one machine);
 # it gets its own extension name so that torch's build cache keeps both.
 SOURCE_DIR_ENV = settings.CUDA_SOURCE_DIR_ENV
 SOURCES = ("binding.cpp", "snapmla_decode_sm90.cu")
-# the kernel's code generation, shared with the prebuilt library (`prebuilt.NVCC_FLAGS`); -lineinfo: Nsight Compute
-# can map SASS back to source lines (no effect on the code)
-CODEGEN_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-lineinfo")
-NVCC_FLAGS = (*CODEGEN_FLAGS, "-Xptxas=-v")
+NVCC_FLAGS = (*CODEGEN_FLAGS, "-Xptxas=-v")  # the code generation of the prebuilt library, register report
 
 
 def unavailable_reason() -> str | None:

@@ -45,7 +45,7 @@ def decode_choice() -> Decode:
         return Decode("Triton", f"{settings.DECODE_IMPL_ENV}=triton")
     kind, _, why = cuda_ext.locate()
     if kind == "prebuilt":
-        return Decode("sm_90a prebuilt", f"{prebuilt.LIBRARY.name}, checked against the Triton decode on this GPU")
+        return Decode("sm_90a prebuilt", f"{prebuilt.LIBRARY.name}, checked against the executable spec on this GPU")
     if kind == "build":
         from torch.utils.cpp_extension import CUDA_HOME
 

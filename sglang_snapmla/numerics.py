@@ -252,6 +252,21 @@ def snapmla_decode_reference(q: QuantizedQuery, cache: LatentCache, block_table:
     return out, lse
 
 
+def merge_splits(o_part: torch.Tensor, lse_part: torch.Tensor, splits: int) -> torch.Tensor:
+    """The combine of a split decode: each split's output o_part [B, R, slots, 512] (normalized by its own l) and
+    its LSE lse_part [B, R, slots] (base 2; -inf where the split saw no key, whose output row is then never read),
+    splits 0..splits-1 in the first slots -> out [B, R, 512] fp32, each split weighted by 2^(its LSE - the row's
+    largest). A row that no split saw a key for is 0; a NaN LSE makes its row NaN."""
+    lse = lse_part[..., :splits].float()
+    keyed = lse > -math.inf
+    m = lse.masked_fill(~keyed, -math.inf).amax(-1, keepdim=True)
+    m = m.masked_fill(m == -math.inf, 0.0)
+    w = torch.where(keyed, torch.exp2(lse - m), 0.0)
+    o = torch.where(keyed[..., None], o_part[..., :splits, :].float(), 0.0)
+    out = (w[..., None] * o).sum(-2) / w.sum(-1, keepdim=True).masked_fill(~keyed.any(-1, keepdim=True), 1.0)
+    return out.masked_fill(lse.isnan().any(-1, keepdim=True), math.nan)
+
+
 def gather_sequence(block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Slot ids [seq_len] of one sequence in token order."""
     pages = block_table_row[: math.ceil(seq_len / PAGE_SIZE)].long()

@@ -4,8 +4,8 @@ with ctypes where it serves -- no nvcc, no build step, no torch ABI to match the
     python -m sglang_snapmla.prebuilt            # builds kernels/cuda/prebuilt/libsnapmla_decode_sm90.so (~1-2 min)
 
 Run it before `pip wheel .` (the wheel then carries the library) or while preparing a container image. `cuda_ext.load`
-prefers this library where it is present and passes `self_check` on the GPU (one small decode against the Triton
-kernel); otherwise it builds the torch extension with nvcc, the developer path.
+prefers this library where it is present and passes `self_check` on the GPU (one small decode against the executable
+spec); otherwise it builds the torch extension with nvcc, the developer path.
 
 `PrebuiltDecode.decode_split` has the torch binding's signature (kernels/cuda/binding.cpp) and checks what the
 kernel's address arithmetic relies on, as the binding does.
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .cuda_ext import CODEGEN_FLAGS, SOURCE_DIR as CUDA_DIR
+from . import numerics as nx
+from .cuda_sources import CODEGEN_FLAGS, SOURCE_DIR as CUDA_DIR
 
 log = logging.getLogger(__name__)
 LIBRARY = CUDA_DIR / "prebuilt" / "libsnapmla_decode_sm90.so"
@@ -110,38 +111,34 @@ class PrebuiltDecode:
 
 
 def self_check(module, device: str = "cuda") -> str | None:
-    """One small decode (2 sequences over page edges, 16 heads, one split and three) through `module` against the
-    Triton kernel on `device` -> None, or what differed. Catches a library that loads but does not run right here.
-    (`device="cpu"` with TRITON_INTERPRET=1 runs the check itself on the CPU, with an injected decode: tests.)"""
-    from . import ops
-
+    """One small decode (2 sequences over page edges, 16 heads, 2 query tokens, one split and three) through `module`
+    against the executable spec (`numerics`: the decode, and the combine of its split partials) on `device` -> None,
+    or what differed. Catches a library that loads but does not run right here. (`device="cpu"` with
+    TRITON_INTERPRET=1: tests run the check itself on CPU tensors, with an injected decode.)"""
     gen = torch.Generator(device=device).manual_seed(0)
     B, H, s_q, lens = 2, 16, 2, [130, 64]
     pages = 3
     latent = torch.randn(B * pages * 64 + 64, 576, device=device, generator=gen).to(torch.bfloat16)
-    pool = ops.pool_from_rows(latent[:, :512], latent[:, 512:])
+    pool = nx.quantize_kv(latent[:, :512], latent[:, 512:])
     table = (torch.randperm(B * pages, device=device, generator=gen) + 1).to(torch.int32).view(B, pages)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    q = torch.randn(B * s_q, H, 576, device=device, generator=gen).to(torch.bfloat16)
-    q8, qs, qr = (t.view(B, s_q, *t.shape[1:]) for t in ops.quantize_q(q[..., :512].contiguous(),
-                                                                         q[..., 512:].contiguous()))
+    q = torch.randn(B, s_q, H, 576, device=device, generator=gen).to(torch.bfloat16)
+    query = nx.quantize_q(q[..., :512], q[..., 512:])
+    ref, _ = nx.snapmla_decode_reference(query, pool, table, seq_lens, 576 ** -0.5)
     for splits in (1, 3):
-        ref, _ = ops.decode_quantized(q8, qs, qr, *pool, table, seq_lens, 576 ** -0.5, splits, impl="triton")
-        out = torch.empty_like(ref)
+        out = torch.empty(B, s_q, H, 512, dtype=torch.bfloat16, device=device)
         lse = torch.empty(B, H, s_q, device=device)
-        slots = ops.partial_slots(B, s_q * H, splits, "cuda")
-        o_part = torch.empty(B, s_q * H, slots, 512, device=device) if splits > 1 else lse[:0]
-        lse_part = torch.empty(B, s_q * H, slots, device=device) if splits > 1 else lse[:0]
-        module.decode_split(q8, qs, qr, *pool, table, seq_lens, o_part, lse_part, out if splits == 1 else out[:0],
-                            lse if splits == 1 else lse[:0], s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634,
-                            splits, ops.block_table_entries(table), 0)
-        if splits > 1:
-            ops.combine(o_part, lse_part, out, lse, H, s_q, splits=splits)
+        o_part = torch.empty(B, s_q * H, splits, 512, device=device) if splits > 1 else lse[:0]
+        lse_part = torch.empty(B, s_q * H, splits, device=device) if splits > 1 else lse[:0]
+        module.decode_split(query.content, query.scale, query.rope, pool.content, pool.scale, pool.rope, table,
+                            seq_lens, o_part, lse_part, out if splits == 1 else out[:0], lse if splits == 1 else lse[:0],
+                            s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634, splits, table.numel(), 0)
         if device != "cpu":
             torch.cuda.synchronize()
-        rel = float((out.float() - ref.float()).norm() / ref.float().norm())
+        got = out.float() if splits == 1 else nx.merge_splits(o_part, lse_part, splits).view(B, s_q, H, 512)
+        rel = float((got - ref.float()).norm() / ref.float().norm())
         if not rel <= 2e-2:
-            return f"{splits} split(s): rel-L2 {rel:.3g} against the Triton decode"
+            return f"{splits} split(s): rel-L2 {rel:.3g} against the spec"
     return None
 
 

@@ -241,9 +241,32 @@ def test_combine_skips_splits_without_keys(gen, splits):
     ops.combine(o_dev, l_dev, out_dev, lse_dev, H, s_q)
     weights = torch.softmax(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # 2^lse / sum 2^lse
     ref = (weights[..., None] * torch.where(empty[..., None], 0.0, o_part)).sum(2)
+    assert torch.allclose(nx.merge_splits(o_part, lse_part, splits), ref, rtol=1e-5, atol=1e-6)  # the spec
     assert_close(out_dev.float().cpu(), ref, rel_l2=4e-3, what="combine")
     ref_lse = torch.logsumexp(lse_part * torch.log(torch.tensor(2.0)), dim=-1)  # [B, R] natural log
     assert torch.allclose(lse_dev.cpu(), ref_lse.view(B, s_q, H).transpose(1, 2), atol=1e-5)
+
+
+def test_combine_follows_the_spec_on_rows_without_keys_and_nan_rows(gen):
+    """`numerics.merge_splits`, the combine's spec (the prebuilt library's start-up check merges its partials with
+    it): a row no split saw a key for is 0, a row with a NaN LSE is NaN, the rest as the combine merges them; fewer
+    splits than slots leave the last slots unread."""
+    B, s_q, H, slots, splits = 2, 1, 4, 6, 5
+    o_part = torch.randn(B, H, slots, 512, generator=gen)
+    lse_part = 3 * torch.randn(B, H, slots, generator=gen)
+    lse_part[0, 1, :] = float("-inf")  # a row without keys
+    o_part[0, 1] = float("nan")
+    lse_part[1, 2, 3] = float("nan")  # a row that saw a non-finite key
+    lse_part[..., splits:] = 50.0  # an unread slot: it would dominate every row
+    o_part[..., splits:, :] = float("nan")
+    spec = nx.merge_splits(o_part, lse_part, splits)
+    assert (spec[0, 1] == 0).all() and spec[1, 2].isnan().all() and spec.isnan().sum() == 512
+    out, lse = torch.empty(B, H, 512, dtype=torch.bfloat16), torch.empty(B, H, s_q)
+    o_dev, l_dev, out_dev, lse_dev = (t.to(DEV) for t in (o_part, lse_part, out, lse))
+    ops.combine(o_dev, l_dev, out_dev, lse_dev, H, s_q, splits=splits)
+    got = out_dev.float().cpu()
+    assert torch.equal(got.isnan(), spec.isnan())
+    assert_close(torch.nan_to_num(got), torch.nan_to_num(spec), rel_l2=4e-3, what="combine vs spec")
 
 
 @pytest.mark.parametrize("splits", [ops.COMBINE_SPLIT_CHUNK + 1, 2 * ops.COMBINE_SPLIT_CHUNK,

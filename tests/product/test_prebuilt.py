@@ -115,10 +115,10 @@ def test_a_library_built_with_another_params_layout_is_refused(library, monkeypa
 class _TritonAsLibrary:
     """A stand-in for the library's `decode_split` (the binding's argument list) that runs the Triton decode, as a
     correct library would decode; `garbage` makes it write random outputs instead, as a library that loads but
-    computes wrong would."""
+    computes wrong would; `skewed_partials` scales its split partials, as one whose multi-split path is wrong would."""
 
-    def __init__(self, garbage: bool = False):
-        self.garbage = garbage
+    def __init__(self, garbage: bool = False, skewed_partials: bool = False):
+        self.garbage, self.skewed_partials = garbage, skewed_partials
 
     def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                      out, lse, R, H, S_Q, qk_scale_log2, splits, bt_entries, launch_flags):
@@ -130,13 +130,18 @@ class _TritonAsLibrary:
             return
         ops.launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                  lse_part, out, lse, qk_scale_log2 / 1.4426950408889634, splits)
+        if self.skewed_partials:
+            o_part.mul_(1.5)
 
 
 @pytest.mark.cpu_interpreter
 def test_start_up_check_passes_a_right_decode_and_names_a_wrong_one():
     """The check the server runs before it trusts the prebuilt library (`prebuilt.load`), on CPU tensors through
-    Triton's interpreter with an injected decode: a decode that computes what the Triton kernel computes passes, one
-    that writes garbage is named with its error."""
+    Triton's interpreter with an injected decode: a decode that computes what the Triton kernel computes passes the
+    comparison with the spec, one that writes garbage is named with its error, and one whose split partials are off
+    (its one-split outputs right) is named at three splits."""
     assert prebuilt.self_check(_TritonAsLibrary(), device="cpu") is None
     problem = prebuilt.self_check(_TritonAsLibrary(garbage=True), device="cpu")
-    assert problem is not None and problem.startswith("1 split(s): rel-L2") and "against the Triton decode" in problem
+    assert problem is not None and problem.startswith("1 split(s): rel-L2") and "against the spec" in problem
+    problem = prebuilt.self_check(_TritonAsLibrary(skewed_partials=True), device="cpu")
+    assert problem is not None and problem.startswith("3 split(s): rel-L2")
