@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import extend, library, settings
+from . import decode_plan, extend, library, settings
 from . import numerics as nx
 from . import ops
 from .pool import SnapMLATokenToKVPool
@@ -37,7 +37,7 @@ class StepPlan:
 
     decode: the kernels' plan for [B, s_q, heads] queries; block_table [B, P] int32: FlashMLA's block table (under
     CUDA graphs a view of its static buffer); seq_lens [B] int32: keys per sequence, the step's new tokens included."""
-    decode: ops.DecodePlan
+    decode: decode_plan.DecodePlan
     block_table: torch.Tensor
     seq_lens: torch.Tensor
 
@@ -66,7 +66,7 @@ class SnapMLAForward:
         q = q.view(-1, heads, nx.KV_LORA_RANK + nx.ROPE_DIM)
         return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
 
-    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: ops.DecodePlan):
+    def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
         """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
         lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
         heads = layer.tp_q_head_num
@@ -104,7 +104,7 @@ class SnapMLAForward:
             if mode.is_target_verify():  # the draft tokens follow the committed ones
                 seq_lens = seq_lens + s_q
             seq_lens = graph_seq_lens[:bs].copy_(seq_lens) if graph_seq_lens is not None else seq_lens.to(torch.int32)
-        plan = ops.plan_decode(bs, s_q, self.num_q_heads, self.max_pages, seq_lens.device)
+        plan = decode_plan.plan_decode(bs, s_q, self.num_q_heads, self.max_pages, seq_lens.device)
         block_table = self.forward_metadata.block_kv_indices[:bs]
         ops.check_decode_step(block_table, seq_lens, plan, self.token_to_kv_pool.num_slots)
         self.step_plan = StepPlan(plan, block_table, seq_lens)
@@ -185,7 +185,7 @@ class SnapMLAForward:
                 or self._planned_batch[1] != key:
             launches = extend.plan_absorbed_launches(list(key[0]), list(key[1]), forward_batch.req_pool_indices,
                                                      self.req_to_token)
-            planned = [(launch, ops.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, device))
+            planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, device))
                        for launch in launches]
             for launch, plan in planned:
                 ops.check_decode_step(launch.block_table, launch.seq_lens, plan, self.token_to_kv_pool.num_slots)
@@ -261,7 +261,7 @@ def backend_class() -> type:
             self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
             # The decode implementation resolved (and logged, once) at startup, outside any CUDA graph capture: the
             # prebuilt library's check and the extension's build run here, not inside the first captured decode.
-            ops.decode_impl()
+            decode_plan.decode_impl()
             self.snapmla_graph_seq_lens = None
             self.skips_flashmla_schedule = not settings.flashmla_schedule_computed()
 

@@ -33,7 +33,7 @@ def _version(package: str) -> str | None:
 
 
 def decode_choice() -> Decode:
-    """What `cuda_ext.load` and `ops.decode_impl` would pick on this machine, without building anything."""
+    """What `cuda_ext.load` and `decode_plan.decode_impl` would pick on this machine, without building anything."""
     import torch
 
     from . import cuda_ext, prebuilt

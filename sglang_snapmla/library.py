@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import numerics as nx
-from . import ops
+from . import decode_plan, ops
 
 Tensor = torch.Tensor
 
@@ -48,7 +48,7 @@ def _decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_
             block_table: Tensor, seq_lens: Tensor, softmax_scale: float, impl: str, splits: int, slots: int,
             pdl: bool, tiling: list[int], follows_q_quant: bool) -> tuple[Tensor, Tensor]:
     B, s_q, H, _ = q8.shape
-    plan = ops.DecodePlan(B, s_q, H, impl, splits, slots, pdl, tuple(tiling) if tiling else None)
+    plan = decode_plan.DecodePlan(B, s_q, H, impl, splits, slots, pdl, tuple(tiling) if tiling else None)
     return ops.decode_quantized(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
                                 softmax_scale, follows_q_quant=follows_q_quant, plan=plan)
 
@@ -94,7 +94,7 @@ def quantize_q(q_nope: Tensor, q_rope: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
-           block_table: Tensor, seq_lens: Tensor, softmax_scale: float, plan: ops.DecodePlan,
+           block_table: Tensor, seq_lens: Tensor, softmax_scale: float, plan: decode_plan.DecodePlan,
            follows_q_quant: bool = False) -> tuple[Tensor, Tensor]:
     """`ops.decode_planned` (the step checked by `ops.check_decode_step`); inside a trace the typed op (the plan's
     fields as its arguments), which checks every input as `ops.decode_quantized` does."""

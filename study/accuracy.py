@@ -148,10 +148,10 @@ def summarize(per_layer):
 def _kernel_description() -> str:
     """Which decode ran in the kernel row: ops.decode_quantized picks the sm_90a CUDA kernel where it builds (an
     H100), else Triton; the append and Q-quant are Triton either way."""
-    from sglang_snapmla import ops
+    from sglang_snapmla import decode_plan, ops
 
     try:
-        impl = ops.decode_impl() if torch.cuda.is_available() else "triton"
+        impl = decode_plan.decode_impl() if torch.cuda.is_available() else "triton"
     except ops.SnapMLAInputError as e:  # SNAPMLA_DECODE_IMPL=cuda without the kernel: the row was not run
         impl = f"unavailable: {e}"
     return f"the shipped kernels (Triton append and Q-quant, {impl} decode)"

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import make_inputs, time_graph
-from sglang_snapmla import library, ops
+from sglang_snapmla import decode_plan, library, ops
 
 ISSUED = 20
 
@@ -53,7 +53,7 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
     new_k = torch.randn(batch, 576, dtype=torch.bfloat16, device="cuda")
     loc = (table[:, -1].long() * 64 + (seq_len - 1) % 64)  # each sequence's last slot, where its new token goes
     q_nope, q_rope = x["q"][..., :512].reshape(batch, heads, 512), x["q"][..., 512:].reshape(batch, heads, 64)
-    plan = ops.plan_decode(batch, 1, heads, table.shape[1], lens.device)
+    plan = decode_plan.plan_decode(batch, 1, heads, table.shape[1], lens.device)
     ops.check_decode_step(table, lens, plan, x["kv8"].shape[0])
 
     def snapmla():  # backend.SnapMLAForward._save + _attend, the step's plan made once

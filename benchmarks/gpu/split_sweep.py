@@ -20,7 +20,7 @@ import torch
 
 from harness.kernel_timing import PAGE, make_inputs, time_graph
 
-from sglang_snapmla import ops
+from sglang_snapmla import decode_plan, ops
 
 
 DEFAULT_SPLITS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 32, 64)
@@ -58,7 +58,7 @@ def sweep(b: int, sk: int, h: int, impl: str, split_counts=DEFAULT_SPLITS, full_
     q8, qs, qra = ops.quantize_q(qn.reshape(b, h, -1), qr.reshape(b, h, -1))
     q8, qs, qra = q8.view(b, 1, h, -1), qs.view(b, 1, h), qra.view(b, 1, h, -1)
     pages = math.ceil(sk / PAGE)
-    res = {"default_splits": ops.plan_decode(b, 1, h, pages, q8.device, impl).splits}
+    res = {"default_splits": decode_plan.plan_decode(b, 1, h, pages, q8.device, impl).splits}
 
     from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
 

@@ -13,7 +13,7 @@ skip_flashmla_schedule`). Per (heads, batch), on the GPU:
   left_of_schedule_us  : the same code as snapmla's backend runs it, `get_mla_metadata` answered by
                          `SnapMLAForward.unread_schedule` (views of the static buffers, copied into themselves): the
                          cast is what is left
-  snapmla_plan_us      : host time of the snapmla step plan (`ops.plan_decode` + `ops.check_decode_step`)
+  snapmla_plan_us      : host time of the snapmla step plan (`decode_plan.plan_decode` + `ops.check_decode_step`)
   attention_layer_us   : one layer's snapmla decode (Q-quant + decode + combine, CUDA graph of 20 calls, median of
                          15 replays, as benchmarks/bench_kernels.py), at seq-len keys per sequence
   schedule_share       : flashmla_schedule_us / (layers x attention_layer_us): an upper bound on the step time the
@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import torch
 
 from harness.kernel_timing import make_inputs, time_graph
-from sglang_snapmla import ops
+from sglang_snapmla import decode_plan, ops
 from sglang_snapmla.backend import SnapMLAForward
 
 V3_LAYERS = 61
@@ -75,7 +75,7 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
     table = x["bt"]
 
     def snapmla_plan():
-        plan = ops.plan_decode(batch, 1, heads, table.shape[1], lens32.device)
+        plan = decode_plan.plan_decode(batch, 1, heads, table.shape[1], lens32.device)
         ops.check_decode_step(table, lens32, plan, x["kv8"].shape[0])
 
     qn, qr = x["q"][..., :512], x["q"][..., 512:]
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(saved["rows"], saved["gpu"], args.redraw.with_suffix(".png"))
         return 0
     rows = [measure(h, b, args.seq_len) for h in args.heads for b in args.batches]
-    print(f"{torch.cuda.get_device_name()}, {args.seq_len} keys per sequence, decode {ops.decode_impl()}")
+    print(f"{torch.cuda.get_device_name()}, {args.seq_len} keys per sequence, decode {decode_plan.decode_impl()}")
     print("| heads | batch | FlashMLA schedule µs/step | left of it in snapmla µs/step | snapmla plan µs/step | "
           f"attention µs/layer | schedule share of {V3_LAYERS} layers' attention |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

@@ -31,7 +31,7 @@ def decode_split_kernel(
     stride_bt, R, H, S_Q,
     qk_scale_log2,  # softmax_scale * log2(e)
     NUM_SPLITS,  # runtime, not constexpr: one compiled kernel serves every batch size (CUDA-graph capture)
-    PART_SLOTS,  # partial slots per row, >= NUM_SPLITS (sglang_snapmla.ops.partial_slots)
+    PART_SLOTS,  # partial slots per row, >= NUM_SPLITS (sglang_snapmla.decode_plan.partial_slots)
     BLOCK_M: tl.constexpr,
     FP8_MAX: tl.constexpr, P_SCALE_FLOOR: tl.constexpr,
     FINAL: tl.constexpr = False,  # NUM_SPLITS == 1: write out / lse instead of the partials

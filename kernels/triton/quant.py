@@ -36,7 +36,7 @@ def quantize_q_kernel(
     q8_ptr, q_scale_ptr, q_rope_out_ptr,  # [T, H, 512] fp8, [T, H] fp32, [T, H, 64] bf16, contiguous
     stride_nt, stride_nh, stride_rt, stride_rh, H,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
-    PDL: tl.constexpr,  # programmatic dependent launch, both ways (ops.pdl_enabled)
+    PDL: tl.constexpr,  # programmatic dependent launch, both ways (decode_plan.pdl_enabled)
 ):
     if PDL:
         gdc_wait()  # the producer of q_nope / q_rope (a GEMM) has finished and its writes are visible

@@ -93,7 +93,7 @@ def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, g
     does, and the forward must read the new ones. A forward whose batch the plan was not made for is refused."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from sglang_snapmla import ops
+    from sglang_snapmla import decode_plan
 
     backend, pool, layer = setup
     lens = torch.tensor([130, 70], dtype=torch.int64)  # SGLang's lengths are int64: the plan casts them
@@ -105,7 +105,8 @@ def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, g
     layer1 = SimpleNamespace(layer_id=1, tp_q_head_num=heads, scaling=SCALE)
     pool.snapmla_buffers = lambda layer_id, buffers=pool.snapmla_buffers: buffers(0)  # layer 1 reads layer 0's pages
     plans = []
-    monkeypatch.setattr(ops, "plan_decode", lambda *a, real=ops.plan_decode, **k: plans.append(a) or real(*a, **k))
+    monkeypatch.setattr(decode_plan, "plan_decode",
+                        lambda *a, real=decode_plan.plan_decode, **k: plans.append(a) or real(*a, **k))
     static_lens = torch.ones(4, dtype=torch.int32)
     backend.plan_step(fb, graph_seq_lens=static_lens)  # capture
     first = backend.forward_decode(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)

@@ -8,7 +8,7 @@ import torch
 from helpers import (CUDA_DECODE_SMALL_CASES, EXTREME_SCALE_CASES, apply_extreme_scales, assert_close, golden_args,
                      paged_problem, pool_arrays)
 from sglang_snapmla import numerics as nx
-from sglang_snapmla import ops
+from sglang_snapmla import decode_plan, ops
 
 pytestmark = pytest.mark.gpu
 
@@ -122,7 +122,7 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
 
 @pytest.mark.parametrize("impl", ["triton", "auto"])
 def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
-    """Q-quant -> decode -> combine with programmatic dependent launch (ops.pdl_enabled) give the same bits as
+    """Q-quant -> decode -> combine with programmatic dependent launch (decode_plan.pdl_enabled) give the same bits as
     plainly serialized launches, in a CUDA graph of back-to-back layers where kernels before each layer's Q-quant
     rewrite its queries, the pool's scales, the block table and the lengths: a dependent kernel reading any of them
     before it may (the queries before griddepcontrol.wait; the CUDA decode reads the metadata and its first pages
@@ -144,7 +144,7 @@ def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
 
     def run_layers(pdl: str):
         monkeypatch.setenv("SNAPMLA_PDL", pdl)
-        assert ops.pdl_enabled(qn.device) == (pdl == "1")
+        assert decode_plan.pdl_enabled(qn.device) == (pdl == "1")
         q_layer, scale, bt, seq_lens = torch.empty_like(qn), torch.empty_like(scale0), torch.empty_like(bts[0]), \
             torch.empty_like(lens[0])
         outs = []
@@ -174,7 +174,7 @@ def test_pdl_chain_matches_serial_launches(gen, impl, monkeypatch):
 def test_cuda_decode_with_more_splits_than_a_short_sequence_needs(gen):
     """Serving sets the split count for the longest sequence a CUDA graph can hold, so short sequences run with many
     splits that hold no page (LSE -inf, skipped by the combine). Same results as the reference, whatever the count."""
-    if ops.decode_impl("auto") != "cuda":
+    if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, [640, 64, 1, 3000], 128, s_q=1, zero_rows=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
@@ -198,7 +198,7 @@ def test_cuda_decode_extreme_scales_match_reference(gen, case, splits):
     is scaled by 10^U(-3, 3), so sigma_k (and log2 sigma_k inside the exponent) spreads over ~2^20 within a page,
     with the query's content scaled down by 1e3 to keep the logits O(1) (logits of ~1e3 would make the output
     hinge on Hopper's FP8 accumulation error, which this test is not about)."""
-    if ops.decode_impl("auto") != "cuda":
+    if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = paged_problem(gen, [700, 1500, 64], 128, s_q=1, zero_rows=1)
     apply_extreme_scales(p, case, gen)
@@ -219,7 +219,7 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
     """More (tile, sequence, split) CTAs than SMs, uneven lengths (with splits, some without pages): the batch must
     match the reference, and each sequence decoded alone must give the same bits (no state leaks between CTAs or
     work items; a persistent grid would run several per CTA)."""
-    if ops.decode_impl("auto") != "cuda":
+    if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     lens = torch.randint(s_q, 400, (300,), generator=gen).tolist()  # a sequence holds its s_q query tokens
     lens[:4] = [s_q, 64, 65, 129]
@@ -246,9 +246,9 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
                                                        ([1, 64, 100, 4097], 128, 1, 3)])
 def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits):
     """The sm_90a decode writes split s of a row into slot s of o_part [B, R, slots, 512] / lse_part [B, R, slots]
-    (slots >= splits, ops.partial_slots): through the combine, bit for bit the unpadded partials' result, whatever the
+    (slots >= splits, decode_plan.partial_slots): through the combine, bit for bit the unpadded partials' result, whatever the
     slots past the splits hold (NaN here; the kernel must neither write nor count them)."""
-    if ops.decode_impl("auto") != "cuda":
+    if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
     kv = pool_arrays(nx.quantize_kv(p["c_kv"], p["k_rope"]))
@@ -278,7 +278,7 @@ def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits)
 def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_lens, heads, s_q):
     """With one split the sm_90a decode writes the bf16 output and the natural-log LSE itself (no partials, no
     combine). Bit for bit what the combine makes of the same kernel's single partial, which this test launches too."""
-    if ops.decode_impl("auto") != "cuda":
+    if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])

@@ -10,7 +10,7 @@ import torch
 
 from helpers import assert_close
 from sglang_graph_protocol import MODES, GraphProtocol
-from sglang_snapmla import cuda_ext, ops
+from sglang_snapmla import cuda_ext, decode_plan
 from sglang_snapmla.kernels.triton import decode as tdecode
 from sglang_snapmla.kernels.triton import quant as tquant
 
@@ -73,7 +73,7 @@ CASES = [(16, 2, 3, False), (16, 16, 3, True), (128, 1, 2, False), (128, 4, 2, T
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("heads,bs,window,one_split", CASES)
 def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, bs, window, one_split, mode, impl):
-    monkeypatch.setattr(ops, "decode_impl", lambda requested=None: impl)
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: impl)
     lens = [int(x) for x in torch.randint(65, 400, (bs,), generator=gen)]
     lens[0] = 130 + 64 * 3  # many pages: a width-1 capture view covers one of them
     proto = GraphProtocol(heads, max_bs=bs + 2, lens=lens, gen=gen, device="cpu", window=window, max_context_len=1024)

@@ -7,7 +7,7 @@ import torch
 
 from helpers import HARD_DECODE_CASES, assert_close, golden_args, paged_problem, pool_arrays
 from sglang_snapmla import numerics as nx
-from sglang_snapmla import ops
+from sglang_snapmla import decode_plan, ops
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -185,20 +185,20 @@ def test_one_split_writes_what_the_combine_would(gen):
 def test_partial_slots():
     """The partials' slots per row: padded to PARTIAL_MIN_SLOTS only for the sm_90a decode, only with several
     splits and full 64-row tiles, never below the split count and never past PARTIAL_PAD_MAX_BYTES of allocation."""
-    pad = ops.PARTIAL_MIN_SLOTS
-    assert ops.partial_slots(1, 128, 10, "cuda") == pad  # h128 b1 s_k 640: rows 32 KB apart instead of 20
-    assert ops.partial_slots(1, 128, 10, "triton") == 10
-    assert ops.partial_slots(1, 128, 1, "cuda") == 1
-    assert ops.partial_slots(1, 128, pad + 7, "cuda") == pad + 7
-    assert ops.partial_slots(8, 16, 10, "cuda") == 10  # 16 heads: one partial tile per sequence
-    assert ops.partial_slots(1, 64, 3, "cuda") == pad
-    rows_at_limit = ops.PARTIAL_PAD_MAX_BYTES // (pad * 512 * 4)
-    assert ops.partial_slots(1, rows_at_limit, 2, "cuda") == pad
-    assert ops.partial_slots(1, rows_at_limit + 1, 2, "cuda") == 2
+    pad = decode_plan.PARTIAL_MIN_SLOTS
+    assert decode_plan.partial_slots(1, 128, 10, "cuda") == pad  # h128 b1 s_k 640: rows 32 KB apart instead of 20
+    assert decode_plan.partial_slots(1, 128, 10, "triton") == 10
+    assert decode_plan.partial_slots(1, 128, 1, "cuda") == 1
+    assert decode_plan.partial_slots(1, 128, pad + 7, "cuda") == pad + 7
+    assert decode_plan.partial_slots(8, 16, 10, "cuda") == 10  # 16 heads: one partial tile per sequence
+    assert decode_plan.partial_slots(1, 64, 3, "cuda") == pad
+    rows_at_limit = decode_plan.PARTIAL_PAD_MAX_BYTES // (pad * 512 * 4)
+    assert decode_plan.partial_slots(1, rows_at_limit, 2, "cuda") == pad
+    assert decode_plan.partial_slots(1, rows_at_limit + 1, 2, "cuda") == 2
 
 
 def test_partials_in_padded_slots(gen):
-    """Split partials stored with more slots per row than splits (ops.partial_slots): the split kernel writes split s
+    """Split partials stored with more slots per row than splits (decode_plan.partial_slots): the split kernel writes split s
     into slot s of its row and the combine reads only the first `splits` slots, so the result is bit for bit that of
     unpadded partials, whatever the other slots hold (NaN here)."""
     p = paged_problem(gen, [300, 70, 129], 4, s_q=2)
@@ -270,7 +270,7 @@ def test_combine_follows_the_spec_on_rows_without_keys_and_nan_rows(gen):
 
 
 @pytest.mark.parametrize("splits", [ops.COMBINE_SPLIT_CHUNK + 1, 2 * ops.COMBINE_SPLIT_CHUNK,
-                                    2 * ops.COMBINE_SPLIT_CHUNK + 1, ops.MAX_SPLITS])
+                                    2 * ops.COMBINE_SPLIT_CHUNK + 1, decode_plan.MAX_SPLITS])
 def test_combine_merges_the_last_split(gen, splits):
     """The combine reads a row's partials 16 splits per load: the last split, just past a chunk edge or at the end
     of a full one, carries most of the weight here, so a combine that stops a chunk early is far off."""
@@ -340,16 +340,16 @@ def test_decode_impl_choice_is_explicit(monkeypatch):
     """Unknown implementations are rejected; asking for the CUDA kernel where it cannot run is an error, not a
     silent Triton run; 'auto' on the CPU interpreter runs Triton."""
     with pytest.raises(ops.SnapMLAInputError, match="one of"):
-        ops.decode_impl("cutlass")
+        decode_plan.decode_impl("cutlass")
     if ops.interpreter_mode():
         with pytest.raises(ops.SnapMLAInputError, match="needs a GPU"):
-            ops.decode_impl("cuda")
-        assert ops.decode_impl("auto") == "triton"
+            decode_plan.decode_impl("cuda")
+        assert decode_plan.decode_impl("auto") == "triton"
     monkeypatch.delenv("SNAPMLA_DECODE_IMPL", raising=False)
     if ops.interpreter_mode():  # the default is auto: the interpreter has no CUDA kernel to run
-        assert ops.decode_impl() == "triton"
+        assert decode_plan.decode_impl() == "triton"
     monkeypatch.setenv("SNAPMLA_DECODE_IMPL", "triton")
-    assert ops.decode_impl() == "triton"
+    assert decode_plan.decode_impl() == "triton"
 
 
 def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
@@ -358,9 +358,9 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     splits vs 21.3 with 64); batches between waves at 128 heads take the count measured fastest over several waves
     (results/bench/split_sweep_h200_h128_between_waves.json); one tile per sequence (16 or 64 heads at one query) never
     exceeds one wave."""
-    monkeypatch.setattr(ops, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(decode_plan, "_num_sms", lambda index: 132)
     dev = torch.device("cuda", 0)
-    pick = lambda b, h, pages: ops.cuda_num_splits(b, h, pages, dev)  # noqa: E731
+    pick = lambda b, h, pages: decode_plan.cuda_num_splits(b, h, pages, dev)  # noqa: E731
     assert pick(1, 128, 10) == 10
     assert 16 <= pick(1, 128, 64) <= 32 and 16 <= pick(1, 16, 64) <= 32
     assert pick(8, 128, 10) in (4, 5)  # one wave would be 8 splits: 16.3 us measured vs 14.3 with 4
@@ -370,13 +370,13 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     # at 1 (192 CTAs: 2 waves already), 179 at 2
     assert (pick(40, 128, 256), pick(48, 128, 256), pick(56, 128, 256), pick(96, 128, 64)) == (3, 4, 1, 2)
     for b, h, pages in [(1, 128, 10), (3, 64, 100), (8, 16, 7), (2, 128, 5000), (40, 128, 640), (512, 128, 640)]:
-        assert 1 <= pick(b, h, pages) <= min(pages, ops.MAX_SPLITS)
+        assert 1 <= pick(b, h, pages) <= min(pages, decode_plan.MAX_SPLITS)
     # several waves within the partials budget (the second argument is s_q x heads): without it h128 s_q 3 b42 over 2k
     # pages would take 11 splits (346 MiB) and s_q 4 b512 3 (1.5 GiB) for a wave's rounding
     assert pick(512, 512, 2049) == 1 and pick(42, 384, 2049) == 1
     for b, rows in [(17, 384), (51, 128), (40, 128), (63, 256)]:
         s = pick(b, rows, 2049)
-        assert s == 1 or b * rows * s * 2048 <= ops.SEVERAL_WAVES_PARTIAL_BYTES
+        assert s == 1 or b * rows * s * 2048 <= decode_plan.SEVERAL_WAVES_PARTIAL_BYTES
     for b in (8, 40, 96, 128):  # one tile per sequence: one wave at most
         for h in (16, 64):
             assert b * pick(b, h, 256) <= 132 or pick(b, h, 256) == 1
@@ -386,19 +386,19 @@ def test_pdl_only_where_it_can_run(monkeypatch):
     """Programmatic dependent launch: on for CUDA devices of compute capability >= 9 unless SNAPMLA_PDL=0; never in
     the CPU interpreter, on CPU tensors or on older GPUs (whose launch would reject the attribute)."""
     cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(ops, "_pdl_capable", lambda index: True)
-    monkeypatch.setattr(ops, "interpreter_mode", lambda: False)
+    monkeypatch.setattr(decode_plan, "_pdl_capable", lambda index: True)
+    monkeypatch.setattr(decode_plan, "interpreter_mode", lambda: False)
     monkeypatch.delenv("SNAPMLA_PDL", raising=False)
-    assert ops.pdl_enabled(cuda0)
-    assert not ops.pdl_enabled(torch.device("cpu"))
+    assert decode_plan.pdl_enabled(cuda0)
+    assert not decode_plan.pdl_enabled(torch.device("cpu"))
     monkeypatch.setenv("SNAPMLA_PDL", "0")
-    assert not ops.pdl_enabled(cuda0)
+    assert not decode_plan.pdl_enabled(cuda0)
     monkeypatch.setenv("SNAPMLA_PDL", "1")
-    monkeypatch.setattr(ops, "_pdl_capable", lambda index: False)  # e.g. an A100 (sm_80)
-    assert not ops.pdl_enabled(cuda0)
-    monkeypatch.setattr(ops, "_pdl_capable", lambda index: True)
-    monkeypatch.setattr(ops, "interpreter_mode", lambda: True)
-    assert not ops.pdl_enabled(cuda0)
+    monkeypatch.setattr(decode_plan, "_pdl_capable", lambda index: False)  # e.g. an A100 (sm_80)
+    assert not decode_plan.pdl_enabled(cuda0)
+    monkeypatch.setattr(decode_plan, "_pdl_capable", lambda index: True)
+    monkeypatch.setattr(decode_plan, "interpreter_mode", lambda: True)
+    assert not decode_plan.pdl_enabled(cuda0)
 
 
 def test_launch_flags_are_the_kernels():
@@ -430,8 +430,8 @@ def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, spl
                 t.zero_()  # defined outputs for the combine
 
     monkeypatch.setattr(cuda_ext, "load", lambda: FakeExt())
-    monkeypatch.setattr(ops, "decode_impl", lambda impl=None: "cuda")
-    monkeypatch.setattr(ops, "pdl_enabled", lambda device: False)  # PDL's flag is tested below on its own
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda impl=None: "cuda")
+    monkeypatch.setattr(decode_plan, "pdl_enabled", lambda device: False)  # PDL's flag is tested below on its own
     p = paged_problem(gen, [70, 129], 4, s_q=2)
     qn, qrope = (p[k].to(torch.bfloat16).to(DEV).flatten(0, 1) for k in ("q_nope", "q_rope"))  # [B s_q, H, D]
     q8, qs, qr = (t.unflatten(0, (2, 2)) for t in ops.quantize_q(qn, qrope))
@@ -448,7 +448,7 @@ def test_decode_hands_the_cuda_kernel_its_launch_arguments(gen, monkeypatch, spl
     if splits == 1:
         assert o_part.numel() == lse_part.numel() == 0 and k_out is not None and k_out.data_ptr() == out.data_ptr()
         assert k_lse.data_ptr() == lse.data_ptr()
-    else:  # 8 rows per sequence: one partial tile, so as many slots as splits (ops.partial_slots)
+    else:  # 8 rows per sequence: one partial tile, so as many slots as splits (decode_plan.partial_slots)
         assert o_part.shape == (2, 8, splits, 512) and lse_part.shape == (2, 8, splits)
         assert k_out.numel() == k_lse.numel() == 0
     assert out.shape == (2, 2, 4, 512) and lse.shape == (2, 4, 2)

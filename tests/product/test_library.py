@@ -5,7 +5,7 @@ the same outputs as eager (on the CPU: Triton's interpreter behind the ops, `aot
 import pytest
 import torch
 
-from sglang_snapmla import library, ops
+from sglang_snapmla import decode_plan, library, ops
 from sglang_snapmla import numerics as nx
 
 pytestmark = pytest.mark.cpu_interpreter  # CPU tensors, the Triton kernels in the interpreter
@@ -89,7 +89,7 @@ def test_decode_opcheck(gen, batch, s_q, splits):
     table, lens = paging(gen, batch, pages)
     lens = lens.clamp(min=s_q)
     q8, q_scale, q_rope = ops.quantize_q(*queries(gen, batch * s_q, heads))
-    plan = ops.plan_decode(batch, s_q, heads, pages, q8.device, num_splits=splits)
+    plan = decode_plan.plan_decode(batch, s_q, heads, pages, q8.device, num_splits=splits)
     args = (q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads), q_rope.view(batch, s_q, heads, -1),
             *arrays, table, lens, 0.1, plan.impl, plan.splits, plan.slots, plan.pdl, [], False)
     before = snapshot(args[:8])
@@ -117,7 +117,7 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen):
         loc = (table[:, 0].long() * nx.PAGE_SIZE + (lens.long() - 1) % nx.PAGE_SIZE)  # each sequence's last slot
         return arrays, table, lens, new_k, new_rope, loc, queries(gen, batch, heads)
 
-    plan = ops.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=2)
+    plan = decode_plan.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=2)
 
     def step(arrays, table, lens, new_k, new_rope, loc, q):
         library.append_kv(new_k, new_rope, loc, *arrays)

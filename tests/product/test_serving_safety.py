@@ -15,7 +15,7 @@ import torch
 
 from helpers import assert_close, garbage_table_tail, paged_problem, poison_unwritten
 from sglang_snapmla import numerics as nx
-from sglang_snapmla import ops
+from sglang_snapmla import decode_plan, ops
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 576**-0.5
@@ -51,7 +51,7 @@ def _problem(gen, seq_lens, heads, s_q):
 def test_stale_slots_and_table_tails_change_no_output(gen, seq_lens, heads, s_q, impl, splits):
     q8, qs, qr, kv, bt, lens = _problem(gen, seq_lens, heads, s_q)
     # the default split count follows the table's width (wider below): fix it so that both runs use the same
-    splits = splits or ops.plan_decode(len(seq_lens), s_q, heads, bt.shape[1], q8.device, impl).splits
+    splits = splits or decode_plan.plan_decode(len(seq_lens), s_q, heads, bt.shape[1], q8.device, impl).splits
     clean, clean_lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     assert torch.isfinite(clean).all()
     poison_unwritten(*kv, bt, lens, gen)

@@ -44,7 +44,7 @@ def main() -> int:
         variants.append((f"decode_split BLOCK_M={block_m} FINAL={final}", decode.decode_split_kernel, dec_sig,
                          dict(BLOCK_M=block_m, FP8_MAX=nx.FP8_MAX, P_SCALE_FLOOR=nx.P_SCALE_FLOOR, FINAL=final),
                          dict(num_warps=warps, num_stages=stages)))
-    for pdl in (False, True):  # PDL: the programmatic dependent launch of ops.pdl_enabled (griddepcontrol.wait)
+    for pdl in (False, True):  # PDL: the programmatic dependent launch of decode_plan.pdl_enabled (griddepcontrol.wait)
         variants.append((f"combine PDL={pdl}", decode.combine_kernel,
                          dict(o_part_ptr="*fp32", lse_part_ptr="*fp32", out_ptr="*bf16", lse_ptr="*fp32", R="i32",
                               H="i32", S_Q="i32", NUM_SPLITS="i32", PART_SLOTS="i32"),
