@@ -24,7 +24,7 @@ void decode_split(torch::Tensor q8, torch::Tensor q_scale, torch::Tensor q_rope,
               "snapmla sm90 decode: final outputs (bf16 out, fp32 lse) only with num_splits == 1");
   TORCH_CHECK(final_out || (o_part.numel() > 0 && lse_part.numel() > 0),
               "snapmla sm90 decode: pass either the split partials or the final outputs");
-  // partials [B, R, slots, 512] / [B, R, slots]: split s of a row in slot s; slots >= num_splits (ops.partial_slots)
+  // partials [B, R, slots, 512] / [B, R, slots]: split s of a row in slot s; slots >= num_splits (decode_plan.partial_slots)
   const int64_t part_slots = final_out ? 1 : o_part.size(2);
   TORCH_CHECK(final_out || (o_part.dim() == 4 && lse_part.dim() == 3 && lse_part.size(2) == part_slots &&
                             part_slots >= num_splits),

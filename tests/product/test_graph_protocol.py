@@ -86,6 +86,7 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
     fb = proto.replay_metadata(mode)
     out = proto.forward(mode, fb, q, q_rope)
     replayed = log.take()
+    assert proto.backend.step_plan.decode.impl == impl  # the patch above steers the plan
     static = proto.static_storages()
     names = [launch[0] for launch in captured]
     assert names == [launch[0] for launch in replayed] and any("decode" in n for n in names)
