@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 
 import torch
 
@@ -15,6 +16,21 @@ from sglang_snapmla.layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
 PAGE = PAGE_SIZE  # the name benchmarks and tools import
 L2_ROTATE_BYTES = 256 << 20
+
+
+def host_us(fn, calls: int, warmup: int, issue_only: bool = False) -> float:
+    """Microseconds per call of `fn` launched back to back after `warmup` calls and a synchronization. issue_only:
+    the host's time to issue them, timed before the synchronization (the GPU's queue absorbs the calls); otherwise
+    timed through it, the larger of host and GPU time per call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    issued = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return (issued if issue_only else time.perf_counter() - start) / calls * 1e6
 
 
 def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:

@@ -185,7 +185,8 @@ class SnapMLAForward:
                 or self._planned_batch[1] != key:
             launches = extend.plan_absorbed_launches(list(key[0]), list(key[1]), forward_batch.req_pool_indices,
                                                      self.req_to_token)
-            planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads, launch.max_pages, device))
+            planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads,
+                                                        launch.max_pages, device))
                        for launch in launches]
             for launch, plan in planned:
                 ops.check_decode_step(launch.block_table, launch.seq_lens, plan, self.token_to_kv_pool.num_slots)

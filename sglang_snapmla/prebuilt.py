@@ -130,9 +130,10 @@ def self_check(module, device: str = "cuda") -> str | None:
         lse = torch.empty(B, H, s_q, device=device)
         o_part = torch.empty(B, s_q * H, splits, 512, device=device) if splits > 1 else lse[:0]
         lse_part = torch.empty(B, s_q * H, splits, device=device) if splits > 1 else lse[:0]
+        final = (out, lse) if splits == 1 else (out[:0], lse[:0])
         module.decode_split(query.content, query.scale, query.rope, pool.content, pool.scale, pool.rope, table,
-                            seq_lens, o_part, lse_part, out if splits == 1 else out[:0], lse if splits == 1 else lse[:0],
-                            s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634, splits, table.numel(), 0)
+                            seq_lens, o_part, lse_part, *final, s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634,
+                            splits, table.numel(), 0)
         if device != "cpu":
             torch.cuda.synchronize()
         got = out.float() if splits == 1 else nx.merge_splits(o_part, lse_part, splits).view(B, s_q, H, 512)

@@ -3,7 +3,8 @@
     python -m tools.fp8_outlier_sweep --model CKPT --out sweep_out \
         --runs flashmla flashmla-fp8 snapmla snapmla-triton --alphas 1 8 128 1024 --latent-spread 16
     python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 0.0625 1 16
-    python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 1 16 --runs --kernel-level
+    python -m tools.fp8_outlier_sweep --model CKPT --out latent_out --alphas --betas 0.00390625 1 16 --runs \
+        --kernel-level
 
 CKPT is a trained checkpoint (tools/train_tiny_mla.py). The sweep serves the same model at several activation
 magnitudes: `original`, and for each alpha the function-preserving reparameterization of harness/reparameterize.py
@@ -379,7 +380,8 @@ def report(results: dict, runs: list[str], png: Path) -> list[dict]:
     """Print the kernel-level and serving tables of a sweep's results, draw the plot; returns the serving rows."""
     measured = [r for r in runs if "points" in results["runs"].get(r, {})]
     rows = point_rows(results, measured) if measured and measured[0] == runs[0] else []
-    print(f"\nmodel {results['model']}; latent spread {results['latent_spread']:g}; reference {runs[0] if runs else '(no run served)'}")
+    reference = runs[0] if runs else "(no run served)"
+    print(f"\nmodel {results['model']}; latent spread {results['latent_spread']:g}; reference {reference}")
     if "kernel" in results:
         print("\n" + format_kernel(results["kernel"]))
     print("\n" + format_serving(rows))

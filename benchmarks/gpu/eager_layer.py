@@ -18,28 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
-from harness.kernel_timing import make_inputs, time_graph
+from harness.kernel_timing import host_us, make_inputs, time_graph
 from sglang_snapmla import decode_plan, library, ops
 
-ISSUED = 20
-
-
-def host_issue_us(layer) -> float:
-    """Microseconds the host takes to issue `layer` once, ISSUED layers back to back (warmed up first)."""
-    for _ in range(3):
-        layer()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(ISSUED):
-        layer()
-    issued = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return issued / ISSUED * 1e6
+ISSUED = 20  # layers issued back to back per host-time measurement, well inside the GPU's launch queue
 
 
 def measure(heads: int, batch: int, seq_len: int) -> dict:
@@ -72,7 +58,7 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
 
     row = {"heads": heads, "batch": batch, "seq_len": seq_len, "splits": plan.splits}
     for name, layer in (("snapmla", snapmla), ("flashmla", flashmla)):
-        row[f"{name}_host_us"] = round(host_issue_us(layer), 2)
+        row[f"{name}_host_us"] = round(host_us(layer, ISSUED, warmup=3, issue_only=True), 2)
         row[f"{name}_gpu_us"] = round(time_graph(lambda _, layer=layer: layer, 1), 2)
     return row
 

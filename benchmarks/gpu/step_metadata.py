@@ -25,29 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from harness.kernel_timing import make_inputs, time_graph
+from harness.kernel_timing import host_us, make_inputs, time_graph
 from sglang_snapmla import decode_plan, ops
 from sglang_snapmla.backend import SnapMLAForward
 
 V3_LAYERS = 61
-
-
-def host_us(fn, calls: int = 200) -> float:
-    """Microseconds per call of `fn` launched back to back, synchronized once at the end (warmed up first)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(heads: int, batch: int, seq_len: int) -> dict:
@@ -84,7 +71,8 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
     def layer():
         ops.quantize_and_decode(q_nope, q_rope, x["kv8"], x["ks"], x["kr"], table, lens32, 576 ** -0.5)
 
-    schedule_us, left_us, plan_us = host_us(flashmla_schedule), host_us(left_of_schedule), host_us(snapmla_plan)
+    schedule_us, left_us, plan_us = (host_us(fn, calls=200, warmup=10)
+                                     for fn in (flashmla_schedule, left_of_schedule, snapmla_plan))
     layer_us = time_graph(lambda _: layer, 1)
     return {"heads": heads, "batch": batch, "seq_len": seq_len, "flashmla_schedule_us": round(schedule_us, 2),
             "left_of_schedule_us": round(left_us, 2), "snapmla_plan_us": round(plan_us, 2),

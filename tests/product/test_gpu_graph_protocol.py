@@ -20,8 +20,9 @@ WINDOW = 3
 # (decode_plan.cuda_num_splits: h128 b40, 80 CTAs a split, takes 3 splits in 2 waves; checked below)
 CASES = [(16, 2, False, 4096), (16, 140, True, 4096), (128, 2, False, 4096), (128, 64, True, 4096),
          (128, 2, False, 1024), (128, 40, None, 4096)]
-# where the sm_90a decode's split partials get more slots than splits (decode_plan.partial_slots: rows 32 KB apart; at a 4k
-# bound h128 batch 2 runs 17 splits, unpadded), checked below so that the padded layout stays under capture and replay
+# where the sm_90a decode's split partials get more slots than splits (decode_plan.partial_slots: rows 32 KB apart;
+# at a 4k bound h128 batch 2 runs 17 splits, unpadded), checked below so that the padded layout stays under capture
+# and replay
 PADDED = {(128, 2, 1024, "decode")}
 
 

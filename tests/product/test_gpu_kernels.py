@@ -246,8 +246,8 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
                                                        ([1, 64, 100, 4097], 128, 1, 3)])
 def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits):
     """The sm_90a decode writes split s of a row into slot s of o_part [B, R, slots, 512] / lse_part [B, R, slots]
-    (slots >= splits, decode_plan.partial_slots): through the combine, bit for bit the unpadded partials' result, whatever the
-    slots past the splits hold (NaN here; the kernel must neither write nor count them)."""
+    (slots >= splits, decode_plan.partial_slots): through the combine, bit for bit the unpadded partials' result,
+    whatever the slots past the splits hold (NaN here; the kernel must neither write nor count them)."""
     if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")

@@ -198,9 +198,9 @@ def test_partial_slots():
 
 
 def test_partials_in_padded_slots(gen):
-    """Split partials stored with more slots per row than splits (decode_plan.partial_slots): the split kernel writes split s
-    into slot s of its row and the combine reads only the first `splits` slots, so the result is bit for bit that of
-    unpadded partials, whatever the other slots hold (NaN here)."""
+    """Split partials stored with more slots per row than splits (decode_plan.partial_slots): the split kernel writes
+    split s into slot s of its row and the combine reads only the first `splits` slots, so the result is bit for bit
+    that of unpadded partials, whatever the other slots hold (NaN here)."""
     p = paged_problem(gen, [300, 70, 129], 4, s_q=2)
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     q = nx.quantize_q(p["q_nope"], p["q_rope"])

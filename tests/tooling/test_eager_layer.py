@@ -13,7 +13,7 @@ def test_saved_run_reports_what_the_docs_quote(tmp_path, capsys):
     copy.write_bytes(saved.read_bytes())
     assert eager_layer.main(["--redraw", str(copy)]) == 0
     assert copy.with_suffix(".png").stat().st_size > 10_000
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 ") or line.startswith("| 128 ")]
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| 16 ", "| 128 "))]
     assert len(rows) == 10
     docs = (ROOT / "docs" / "BENCHMARKS.md").read_text()
     for line in rows:
