@@ -5,8 +5,11 @@
 
 Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's flags (page 64, context 32768,
 --mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
-/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0).
-Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, ratio vs flashmla) and writes JSON.
+/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0; `--range-ratio 0.5` draws each request's lengths in
+[half, all] of them). Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, peak running
+requests, ratios vs flashmla BF16 of the same call) and writes JSON. The decode-heavy burst of docs/BENCHMARKS.md:
+`--runs snapmla flashmla --input-len 1024 --output-len 1024 --range-ratio 0.5 --num-prompts 1500
+--cuda-graph-max-bs 512 --extra --mem-fraction-static 0.60`.
 Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
 `--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
 `--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see tools/gpu_host/multi_gpu.sh).
@@ -69,7 +72,8 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
                 bench_serving(port, args.model, args.input_len, args.output_len, args.warmup_prompts,
                               args.bench_timeout, seed=2)
             metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
-                                          args.bench_timeout, stream=not args.disable_stream)
+                                          args.bench_timeout, stream=not args.disable_stream,
+                                          range_ratio=args.range_ratio)
             (out_dir / f"bench_{name}.txt").write_text(text)
             res.update(metrics)
     except Exception as e:  # recorded in the table, never hidden
@@ -92,6 +96,8 @@ def main():
     ap.add_argument("--warmup-prompts", type=int, default=16, help="unmeasured bench_serving run first (0: none)")
     ap.add_argument("--input-len", type=int, default=4096)
     ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--range-ratio", type=float, default=1.0,
+                    help="bench_serving --random-range-ratio: lengths drawn in [ratio x len, len]")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
     ap.add_argument("--startup-timeout", type=float, default=300, help="seconds until /health answers")
     ap.add_argument("--bench-timeout", type=float, default=400)
@@ -115,20 +121,49 @@ def main():
                          | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)
         if "server_log_tail" in r:
             print(r["server_log_tail"], flush=True)
-    (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))
+        # after every run: a call cut short by a time limit keeps the runs it finished
+        (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))
+    print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len} (range ratio "
+          f"{args.range_ratio:g}), {args.num_prompts} prompts")
+    print(table(results))
+    print("plot:", plot(results, args.out / "serve_bench.png"))
+
+
+def plot(results: list[dict], path: Path) -> Path:
+    """Output tok/s and median TTFT per run, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    names = [r["run"] for r in results]
+    for ax, (key, label) in zip(axes, (("output_tok_s", "output tok/s"), ("median_ttft_ms", "median TTFT ms"))):
+        ax.bar(names, [r.get(key) or 0 for r in results], color=[f"C{i}" for i in range(len(names))])
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: one row per run; ratios against the flashmla BF16 run of the same call (where it ran)."""
     base = next((r for r in results if r["run"] == "flashmla" and r.get("total_tok_s")), None)
-    print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len}, {args.num_prompts} prompts")
-    print("| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
-          "peak running req | total vs flashmla BF16 | pool vs flashmla BF16 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def ratio(r: dict, key: str) -> str:
+        return f"{r[key] / base[key]:.2f}x" if base and r.get(key) and base.get(key) else "-"
+
+    lines = ["| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
+             "peak running req | output vs flashmla BF16 | TTFT vs flashmla BF16 | pool vs flashmla BF16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        ratio = (f"{r['total_tok_s'] / base['total_tok_s']:.2f}x" if base and r.get("total_tok_s") else "-")
-        pool = (f"{r['pool_tokens'] / base['pool_tokens']:.2f}x" if base and r.get("pool_tokens")
-                and base.get("pool_tokens") else "-")
-        print(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
-              f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
-              f"{r.get('peak_running_req')} | {ratio} | {pool} |"
-              + (f" error: {r['error']}" if "error" in r else ""))
+        lines.append(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
+                     f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
+                     f"{r.get('peak_running_req')} | {ratio(r, 'output_tok_s')} | {ratio(r, 'median_ttft_ms')} | "
+                     f"{ratio(r, 'pool_tokens')} |" + (f" error: {r['error']}" if "error" in r else ""))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

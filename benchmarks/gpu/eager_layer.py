@@ -8,6 +8,8 @@ while the GPU runs the previous ones, and a step is as slow as the slower of the
 each backend runs it in an eager step (the step's plan made once, outside the layer, as the backends do):
   snapmla  : the pool's K-append (`library.append_kv`, B new tokens), Q-quant, decode (+ combine when split)
   flashmla : SGLang's pool write (`set_mla_kv_buffer_triton`, bf16) + `flash_mla_with_kvcache` (SGLang 0.5.17's)
+  flashmla_fp8 : SGLang's FP8 path (`--kv-cache-dtype fp8_e4m3`, no k_scale): the new K cast to FP8 and written, the
+             three unit scales allocated, Q cast by `scaled_fp8_quant`, FP8 `flash_mla_with_kvcache`
 Columns: host_us, the host time to issue one layer (20 layers issued back to back, timed before the synchronization,
 so the GPU's queue absorbs them); gpu_us, the GPU time of one layer (CUDA graph of 20 layers, median of 15
 replays). Where host_us > gpu_us, an eager step of that batch waits on the host for attention.
@@ -56,20 +58,38 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
         flash_mla_with_kvcache(x["q"], kv.view(-1, 64, 1, 576), table, lens, 512, metadata, splits,
                                softmax_scale=scale, causal=True)
 
+    from sglang.kernels.ops.quantization.fp8_kernel import scaled_fp8_quant
+
+    kv8 = x["ckv"].to(torch.float8_e4m3fn).view(-1, 1, 576)
+    metadata8, splits8 = get_mla_metadata(lens, heads, 1, is_fp8_kvcache=True)
+
+    def flashmla_fp8():  # flashmla_backend.forward_decode with an FP8 pool (memory_pool._write_mla_kv_buffer)
+        nope, rope = new_k[:, None, :512].to(torch.float8_e4m3fn), new_k[:, None, 512:].to(torch.float8_e4m3fn)
+        set_mla_kv_buffer_triton(kv8.view(torch.uint8), loc, nope.view(torch.uint8), rope.view(torch.uint8))
+        q_scale, descale_q, descale_k = (torch.ones((1,), dtype=torch.float32, device="cuda") for _ in range(3))
+        q8, _ = scaled_fp8_quant(x["q"].reshape(-1, 576), q_scale)
+        flash_mla_with_kvcache(q8.view(x["q"].shape), kv8.view(-1, 64, 1, 576), table, lens, 512, metadata8, splits8,
+                               softmax_scale=scale, causal=True, descale_q=descale_q, descale_k=descale_k)
+
     row = {"heads": heads, "batch": batch, "seq_len": seq_len, "splits": plan.splits}
-    for name, layer in (("snapmla", snapmla), ("flashmla", flashmla)):
+    for name, layer in (("snapmla", snapmla), ("flashmla", flashmla), ("flashmla_fp8", flashmla_fp8)):
         row[f"{name}_host_us"] = round(host_us(layer, ISSUED, warmup=3, issue_only=True), 2)
         row[f"{name}_gpu_us"] = round(time_graph(lambda _, layer=layer: layer, 1), 2)
     return row
 
 
-HEADER = ("| heads | batch | splits | snapmla host µs | snapmla GPU µs | flashmla host µs | flashmla GPU µs |\n"
-          "|---:|---:|---:|---:|---:|---:|---:|")
+BACKENDS = ("snapmla", "flashmla", "flashmla_fp8")
 
 
-def table_row(r: dict) -> str:
-    return (f"| {r['heads']} | {r['batch']} | {r['splits']} | {r['snapmla_host_us']:.0f} | {r['snapmla_gpu_us']:.1f} | "
-            f"{r['flashmla_host_us']:.0f} | {r['flashmla_gpu_us']:.1f} |")
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per (heads, batch), a host and a GPU column per backend measured (a run saved before the
+    FP8 layer existed has two backends)."""
+    names = [b for b in BACKENDS if all(f"{b}_host_us" in r for r in rows)]
+    lines = ["| heads | batch | splits | " + " | ".join(f"{b} host µs | {b} GPU µs" for b in names) + " |",
+             "|---:|---:|---:|" + "---:|---:|" * len(names)]
+    lines += [f"| {r['heads']} | {r['batch']} | {r['splits']} | "
+              + " | ".join(f"{r[f'{b}_host_us']:.0f} | {r[f'{b}_gpu_us']:.1f}" for b in names) + " |" for r in rows]
+    return "\n".join(lines)
 
 
 def plot(rows: list[dict], gpu: str, path: Path) -> None:
@@ -82,8 +102,10 @@ def plot(rows: list[dict], gpu: str, path: Path) -> None:
     for ax, heads in zip(axes[0], sorted({r["heads"] for r in rows})):
         sel = [r for r in rows if r["heads"] == heads]
         xs = range(len(sel))
-        for k, (name, what) in enumerate([(n, w) for n in ("snapmla", "flashmla") for w in ("host", "gpu")]):
-            ax.bar([x + (k - 1.5) * 0.2 for x in xs], [r[f"{name}_{what}_us"] for r in sel], 0.2,
+        bars = [(n, w) for n in BACKENDS for w in ("host", "gpu") if f"{n}_{w}_us" in sel[0]]
+        width = 0.8 / len(bars)
+        for k, (name, what) in enumerate(bars):
+            ax.bar([x + (k - (len(bars) - 1) / 2) * width for x in xs], [r[f"{name}_{what}_us"] for r in sel], width,
                    label=f"{name} {what}")
         ax.set_xticks(list(xs), [str(r["batch"]) for r in sel])
         ax.set_yscale("log")
@@ -104,22 +126,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("eager_layer_out"))
     ap.add_argument("--redraw", type=Path, help="only draw the PNG from this eager_layer.json (no GPU needed)")
     args = ap.parse_args(argv)
-    print(HEADER)
     if args.redraw:
         saved = json.loads(args.redraw.read_text())
-        print("\n".join(map(table_row, saved["rows"])))
+        print(table(saved["rows"]))
         plot(saved["rows"], saved["gpu"], args.redraw.with_suffix(".png"))
         return 0
     rows = []
     for heads in args.heads:
         for batch in args.batches:
             rows.append(measure(heads, batch, args.seq_len))
-            print(table_row(rows[-1]), flush=True)
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
             torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "eager_layer.json").write_text(json.dumps({"gpu": gpu, "rows": rows}, indent=1))
     plot(rows, gpu, args.out / "eager_layer.png")
+    print(table(rows))
     return 0
 
 

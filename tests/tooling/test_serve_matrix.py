@@ -231,9 +231,10 @@ def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
     assert seen["env"] is None
 
 
-def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_path):
+def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatch, tmp_path):
     """serve_and_bench.py --disable-stream: the measured bench_serving call runs without streaming (so that the
-    frontend does not set the duration); the warm-up call keeps its default; without the flag both stream."""
+    frontend does not set the duration); the warm-up call keeps its default; without the flag both stream.
+    --range-ratio reaches the measured call (the burst's lengths), the warm-up keeps fixed lengths."""
     import argparse
     import types
 
@@ -241,8 +242,9 @@ def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_pa
 
     calls = []
 
-    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, seed=1, stream=True, **kw):
-        calls.append((num_prompts, stream))
+    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, seed=1, stream=True, range_ratio=1.0,
+                   **kw):
+        calls.append((num_prompts, stream, range_ratio))
         return {"total_tok_s": 1.0}, "text"
 
     monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
@@ -254,10 +256,25 @@ def test_disable_stream_flag_reaches_the_measured_bench_only(monkeypatch, tmp_pa
         calls.clear()
         args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
                                   warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
-                                  disable_stream=flag, launcher="launch_server")
+                                  disable_stream=flag, launcher="launch_server", range_ratio=0.5)
         res = sb.run_one("snapmla", args, tmp_path, 30000)
         assert "error" not in res, res
-        assert calls == [(4, True), (64, not flag)]
+        assert calls == [(4, True, 1.0), (64, not flag, 0.5)]
+
+
+def test_serve_and_bench_table_divides_by_the_bf16_run_of_the_same_call():
+    """The burst table's ratios: output rate, median TTFT and pool against the flashmla run in the same results,
+    '-' where that run is missing or failed."""
+    from benchmarks import serve_and_bench as sb
+
+    runs = [{"run": "snapmla", "total_tok_s": 30.0, "output_tok_s": 12.0, "median_ttft_ms": 500.0,
+             "pool_tokens": 1790, "peak_running_req": 9},
+            {"run": "flashmla", "total_tok_s": 20.0, "output_tok_s": 10.0, "median_ttft_ms": 1000.0,
+             "pool_tokens": 1000, "peak_running_req": 5}]
+    row = sb.table(runs).splitlines()[2]
+    assert row.endswith("| 9 | 1.20x | 0.50x | 1.79x |"), row
+    alone = sb.table([runs[0], {"run": "flashmla", "error": "x"}]).splitlines()[2]
+    assert alone.endswith("| - | - | - |"), alone
 
 
 def test_launchers_build_the_two_documented_server_commands(monkeypatch):
