@@ -38,7 +38,7 @@ from pathlib import Path
 
 from harness import gpu_time
 from harness.bench_serving import METRICS, parse_metrics
-from harness.results import load_results
+from harness.results import load_results, stored
 from harness.server_log import peak_running_requests, pool_tokens, prefill_intake
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None):
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "serve_prefix.json"
-    if args.redraw and not saved.exists():
+    if args.redraw and not stored(saved).exists():
         raise SystemExit(f"--redraw: no {saved}")
     results = load_results(saved, args.merge, args.resume or args.redraw)
     if args.redraw:

@@ -42,6 +42,7 @@ from harness import gpu_time
 from harness.bench_serving import CONTEXT_LENGTH, bench_serving
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 from harness.server_log import decode_lines, pool_tokens, read_log
+from harness.results import read_json, stored
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
@@ -384,10 +385,10 @@ def main(argv: list[str] | None = None):
                 "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static,
                 "stream": not args.no_stream, "server_flags": args.server_flags}
     results = {"model": args.model, "workload": workload, "backends": {}}
-    if args.redraw and not path.exists():
+    if args.redraw and not stored(path).exists():
         raise SystemExit(f"--redraw: no {path}")
-    if (args.resume or args.redraw) and path.exists():
-        results = json.loads(path.read_text())
+    if (args.resume or args.redraw) and stored(path).exists():
+        results = read_json(path)
         if results["model"] != args.model:
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
         workload = results["workload"]  # the same requests for every backend

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.bench_serving import bench_serving
 from harness.server import RUN_ENV, RUNS, kill_servers_on_exit, serving
+from harness.results import read_json
 
 METRICS = ("median_tpot_ms", "median_itl_ms", "output_tok_s")
 
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redraw", type=Path, help="only draw the PNG from this serve_tpot.json (no GPU needed)")
     args = ap.parse_args(argv)
     if args.redraw:
-        saved = json.loads(args.redraw.read_text())
+        saved = read_json(args.redraw)
         print(table(saved["summary"]))
         plot(saved["summary"], saved["title"], args.redraw.with_suffix(".png"))
         return 0

@@ -26,8 +26,8 @@ from typing import Optional
 import torch
 
 from . import decode_plan, extend, library, settings
-from . import numerics as nx
 from . import ops
+from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 from .pool import SnapMLATokenToKVPool
 
 
@@ -62,9 +62,9 @@ class SnapMLAForward:
         """-> q_nope [T, H, 512], q_rope [T, H, 64] (views) from the absorbed split form or the concatenated one."""
         heads = layer.tp_q_head_num
         if q_rope is not None:
-            return q.view(-1, heads, nx.KV_LORA_RANK), q_rope.view(-1, heads, nx.ROPE_DIM)
-        q = q.view(-1, heads, nx.KV_LORA_RANK + nx.ROPE_DIM)
-        return q[..., : nx.KV_LORA_RANK], q[..., nx.KV_LORA_RANK:]
+            return q.view(-1, heads, KV_LORA_RANK), q_rope.view(-1, heads, ROPE_DIM)
+        q = q.view(-1, heads, KV_LORA_RANK + ROPE_DIM)
+        return q[..., : KV_LORA_RANK], q[..., KV_LORA_RANK:]
 
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
         """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
@@ -76,7 +76,7 @@ class SnapMLAForward:
                                 q_rope_al.view(batch, s_q, heads, -1),
                                 *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
-        return out.view(-1, heads * nx.KV_LORA_RANK)
+        return out.view(-1, heads * KV_LORA_RANK)
 
     step_plan: Optional[StepPlan] = None  # the plan of the step that `plan_step` saw last
 
@@ -148,7 +148,7 @@ class SnapMLAForward:
         if mode.is_target_verify() or mode.is_draft_extend_v2():
             return self._decode_batch(q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope,
                                       s_q=self.num_draft_tokens)
-        if q_rope is None and layer.head_dim != nx.KV_LORA_RANK + nx.ROPE_DIM:
+        if q_rope is None and layer.head_dim != KV_LORA_RANK + ROPE_DIM:
             # MHA prefill (ragged, one-shot or chunked prefix; a layer of the model's head dim, e.g. 192): FlashInfer's
             # path; the prefix comes from pool.get_mla_kv_buffer, i.e. fetch-dequant (as FlashMLABackend's). The
             # absorbed MQA layer (head dim 576 = latent + RoPE) goes below, its q split or concatenated.
@@ -165,7 +165,7 @@ class SnapMLAForward:
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         q_nope, q_rope = self._split_q(q, q_rope, layer)
         heads = layer.tp_q_head_num
-        out = q_nope.new_empty(q_nope.shape[0], heads * nx.KV_LORA_RANK)
+        out = q_nope.new_empty(q_nope.shape[0], heads * KV_LORA_RANK)
         for launch, plan in self._absorbed_launches(forward_batch, heads, q_nope.device):
             attended = self._attend(q_nope.index_select(0, launch.rows), q_rope.index_select(0, launch.rows), layer,
                                     launch.block_table, launch.seq_lens, plan)
@@ -259,7 +259,7 @@ def backend_class() -> type:
                     f"{type(self.token_to_kv_pool).__name__}: the sglang_snapmla plugin did not load here "
                     "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
             # Static page bound for the split heuristic: the same number at capture and at every replay.
-            self.max_pages = math.ceil(self.max_context_len / nx.PAGE_SIZE) + 1
+            self.max_pages = math.ceil(self.max_context_len / PAGE_SIZE) + 1
             # The decode implementation resolved (and logged, once) at startup, outside any CUDA graph capture: the
             # prebuilt library's check and the extension's build run here, not inside the first captured decode.
             decode_plan.decode_impl()

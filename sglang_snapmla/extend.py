@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import numerics as nx
 from .settings import requested_extend_route
+from .layout import PAGE_SIZE
 
 EXTEND_ROUTES = ("auto", "mha", "absorbed")
 # A request joins the current launch while its new span fills at least this share of the launch's longest one:
@@ -149,13 +149,13 @@ def plan_absorbed_launches(extend_lens: list[int], seq_lens: list[int], req_pool
             src += range(b * s_q + pad, (b + 1) * s_q)
             dst += range(starts[i], starts[i] + extend_lens[i])
         lens = [seq_lens[i] for i in group]
-        max_pages = -(-max(lens) // nx.PAGE_SIZE)
+        max_pages = -(-max(lens) // PAGE_SIZE)
         members = torch.tensor(group, dtype=torch.int64).to(device, non_blocking=True)
-        columns = torch.arange(0, max_pages * nx.PAGE_SIZE, nx.PAGE_SIZE, device=device)
+        columns = torch.arange(0, max_pages * PAGE_SIZE, PAGE_SIZE, device=device)
         table = req_to_token[req_pool_indices.index_select(0, members)[:, None], columns[None, :]]
         launches.append(AbsorbedLaunch(
             s_q=s_q, max_pages=max_pages, rows=_index(rows, device), src=_index(src, device), dst=_index(dst, device),
-            block_table=(table // nx.PAGE_SIZE).to(torch.int32),
+            block_table=(table // PAGE_SIZE).to(torch.int32),
             seq_lens=torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True)))
     return launches
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from . import numerics as nx
 from . import decode_plan, ops
+from .layout import FP8_DTYPE, KV_LORA_RANK, ROPE_DIM
 
 Tensor = torch.Tensor
 
@@ -39,8 +39,8 @@ def _quantize_q(q_nope: Tensor, q_rope: Tensor) -> tuple[Tensor, Tensor, Tensor]
 @_quantize_q.register_fake
 def _(q_nope, q_rope):
     T, H, _ = q_nope.shape
-    return (q_nope.new_empty(T, H, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE),
-            q_nope.new_empty(T, H, dtype=torch.float32), q_rope.new_empty(T, H, nx.ROPE_DIM))
+    return (q_nope.new_empty(T, H, KV_LORA_RANK, dtype=FP8_DTYPE),
+            q_nope.new_empty(T, H, dtype=torch.float32), q_rope.new_empty(T, H, ROPE_DIM))
 
 
 @torch.library.custom_op("snapmla::decode", mutates_args=())
@@ -57,7 +57,7 @@ def _decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_
 def _(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale, impl, splits, slots,
       pdl, tiling, follows_q_quant):
     B, s_q, H, _ = q8.shape
-    return (q8.new_empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16),
+    return (q8.new_empty(B, s_q, H, KV_LORA_RANK, dtype=torch.bfloat16),
             q8.new_empty(B, H, s_q, dtype=torch.float32))
 
 
@@ -80,7 +80,7 @@ def _fetch_dequant(loc: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: T
 @_fetch_dequant.register_fake
 def _(loc, kv_content, kv_scale, kv_rope):
     n = loc.shape[0]
-    return (kv_rope.new_empty(n, nx.KV_LORA_RANK), kv_rope.new_empty(n, nx.ROPE_DIM))
+    return (kv_rope.new_empty(n, KV_LORA_RANK), kv_rope.new_empty(n, ROPE_DIM))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -24,9 +24,8 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, get_tensor_size_bytes, unwrap_write_loc
 
 from . import library
-from . import numerics as nx
 from . import ops
-from .layout import BYTES_PER_TOKEN
+from .layout import BYTES_PER_TOKEN, FP8_DTYPE, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
 
 class SnapMLATokenToKVPool(MLATokenToKVPool):
@@ -51,11 +50,11 @@ class SnapMLATokenToKVPool(MLATokenToKVPool):
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
             with torch.cuda.use_mem_pool(self.custom_mem_pool) if self.custom_mem_pool else nullcontext():
                 # zeros, not empty: a never-written slot must read back as finite values (scale 0 -> 0)
-                self.kv_buffer = [torch.zeros(n, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=self.device)
+                self.kv_buffer = [torch.zeros(n, KV_LORA_RANK, dtype=FP8_DTYPE, device=self.device)
                                   for _ in range(self.layer_num)]
                 self.kv_scale_buffer = [torch.zeros(n, dtype=torch.float32, device=self.device)
                                         for _ in range(self.layer_num)]
-                self.kv_rope_buffer = [torch.zeros(n, nx.ROPE_DIM, dtype=torch.bfloat16, device=self.device)
+                self.kv_rope_buffer = [torch.zeros(n, ROPE_DIM, dtype=torch.bfloat16, device=self.device)
                                        for _ in range(self.layer_num)]
 
     def _clear_buffers(self):
@@ -171,8 +170,8 @@ class SnapMLAHostRecords:
     layer_indices: tuple[int, ...]  # the pool's local layers, the host controller's layer ids
     device_layer_num: int
     page_size: int
-    kv_lora_rank: int = nx.KV_LORA_RANK
-    qk_rope_head_dim: int = nx.ROPE_DIM
+    kv_lora_rank: int = KV_LORA_RANK
+    qk_rope_head_dim: int = ROPE_DIM
     kv_cache_dim: int = BYTES_PER_TOKEN
     dtype: torch.dtype = torch.uint8
     packed_fp8: bool = False  # SGLang's DSA flag, read by its builders
@@ -185,11 +184,11 @@ class SnapMLAHostRecords:
 
 def check_pool_config(kv_lora_rank: int, qk_rope_head_dim: int, page_size: int, device) -> None:
     """The model/server settings the 644-byte layout supports; one clear error each."""
-    if kv_lora_rank != nx.KV_LORA_RANK or qk_rope_head_dim != nx.ROPE_DIM:
+    if kv_lora_rank != KV_LORA_RANK or qk_rope_head_dim != ROPE_DIM:
         raise ValueError(f"--attention-backend snapmla needs kv_lora_rank=512 and qk_rope_head_dim=64 (DeepSeek-V2/V3/"
                          f"R1, LongCat-Flash); this model has {kv_lora_rank} and {qk_rope_head_dim}. "
                          "Use another --attention-backend for it.")
-    if page_size != nx.PAGE_SIZE:
+    if page_size != PAGE_SIZE:
         raise ValueError(f"--attention-backend snapmla stores the cache in 64-token pages; got --page-size {page_size}. "
                          "Pass --page-size 64 (or leave it unset).")
     if torch.device(device).type != "cuda" and not ops.interpreter_mode():

@@ -26,6 +26,7 @@ from pathlib import Path
 from harness.bench_serving import bench_serving
 from harness.probes import POOL_FLAGS, generate_level, token_errors, workload
 from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
+from harness.results import read_json
 
 VARIANTS = ("eager", "compiled")
 REFERENCE = "flashmla"  # its eager server: the accuracy gate's reference, flashmla BF16
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reprint", type=Path, help="only print the tables of this check_torch_compile.json")
     args = ap.parse_args(argv)
     if args.reprint:
-        results = json.loads(args.reprint.read_text())
+        results = read_json(args.reprint)
         print(f"{table(results)}\n\n{reference_table(against_reference(results))}")
         return 0
     if not args.model:

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import host_us, make_inputs, time_graph
+from harness.results import read_json
 from sglang_snapmla import decode_plan, library, ops
 
 ISSUED = 20  # layers issued back to back per host-time measurement, well inside the GPU's launch queue
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--redraw", type=Path, help="only draw the PNG from this eager_layer.json (no GPU needed)")
     args = ap.parse_args(argv)
     if args.redraw:
-        saved = json.loads(args.redraw.read_text())
+        saved = read_json(args.redraw)
         print(table(saved["rows"]))
         plot(saved["rows"], saved["gpu"], args.redraw.with_suffix(".png"))
         return 0

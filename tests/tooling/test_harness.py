@@ -57,3 +57,31 @@ def test_a_port_another_socket_holds_is_refused_before_the_server_starts(monkeyp
     log.close()
     server._live_servers.discard(proc.pid)
     assert len(started) == 1
+
+
+def test_saved_json_is_read_plain_or_xz_compressed(tmp_path):
+    """harness.results.read_json / stored: NAME.json where it exists, else NAME.json.xz (results/ keeps large JSON so);
+    a path given with .xz is read through lzma; load_results resumes from either form."""
+    import json
+    import lzma
+
+    from harness.results import load_results, read_json, stored
+
+    data = {"m": {"snapmla": {"workloads": {"w": {"total_tok_s": 1.5}}}}}
+    xz = tmp_path / "serve_matrix.json.xz"
+    with lzma.open(xz, "wt") as f:
+        json.dump(data, f)
+    plain = tmp_path / "serve_matrix.json"
+    assert stored(plain) == xz and read_json(plain) == data and read_json(xz) == data
+    assert load_results(plain, None, resume=True) == data
+    plain.write_text(json.dumps({"plain": 1}))
+    assert stored(plain) == plain and read_json(plain) == {"plain": 1}
+
+
+def test_results_folder_stays_small():
+    """The tracked results stay under 6 MB: large JSON and text compressed, server logs as excerpts (results/README)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "results"
+    total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    assert total <= 6_000_000, f"results/ holds {total / 1e6:.2f} MB"

@@ -21,6 +21,6 @@ mkdir -p .gpucache/results
 cp $SWEEP/fp8_outlier_sweep.json .gpucache/results/fp8_outlier_sweep_h$HEADS.json
 cp $SWEEP/fp8_outlier_sweep.png .gpucache/results/fp8_outlier_sweep_h$HEADS.png
 cp $CKPT/train_log.json .gpucache/results/train_log_h$HEADS.json
-tar czf .gpucache/results/sweep_server_logs_h$HEADS.tgz -C $SWEEP $(cd $SWEEP && ls *.log)
+tar cJf .gpucache/results/sweep_server_logs_h$HEADS.tar.xz -C $SWEEP $(cd $SWEEP && ls *.log)
 cp .gpucache/results/* "$OUT/" 2>/dev/null
 echo "sweep h$HEADS done"
