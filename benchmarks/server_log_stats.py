@@ -20,15 +20,10 @@ Under DP attention every rank logs its own batches, tagged `DPn` (`decode_lines`
 from __future__ import annotations
 
 import argparse
-import re
-from datetime import datetime
 from pathlib import Path
 
-from harness.server_log import BATCH_LINE, decode_lines, field, peak_running_requests, prefill_intake, read_log
-
-_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)")
-_ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
-
+from harness.server_log import (BATCH_LINE, decode_lines, field, peak_running_requests, prefill_intake, read_log,
+                                startup_report)
 
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
@@ -43,28 +38,6 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
         "prefill_span_s": intake["prefill_span_s"],
         "prefill_batches": intake["prefill_batches"],
     }
-
-
-def startup_report(text: str, gaps: int = 4) -> dict:
-    """A server log's start -> {"log_to_ready_s": first log line to "fired up" (None if it never was; Python's
-    imports before the first line are not in the log), "engine": SGLang's "Engine startup timings" (seconds by name,
-    cuda_graph's parts as "cuda_graph.decode" etc.), "silences": the `gaps` longest times between two consecutive log
-    lines before ready, longest first, as (seconds, the line that ended it, cut to 120 characters)}."""
-    stamped = [(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"), m.group(2))
-               for m in map(_STAMP.match, text.splitlines()) if m]
-    ready = next((i for i, (_, msg) in enumerate(stamped) if "fired up" in msg), None)
-    start = stamped[: (ready + 1) if ready is not None else len(stamped)]
-    engine = {}
-    for _, msg in start:
-        m = _ENGINE_TIMINGS.search(msg)
-        if m:
-            flat = re.sub(r"(\w+)=\{([^}]*)\}", lambda g: ", ".join(f"{g.group(1)}.{kv.strip()}"
-                                                                   for kv in g.group(2).split(",")), m.group(1))
-            engine = {k.strip(): float(v) for k, v in (kv.split("=") for kv in flat.split(","))}
-    silences = sorted((((b[0] - a[0]).total_seconds(), b[1][:120]) for a, b in zip(start, start[1:])),
-                      key=lambda g: -g[0])[:gaps]
-    return {"log_to_ready_s": (stamped[ready][0] - stamped[0][0]).total_seconds() if ready is not None else None,
-            "engine": engine, "silences": silences}
 
 
 def main(argv: list[str] | None = None):

@@ -12,7 +12,7 @@ folder lies there too). The cold pass empties them first; the warm pass starts o
 
 Per server: seconds from process start to /health answering 200 ("to ready", 0.5 s resolution), the first greedy
 request after it (a path the server's own warm-up did not compile shows here), and the log's phases
-(server_log_stats.startup_report: SGLang's engine timings, the longest silences and the line that ended each).
+(harness.server_log.startup_report: SGLang's engine timings, the longest silences and the line that ended each).
 Goals against flashmla BF16 (GOALS): warm, snapmla's decode-graph capture <= 1.5x flashmla's and to ready <=
 flashmla's + 10 s; cold, to ready <= flashmla's + 30 s. Prints the table and the goals, writes startup.json and
 startup.png.
@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.server_log_stats import startup_report
+from harness.server_log import startup_report
 from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 # every compile cache a start fills, by the variable that moves it (docs/DEPLOY.md, "Start-up time")

@@ -3,6 +3,7 @@
 import lzma
 
 from benchmarks import server_log_stats as sls
+from harness import server_log
 
 
 def _prefill(t, queued, usage=0.01):
@@ -55,10 +56,10 @@ cuda_graph={prefill=0.00, decode=67.53, target_verify=0.00}, tokenizer_e2e=108.8
 
 
 def test_the_startup_report_names_where_the_start_went():
-    r = sls.startup_report(STARTUP, gaps=3)
+    r = server_log.startup_report(STARTUP, gaps=3)
     assert r["log_to_ready_s"] == 138.0  # 23:41:50 to 23:44:08; the decode line after ready is not the start
     assert r["engine"]["cuda_graph.decode"] == 67.53 and r["engine"]["tokenizer_e2e"] == 108.88
     assert r["engine"]["load_weight"] == 0.15 and "cuda_graph.target_verify" in r["engine"]
     assert [round(s) for s, _ in r["silences"]] == [62, 36, 32]
     assert r["silences"][0][1].startswith("Using default MoE kernel config")
-    assert sls.startup_report("[2026-11-22 23:41:50] never ready\n")["log_to_ready_s"] is None
+    assert server_log.startup_report("[2026-11-22 23:41:50] never ready\n")["log_to_ready_s"] is None
