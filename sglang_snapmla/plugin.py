@@ -27,8 +27,8 @@ What is registered:
   and, with --tokenizer-worker-num > 1, in each tokenizer worker (`tokenizer_workers`: SGLang loads no plugins there);
 * the hierarchical cache's host pool: `MLATokenToKVPoolHost.__init__` becomes `host_pool`'s
   644-byte-record pool over a snapmla device pool;
-* server-args steps (wrapped where each release offers it, `sglang_release`): a translation of SGLang's "no
-  accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
+* server-args steps (`server_policy.SERVER_ARGS_STEPS`, wrapped where each release offers it, `sglang_release`): a
+  translation of SGLang's "no accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
   error per setup `server_policy` refuses (a non-MLA model, kv_lora_rank != 512, rope != 64, a non-CUDA device, a
   --kv-cache-dtype other than auto / fp8_e4m3, HiCache outside what `host_pool` serves, mixing snapmla with another
   backend for prefill, decode or the MTP draft, ...), before any memory is allocated.
@@ -36,7 +36,6 @@ What is registered:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import sys
@@ -44,8 +43,9 @@ import sys
 import torch
 
 from . import sglang_release as release
-from .server_policy import (BACKEND, NO_GPU, SnapMLAConfigError, check_server_args, is_selected,
-                            print_config_errors_as_one_line, snapmla_decode_graph_max_bs)
+from . import server_policy
+from .server_policy import (BACKEND, SERVER_ARGS_STEPS, check_integration, integration_failure, is_selected,
+                            print_config_errors_as_one_line)
 
 # What snapmla servers report as their KV cache dtype to PD disaggregation's handshake, which compares only that
 # string: a snapmla server and a server with another layout (BF16, or FlashMLA's 576-byte FP8, both of which may
@@ -53,9 +53,6 @@ from .server_policy import (BACKEND, NO_GPU, SnapMLAConfigError, check_server_ar
 KV_LAYOUT = "snapmla_fp8_e4m3_644"
 logger = logging.getLogger(__name__)
 _registered = False
-# What `register()` found missing in the installed SGLang (`integration_errors`); the server-args pass and the backend
-# factory raise on it where snapmla is selected
-integration_errors_found: list[str] = []
 
 
 def register() -> None:
@@ -81,15 +78,16 @@ def register() -> None:
         if before[target] is not None:  # a missing target is reported below, not left to fail in apply_hooks
             HookRegistry.register(target, fn, kind)
     HookRegistry.apply_hooks()  # idempotent; load_plugins() applies them too
-    integration_errors_found[:] = integration_errors(before) + release.register_resolution_steps(SERVER_ARGS_STEPS)
-    for message in integration_errors_found:
+    found = server_policy.integration_errors_found
+    found[:] = integration_errors(before) + release.register_resolution_steps(SERVER_ARGS_STEPS)
+    for message in found:
         logger.error("%s", message)
     print_config_errors_as_one_line()
     _registered = True
-    if integration_errors_found and selected_on_command_line(sys.argv):
+    if found and selected_on_command_line(sys.argv):
         # Another SGLang release may run none of the hooks that refuse it later (the server-args pass) before it
         # allocates the pool. SGLang's plugin loader logs a plugin's exceptions and goes on; SystemExit stops it.
-        raise SystemExit(f"sglang-snapmla: {_integration_failure()}")
+        raise SystemExit(f"sglang-snapmla: {integration_failure()}")
 
 
 BACKEND_FLAGS = ("--attention-backend", "--prefill-attention-backend", "--decode-attention-backend")
@@ -161,19 +159,6 @@ def integration_errors(before: dict) -> list[str]:
     return out
 
 
-def _integration_failure() -> str:
-    """The one-line refusal for `integration_errors_found`: the first (the release, where that is the cause), and how
-    many more the log holds."""
-    more = len(integration_errors_found) - 1
-    return ("--attention-backend snapmla cannot run on this SGLang: " + integration_errors_found[0]
-            + (f" ({more} more integration errors logged above)" if more else ""))
-
-
-def _check_integration() -> None:
-    if integration_errors_found:
-        raise SnapMLAConfigError(_integration_failure())
-
-
 def _add_once(choices: list, name: str) -> None:
     if name not in choices:
         choices.append(name)
@@ -223,7 +208,7 @@ def _in_captured_prefill() -> bool:
 def _create_backend(model_runner):
     from .backend import create_snapmla_backend
 
-    _check_integration()
+    check_integration()
     backend = create_snapmla_backend(model_runner)
     model_runner.kv_cache_dtype_str = KV_LAYOUT  # read by PD disaggregation's handshake (KV_LAYOUT)
     return backend
@@ -237,18 +222,6 @@ def snapmla_kv_cache_dim(kv_cache_dtype: torch.dtype) -> int:
     from .layout import BYTES_PER_TOKEN
 
     return math.ceil(BYTES_PER_TOKEN / torch.empty((), dtype=kv_cache_dtype).element_size())
-
-
-def _no_accelerator_step(server_args, previous):
-    """Around SGLang's missing-default-values step, which resolves --device: on a machine without an accelerator
-    SGLang stops there with a generic RuntimeError at the end of a long traceback. Where snapmla is selected, say what
-    it needs."""
-    try:
-        return previous(server_args)
-    except RuntimeError as e:
-        if "No accelerator" in str(e) and is_selected(server_args):
-            raise SnapMLAConfigError(NO_GPU) from None
-        raise
 
 
 def _kv_cache_dim_hook(original, *args, **kwargs):
@@ -314,77 +287,3 @@ def _draft_extend_backend_hook(original, factory, *args, **kwargs):
 
     runner = factory.draft_model_runner
     return attn_backend_wrapper_for_draft_extend(runner, _create_backend(runner))
-
-
-def _graph_size_step(server_args, previous):
-    """Around SGLang's GPU-memory-settings step (defaults for chunked prefill, the decode graph sizes and the memory
-    fraction): where snapmla is selected and the user set no decode graph size, run it again with the decode graph
-    size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
-    the memory fraction, unless the user set one) follow the larger size. Wired on 0.5.17 only (`sglang_release`)."""
-    if (not is_selected(server_args) or _decode_graph_size_set_by_user(server_args)
-            or getattr(server_args, "device", "cuda") != "cuda"):  # no CUDA graphs to size (--device cpu)
-        return previous(server_args)
-    if getattr(server_args, "enable_dp_attention", False):
-        # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
-        # from the pool (memory fraction 0.59 -> 0.40 on an H100); each rank's batch is a DP share of the requests
-        logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; %s sets another",
-                    release.DECODE_GRAPH_SIZE_FLAG)
-        return previous(server_args)
-    fraction_unset = server_args.mem_fraction_static is None
-    result = previous(server_args)
-    decode = server_args.cuda_graph_config.decode
-    if not decode.max_bs or decode.backend == "disabled":
-        return result
-    default = decode.max_bs
-    decode.max_bs, decode.bs = snapmla_decode_graph_max_bs(default), None
-    if fraction_unset:
-        server_args.mem_fraction_static = None
-    result = previous(server_args)
-    logger.info("snapmla: decode CUDA graphs up to batch %d (SGLang's default for a BF16 pool: %d); "
-                "%s sets another size", decode.max_bs, default, release.DECODE_GRAPH_SIZE_FLAG)
-    return result
-
-
-def _decode_graph_size_set_by_user(server_args) -> bool:
-    """Whether a flag or --cuda-graph-config fixed the decode graph sizes (SGLang records them as locked)."""
-    locked = getattr(server_args, "_cuda_graph_config_locked", None)
-    if locked is None:
-        raise RuntimeError("--attention-backend snapmla: SGLang's server args have no _cuda_graph_config_locked (the "
-                           f"decode graph flags this plugin reads); pip install sglang=={release.GPU_VERIFIED}")
-    return any(phase == "decode" and key in ("max_bs", "bs") for phase, key in locked)
-
-
-def _page_size_step(server_args, previous):
-    """After SGLang's step at the page-size slot (`sglang_release`): check the setup and declare snapmla's page size,
-    through SGLang's own post-process mechanism (server args are read-only; declarations are applied at the end of
-    resolution)."""
-    from sglang.srt.arg_groups.overrides import run_post_process_pass
-
-    result = previous(server_args)
-    run_post_process_pass(server_args, snapmla_server_args_pass)
-    if is_selected(server_args) and not release.grows_decode_graphs():
-        log_default_graph_size()
-    return result
-
-
-@functools.lru_cache(maxsize=1)
-def log_default_graph_size() -> None:
-    """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process (cached:
-    `log_default_graph_size.cache_clear()` lets it log again)."""
-    logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
-                "only); %s sets another", release.installed(), release.GPU_VERIFIED, release.DECODE_GRAPH_SIZE_FLAG)
-
-
-SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,
-                     "handle_gpu_memory_settings": _graph_size_step, "page_size": _page_size_step}
-
-
-def snapmla_server_args_pass(view) -> dict:
-    """Post-process pass: nothing unless snapmla is selected; else the plugin's integration, the setup
-    (`server_policy.check_server_args`), and page size 64 declared."""
-    if not is_selected(view):
-        return {}
-    _check_integration()
-    return {"page_size": check_server_args(view)}
-
-

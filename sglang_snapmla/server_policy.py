@@ -1,13 +1,18 @@
-"""The server setups snapmla serves: one clear error per setup it cannot (raised while SGLang resolves its server
-args, before any memory is allocated), whether server args select snapmla, and the decode graph size its pool calls
-for. `plugin` runs these from SGLang's server-args steps; nothing here changes SGLang.
+"""The server setups snapmla serves, and SGLang's server-args steps that apply them: one clear error per setup it
+cannot serve (raised while SGLang resolves its server args, before any memory is allocated), whether server args
+select snapmla, the decode graph size its pool calls for, what `plugin.register` found missing in the installed SGLang,
+and the steps `plugin` wraps around SGLang's (`SERVER_ARGS_STEPS`, wired per release by `sglang_release`): the "no
+accelerator" error translated, the decode graphs grown, page size 64 declared after the setup's checks.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import sys
+
+from . import sglang_release as release
 
 
 BACKEND = "snapmla"
@@ -168,3 +173,107 @@ def _model_config(args):
                          f"{model_path} ({getattr(config, 'model_type', '?')}) has no kv_lora_rank. "
                          "Use another --attention-backend for it.")
     return config
+
+
+# -- the plugin's integration, as `plugin.register` found it -----------------------------------------------
+# What `register()` found missing in the installed SGLang (`integration_errors`); the server-args pass and the backend
+# factory raise on it where snapmla is selected
+integration_errors_found: list[str] = []
+
+
+def integration_failure() -> str:
+    """The one-line refusal for `integration_errors_found`: the first (the release, where that is the cause), and how
+    many more the log holds."""
+    more = len(integration_errors_found) - 1
+    return ("--attention-backend snapmla cannot run on this SGLang: " + integration_errors_found[0]
+            + (f" ({more} more integration errors logged above)" if more else ""))
+
+
+def check_integration() -> None:
+    if integration_errors_found:
+        raise SnapMLAConfigError(integration_failure())
+
+
+# -- SGLang's server-args steps, wrapped where snapmla is selected (`sglang_release` wires them per release) ----
+def _no_accelerator_step(server_args, previous):
+    """Around SGLang's missing-default-values step, which resolves --device: on a machine without an accelerator
+    SGLang stops there with a generic RuntimeError at the end of a long traceback. Where snapmla is selected, say what
+    it needs."""
+    try:
+        return previous(server_args)
+    except RuntimeError as e:
+        if "No accelerator" in str(e) and is_selected(server_args):
+            raise SnapMLAConfigError(NO_GPU) from None
+        raise
+
+
+def _graph_size_step(server_args, previous):
+    """Around SGLang's GPU-memory-settings step (defaults for chunked prefill, the decode graph sizes and the memory
+    fraction): where snapmla is selected and the user set no decode graph size, run it again with the decode graph
+    size of `snapmla_decode_graph_max_bs`, so that SGLang's capture list and its memory reserve for the graphs (and
+    the memory fraction, unless the user set one) follow the larger size. Wired on 0.5.17 only (`sglang_release`)."""
+    if (not is_selected(server_args) or _decode_graph_size_set_by_user(server_args)
+            or getattr(server_args, "device", "cuda") != "cuda"):  # no CUDA graphs to size (--device cpu)
+        return previous(server_args)
+    if getattr(server_args, "enable_dp_attention", False):
+        # SGLang reserves max_bs x dp_size x 4.5 MB for DP-attention graphs: 928 at DP 8 would take ~15 GB per GPU
+        # from the pool (memory fraction 0.59 -> 0.40 on an H100); each rank's batch is a DP share of the requests
+        logger.info("snapmla: decode CUDA graphs at SGLang's default size with DP attention; %s sets another",
+                    release.DECODE_GRAPH_SIZE_FLAG)
+        return previous(server_args)
+    fraction_unset = server_args.mem_fraction_static is None
+    result = previous(server_args)
+    decode = server_args.cuda_graph_config.decode
+    if not decode.max_bs or decode.backend == "disabled":
+        return result
+    default = decode.max_bs
+    decode.max_bs, decode.bs = snapmla_decode_graph_max_bs(default), None
+    if fraction_unset:
+        server_args.mem_fraction_static = None
+    result = previous(server_args)
+    logger.info("snapmla: decode CUDA graphs up to batch %d (SGLang's default for a BF16 pool: %d); "
+                "%s sets another size", decode.max_bs, default, release.DECODE_GRAPH_SIZE_FLAG)
+    return result
+
+
+def _decode_graph_size_set_by_user(server_args) -> bool:
+    """Whether a flag or --cuda-graph-config fixed the decode graph sizes (SGLang records them as locked)."""
+    locked = getattr(server_args, "_cuda_graph_config_locked", None)
+    if locked is None:
+        raise RuntimeError("--attention-backend snapmla: SGLang's server args have no _cuda_graph_config_locked (the "
+                           f"decode graph flags this plugin reads); pip install sglang=={release.GPU_VERIFIED}")
+    return any(phase == "decode" and key in ("max_bs", "bs") for phase, key in locked)
+
+
+def _page_size_step(server_args, previous):
+    """After SGLang's step at the page-size slot (`sglang_release`): check the setup and declare snapmla's page size,
+    through SGLang's own post-process mechanism (server args are read-only; declarations are applied at the end of
+    resolution)."""
+    from sglang.srt.arg_groups.overrides import run_post_process_pass
+
+    result = previous(server_args)
+    run_post_process_pass(server_args, snapmla_server_args_pass)
+    if is_selected(server_args) and not release.grows_decode_graphs():
+        log_default_graph_size()
+    return result
+
+
+@functools.lru_cache(maxsize=1)
+def log_default_graph_size() -> None:
+    """Where the plugin's larger decode graphs do not apply (`sglang_release`), once per process (cached:
+    `log_default_graph_size.cache_clear()` lets it log again)."""
+    logger.info("snapmla: decode CUDA graphs at SGLang's default size on SGLang %s (the plugin grows them on %s "
+                "only); %s sets another", release.installed(), release.GPU_VERIFIED, release.DECODE_GRAPH_SIZE_FLAG)
+
+
+SERVER_ARGS_STEPS = {"handle_missing_default_values": _no_accelerator_step,
+                     "handle_gpu_memory_settings": _graph_size_step, "page_size": _page_size_step}
+
+
+def snapmla_server_args_pass(view) -> dict:
+    """Post-process pass: nothing unless snapmla is selected; else the plugin's integration, the setup
+    (`server_policy.check_server_args`), and page size 64 declared."""
+    if not is_selected(view):
+        return {}
+    check_integration()
+    return {"page_size": check_server_args(view)}

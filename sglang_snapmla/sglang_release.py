@@ -4,7 +4,7 @@
 |---|---|---|---|
 | wrap a server-args step (missing defaults, GPU memory settings) | `ServerArgs._handle_*` methods, through `HookRegistry` | named steps of `arg_groups/pipeline.py`, through `arg_groups.resolution_hooks.register_resolution_hook` | 0.5.19-0.5.20 |
 | declare page size 64 before SGLang's default (1) | after `ServerArgs._handle_page_size` | after the `handle_attention_backend_compatibility` step (the page-size default pass runs after it and keeps a declared size) | 0.5.20 |
-| grow the default decode graph size (`plugin._graph_size_step`) | re-runs the step with a larger size | not applied: the step declares into the resolution record, which a second run cannot redo; SGLang's default size stays (logged once) | 0.5.20 |
+| grow the default decode graph size (`server_policy._graph_size_step`) | re-runs the step with a larger size | not applied: the step declares into the resolution record, which a second run cannot redo; SGLang's default size stays (logged once) | 0.5.20 |
 | `calculate_mla_kv_cache_dim` (the memory planner's bytes per token) | takes `server_args` | no `server_args`: the plugin reads the published ones (`runtime_context.get_server_args`) | 0.5.19 |
 | `DraftBackendFactory` | holds `server_args` | built from the draft model runner (`draft_model_runner.server_args`) | 0.5.18 |
 | FlashMLA page-table metadata (the SnapMLA backend's parent) | from `req_to_token` | from KV location plans (`forward_batch.kv_loc_plan`, `model_runner.kv_index_translator`) where reads are translated, else from `req_to_token` as before; reads are translated only with `--enable-unified-memory`, which the plugin refuses (with `--enable-kv-cache-sharding`) | 0.5.22 |

@@ -13,6 +13,7 @@ import torch
 
 from sglang_snapmla import layout
 from sglang_snapmla import numerics as nx
+from sglang_snapmla import server_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 V2_LITE = ROOT / "configs/models/deepseek-v2-lite-shape"
@@ -83,7 +84,7 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     if not sglang_release.grows_decode_graphs():  # 0.5.23: SGLang's default stays, and the server log says so
         assert args.cuda_graph_config.decode.max_bs == bf16.cuda_graph_config.decode.max_bs
         assert args.mem_fraction_static == bf16.mem_fraction_static
-        plugin.log_default_graph_size.cache_clear()
+        server_policy.log_default_graph_size.cache_clear()
         said = []
         monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
         _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
@@ -357,9 +358,9 @@ def test_another_sglang_or_an_unapplied_hook_stops_the_server(plugin, monkeypatc
     assert "no such function" in plugin.integration_errors({target: None})[0]
     monkeypatch.setattr(sglang, "__version__", "0.5.20")
     assert any("SGLang 0.5.20 is installed" in m for m in plugin.integration_errors({}))
-    monkeypatch.setattr(plugin, "integration_errors_found", [message])
+    monkeypatch.setattr(server_policy, "integration_errors_found", [message])
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
-        plugin.snapmla_server_args_pass(SimpleNamespace(attention_backend="snapmla"))
+        server_policy.snapmla_server_args_pass(SimpleNamespace(attention_backend="snapmla"))
     with pytest.raises(RuntimeError, match="cannot run on this SGLang"):
         _backend_factory()(SimpleNamespace())
 
