@@ -5,11 +5,11 @@
 
 Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's flags (page 64, context 32768,
 --mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
-/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0; `--range-ratio 0.5` draws each request's lengths in
-[half, all] of them). Prints a table (total and output tok/s, median TPOT / ITL / TTFT, pool tokens, peak running
-requests, ratios vs flashmla BF16 of the same call) and writes JSON. The decode-heavy burst of docs/BENCHMARKS.md:
-`--runs snapmla flashmla --input-len 1024 --output-len 1024 --range-ratio 0.5 --num-prompts 1500
---cuda-graph-max-bs 512 --extra --mem-fraction-static 0.60`.
+/v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0;
+`--range-ratio 0.5` draws each request's lengths in [half, all] of them). Prints a table (total and output tok/s, median
+TPOT / ITL / TTFT, pool tokens, peak running requests, ratios vs flashmla BF16 of the same call) and writes JSON. The
+decode-heavy burst of docs/BENCHMARKS.md: `--runs snapmla flashmla flashmla-fp8 --input-len 1024 --output-len 1024
+--range-ratio 0.5 --num-prompts 1500 --cuda-graph-max-bs 512 --extra --mem-fraction-static 0.60`.
 Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
 `--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
 `--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see tools/gpu_host/multi_gpu.sh).

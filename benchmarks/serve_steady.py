@@ -385,9 +385,10 @@ def main(argv: list[str] | None = None):
                 "max_running_requests": args.max_running_requests, "mem_fraction_static": args.mem_fraction_static,
                 "stream": not args.no_stream, "server_flags": args.server_flags}
     results = {"model": args.model, "workload": workload, "backends": {}}
-    if args.redraw and not stored(path).exists():
+    saved = stored(path).exists()
+    if args.redraw and not saved:
         raise SystemExit(f"--redraw: no {path}")
-    if (args.resume or args.redraw) and stored(path).exists():
+    if (args.resume or args.redraw) and saved:
         results = read_json(path)
         if results["model"] != args.model:
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")

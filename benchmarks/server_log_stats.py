@@ -25,6 +25,7 @@ from pathlib import Path
 from harness.server_log import (BATCH_LINE, decode_lines, field, peak_running_requests, prefill_intake, read_log,
                                 startup_report)
 
+
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
     decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)

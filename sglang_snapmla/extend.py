@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .settings import requested_extend_route
 from .layout import PAGE_SIZE
+from .settings import requested_extend_route
 
 EXTEND_ROUTES = ("auto", "mha", "absorbed")
 # A request joins the current launch while its new span fills at least this share of the launch's longest one:

@@ -28,10 +28,10 @@ What is registered:
 * the hierarchical cache's host pool: `MLATokenToKVPoolHost.__init__` becomes `host_pool`'s
   644-byte-record pool over a snapmla device pool;
 * server-args steps (`server_policy.SERVER_ARGS_STEPS`, wrapped where each release offers it, `sglang_release`): a
-  translation of SGLang's "no accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page size 64, and one clear
-  error per setup `server_policy` refuses (a non-MLA model, kv_lora_rank != 512, rope != 64, a non-CUDA device, a
-  --kv-cache-dtype other than auto / fp8_e4m3, HiCache outside what `host_pool` serves, mixing snapmla with another
-  backend for prefill, decode or the MTP draft, ...), before any memory is allocated.
+  translation of SGLang's "no accelerator" error where snapmla is selected, and a pass at SGLang's page-size slot: page
+  size 64, and one clear error per setup `server_policy` refuses (a non-MLA model, kv_lora_rank != 512, rope != 64, a
+  non-CUDA device, a --kv-cache-dtype other than auto / fp8_e4m3, HiCache outside what `host_pool` serves, mixing
+  snapmla with another backend for prefill, decode or the MTP draft, ...), before any memory is allocated.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import math
 import statistics
 import time
@@ -50,6 +49,7 @@ import torch
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from harness import reparameterize
 from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, held, token_errors, workload
+from harness.results import read_json
 
 ORIGINAL, CONTROL = "original", "control"
 FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
@@ -335,8 +335,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")
     args = ap.parse_args(argv)
     if args.redraw:  # a saved sweep, or its xz-compressed copy (results/accuracy)
-        text = lzma.open(args.redraw, "rt").read() if args.redraw.suffix == ".xz" else args.redraw.read_text()
-        report(json.loads(text), args.runs, Path(str(args.redraw).removesuffix(".xz")).with_suffix(".png"))
+        report(read_json(args.redraw), args.runs, Path(str(args.redraw).removesuffix(".xz")).with_suffix(".png"))
         return
     if args.model is None:
         ap.error("--model is required (or --redraw a saved sweep)")
