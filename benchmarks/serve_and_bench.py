@@ -7,7 +7,8 @@ Each run: `python -m sglang.launch_server --load-format dummy` with the anchor's
 --mem-fraction-static 0.80, --cuda-graph-max-bs 256, --grammar-backend none), then /generate,
 /v1/completions and /v1/chat/completions, then bench_serving random-ids in 4096 / out 512 (range ratio 1.0;
 `--range-ratio 0.5` draws each request's lengths in [half, all] of them). Prints a table (total and output tok/s, median
-TPOT / ITL / TTFT, pool tokens, peak running requests, ratios vs flashmla BF16 of the same call) and writes JSON. The
+TPOT / ITL / TTFT, pool tokens, peak running requests, the engine's output tok/s from the server log's batches during the
+measured call, ratios vs flashmla BF16 of the same call) and writes JSON. The
 decode-heavy burst of docs/BENCHMARKS.md: `--runs snapmla flashmla flashmla-fp8 --input-len 1024 --output-len 1024
 --range-ratio 0.5 --num-prompts 1500 --cuda-graph-max-bs 512 --extra --mem-fraction-static 0.60`.
 Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
@@ -25,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.bench_serving import bench_serving
-from harness.server_log import peak_running_requests, pool_tokens
+from harness.results import read_json, stored
+from harness.server_log import engine_span, peak_running_requests, pool_tokens, read_log
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server,
                             stop_server, wait_healthy)
 
@@ -57,10 +59,12 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     t0 = time.time()
+    log_path = out_dir / f"server_{name}.log"
     proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
-                                                *args.extra], out_dir / f"server_{name}.log", env=RUN_ENV.get(name),
+                                                *args.extra], log_path, env=RUN_ENV.get(name),
                             launcher=args.launcher)
     res = {"run": name, "cmd": proc.cmd}
+    measured_from = None  # the server log's size when the measured bench_serving call starts
     try:
         wait_healthy(port, proc, args.startup_timeout)
         res["startup_s"] = round(time.time() - t0, 1)
@@ -69,8 +73,10 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
             res["greedy_repeat"] = greedy_repeat(port)
         if args.num_prompts:
             if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
-                bench_serving(port, args.model, args.input_len, args.output_len, args.warmup_prompts,
-                              args.bench_timeout, seed=2)
+                bench_serving(port, args.model, args.input_len, args.warmup_output_len or args.output_len,
+                              args.warmup_prompts, args.bench_timeout, seed=2)
+            log.flush()
+            measured_from = log_path.stat().st_size
             metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
                                           args.bench_timeout, stream=not args.disable_stream,
                                           range_ratio=args.range_ratio)
@@ -80,12 +86,37 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         res["error"] = repr(e)[:300]
     finally:
         stop_server(proc, log)
-    text = (out_dir / f"server_{name}.log").read_text(errors="replace")
+    text = log_path.read_text(errors="replace")
     res["pool_tokens"] = pool_tokens(text)
     res["peak_running_req"] = peak_running_requests(text)
+    if measured_from is not None:
+        res.update(engine_rate(log_path.read_bytes()[measured_from:].decode(errors="replace"), res.get("output_tokens")))
     if "error" in res:
         res["server_log_tail"] = text[-3000:]
     return res
+
+
+def engine_rate(measured_log: str, output_tokens: float | None) -> dict:
+    """The engine's side of a run, from the server log lines the measured bench_serving call wrote: seconds from its
+    first prefill batch to its last decode batch, and the output tokens over them (1 s resolution). bench_serving's
+    own output rate also counts the streaming to its client, which bounds it in large streamed bursts."""
+    span = engine_span(measured_log)
+    return {"engine_span_s": span,
+            "engine_output_tok_s": round(output_tokens / span) if span and output_tokens else None}
+
+
+def reprint(folder: Path, min_queue: int) -> list[dict]:
+    """A saved run's results with the engine's span and rate from each run's server log in `folder` (whole logs:
+    `min_queue` marks where the measured call's intake starts); output tokens as bench_serving counted them (older
+    results: its output rate times its duration)."""
+    results = read_json(folder / "serve_bench.json")
+    for r in results:
+        log = stored(folder / f"server_{r['run']}.log")
+        tokens = r.get("output_tokens") or (r.get("output_tok_s") or 0) * (r.get("duration_s") or 0)
+        if log.exists():
+            span = engine_span(read_log(log), min_queue)
+            r.update(engine_span_s=span, engine_output_tok_s=round(tokens / span) if span and tokens else None)
+    return results
 
 
 def main():
@@ -94,6 +125,9 @@ def main():
     ap.add_argument("--runs", nargs="+", default=["snapmla", "flashmla"], choices=list(RUNS))
     ap.add_argument("--num-prompts", type=int, default=320)
     ap.add_argument("--warmup-prompts", type=int, default=16, help="unmeasured bench_serving run first (0: none)")
+    ap.add_argument("--warmup-output-len", type=int, default=None,
+                    help="output tokens per warm-up request (default: --output-len); the warm-up's prompts are always "
+                         "--input-len long, so long prompts with long outputs warm up in seconds")
     ap.add_argument("--input-len", type=int, default=4096)
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--range-ratio", type=float, default=1.0,
@@ -110,7 +144,15 @@ def main():
                     help="python -m sglang.launch_server, or the sglang CLI's serve subcommand")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more server flags (last)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--reprint", type=Path, metavar="DIR",
+                    help="print the table of a saved run (DIR/serve_bench.json), the engine's rate recomputed from the "
+                         "server logs in DIR (server_RUN.log[.xz]) from the first prefill batch with --min-queue "
+                         "requests waiting (a measured burst's intake; its warm-up sends fewer)")
+    ap.add_argument("--min-queue", type=int, default=0, help="with --reprint (see there)")
     args = ap.parse_args()
+    if args.reprint:
+        print(table(reprint(args.reprint, args.min_queue)))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     results = []
@@ -156,13 +198,15 @@ def table(results: list[dict]) -> str:
         return f"{r[key] / base[key]:.2f}x" if base and r.get(key) and base.get(key) else "-"
 
     lines = ["| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
-             "peak running req | output vs flashmla BF16 | TTFT vs flashmla BF16 | pool vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "peak running req | output vs flashmla BF16 | TTFT vs flashmla BF16 | pool vs flashmla BF16 | "
+             "engine output tok/s | engine vs flashmla BF16 |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
                      f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
                      f"{r.get('peak_running_req')} | {ratio(r, 'output_tok_s')} | {ratio(r, 'median_ttft_ms')} | "
-                     f"{ratio(r, 'pool_tokens')} |" + (f" error: {r['error']}" if "error" in r else ""))
+                     f"{ratio(r, 'pool_tokens')} | {r.get('engine_output_tok_s')} | {ratio(r, 'engine_output_tok_s')} |"
+                     + (f" error: {r['error']}" if "error" in r else ""))
     return "\n".join(lines)
 
 

@@ -22,6 +22,7 @@ METRICS = {
     "median_ttft_ms": r"Median TTFT \(ms\):\s+([\d.]+)",
     "duration_s": r"Benchmark duration \(s\):\s+([\d.]+)",
     "completed": r"Successful requests:\s+(\d+)",
+    "output_tokens": r"Total generated tokens:\s+(\d+)",
     "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
 }
 

@@ -81,6 +81,24 @@ def prefill_intake(text: str, min_queue: int = 0) -> dict:
             "prefill_span_s": (times[-1] - times[0]).total_seconds() if times else None}
 
 
+def engine_span(text: str, min_queue: int = 0) -> float | None:
+    """Seconds from the first prefill batch with at least `min_queue` requests waiting (`#queue-req`) to the last
+    decode batch after it (1 s resolution; None without either): how long the engine worked on the run whose log
+    slice `text` is. bench_serving's duration also holds the streaming of every token to its one client process,
+    which in a burst of 1 500 streamed requests outlasts the engine's work (docs/BENCHMARKS.md)."""
+    start = end = None
+    for line in text.splitlines():
+        m = BATCH_LINE.match(line)
+        if not m:
+            continue
+        if start is None:
+            if m.group(3) == "Prefill" and (field(line, "#queue-req") or 0) >= min_queue:
+                start = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+        elif m.group(3) == "Decode":
+            end = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")
+    return (end - start).total_seconds() if start and end else None
+
+
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[^\]]*\] (.*)")
 _ENGINE_TIMINGS = re.compile(r"Engine startup timings \(s\): (.*)")
 

@@ -234,7 +234,8 @@ def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
 def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatch, tmp_path):
     """serve_and_bench.py --disable-stream: the measured bench_serving call runs without streaming (so that the
     frontend does not set the duration); the warm-up call keeps its default; without the flag both stream.
-    --range-ratio reaches the measured call (the burst's lengths), the warm-up keeps fixed lengths."""
+    --range-ratio reaches the measured call (the burst's lengths), the warm-up keeps fixed lengths;
+    --warmup-output-len shortens the warm-up's outputs only."""
     import argparse
     import types
 
@@ -244,7 +245,7 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
 
     def fake_bench(port, model, input_len, output_len, num_prompts, timeout, seed=1, stream=True, range_ratio=1.0,
                    **kw):
-        calls.append((num_prompts, stream, range_ratio))
+        calls.append((num_prompts, output_len, stream, range_ratio))
         return {"total_tok_s": 1.0}, "text"
 
     monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
@@ -256,10 +257,11 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
         calls.clear()
         args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
                                   warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
-                                  disable_stream=flag, launcher="launch_server", range_ratio=0.5)
+                                  disable_stream=flag, launcher="launch_server", range_ratio=0.5,
+                                  warmup_output_len=None if flag else 2)
         res = sb.run_one("snapmla", args, tmp_path, 30000)
         assert "error" not in res, res
-        assert calls == [(4, True, 1.0), (64, not flag, 0.5)]
+        assert calls == [(4, 8 if flag else 2, True, 1.0), (64, 8, not flag, 0.5)]
 
 
 def test_serve_and_bench_table_divides_by_the_bf16_run_of_the_same_call():
@@ -268,13 +270,61 @@ def test_serve_and_bench_table_divides_by_the_bf16_run_of_the_same_call():
     from benchmarks import serve_and_bench as sb
 
     runs = [{"run": "snapmla", "total_tok_s": 30.0, "output_tok_s": 12.0, "median_ttft_ms": 500.0,
-             "pool_tokens": 1790, "peak_running_req": 9},
+             "pool_tokens": 1790, "peak_running_req": 9, "engine_output_tok_s": 26},
             {"run": "flashmla", "total_tok_s": 20.0, "output_tok_s": 10.0, "median_ttft_ms": 1000.0,
-             "pool_tokens": 1000, "peak_running_req": 5}]
+             "pool_tokens": 1000, "peak_running_req": 5, "engine_output_tok_s": 20}]
     row = sb.table(runs).splitlines()[2]
-    assert row.endswith("| 9 | 1.20x | 0.50x | 1.79x |"), row
+    assert row.endswith("| 9 | 1.20x | 0.50x | 1.79x | 26 | 1.30x |"), row
     alone = sb.table([runs[0], {"run": "flashmla", "error": "x"}]).splitlines()[2]
-    assert alone.endswith("| - | - | - |"), alone
+    assert alone.endswith("| - | - | - | 26 | - |"), alone
+
+
+def _batch_line(t: str, kind: str, queue: int) -> str:
+    return f"[2026-01-01 00:{t}] {kind} batch, #running-req: 4, #queue-req: {queue}, cuda graph: True\n"
+
+
+def test_engine_span_runs_from_the_first_admitting_prefill_to_the_last_decode():
+    """harness.server_log.engine_span: first prefill batch with >= min_queue waiting -> last decode batch after it;
+    decode lines before that prefill (a warm-up) and other lines do not count; None without a prefill or a decode."""
+    from harness.server_log import engine_span
+
+    log = "".join([_batch_line("00:01", "Decode", 0), _batch_line("00:05", "Prefill", 2),
+                   _batch_line("00:07", "Prefill", 300), _batch_line("00:09", "Decode", 0), "[x] other\n",
+                   _batch_line("01:02", "Decode", 0)])
+    assert engine_span(log) == 57.0
+    assert engine_span(log, min_queue=100) == 55.0
+    assert engine_span(log, min_queue=1000) is None
+    assert engine_span(_batch_line("00:05", "Prefill", 2)) is None
+
+
+def test_serve_and_bench_engine_rate_reads_only_the_measured_calls_log_lines(monkeypatch, tmp_path):
+    """run_one's engine rate: the output tokens bench_serving reports over the span of the batches the server logged
+    during the measured call; the warm-up's batches (logged before it) stay out."""
+    import argparse
+    import types
+
+    from benchmarks import serve_and_bench as sb
+
+    calls = []
+
+    def fake_bench(port, model, input_len, output_len, num_prompts, timeout, seed=1, **kw):
+        calls.append(num_prompts)
+        lines = ([_batch_line("00:00", "Prefill", 3), _batch_line("00:02", "Decode", 0)] if len(calls) == 1 else
+                 [_batch_line("00:10", "Prefill", 0), _batch_line("00:30", "Decode", 0)])
+        with open(tmp_path / "server_snapmla.log", "a") as f:  # as the server process appends to its log
+            f.write("".join(lines))
+        return {"total_tok_s": 1.0, "output_tokens": 4000.0}, "text"
+
+    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
+    monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
+    monkeypatch.setattr(sb, "bench_serving", fake_bench)
+    args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
+                              warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
+                              disable_stream=False, launcher="launch_server", range_ratio=0.5, warmup_output_len=None)
+    res = sb.run_one("snapmla", args, tmp_path, 30000)
+    assert calls == [4, 64] and res["engine_span_s"] == 20.0 and res["engine_output_tok_s"] == 200, res
 
 
 def test_launchers_build_the_two_documented_server_commands(monkeypatch):
