@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
 import threading
 from typing import Optional
@@ -30,6 +31,8 @@ from . import ops
 from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 from .pool import SnapMLATokenToKVPool
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
@@ -40,6 +43,32 @@ class StepPlan:
     decode: decode_plan.DecodePlan
     block_table: torch.Tensor
     seq_lens: torch.Tensor
+
+
+@dataclasses.dataclass
+class ExtendPlan:
+    """A prefill step (extend or mixed) as each of its layers runs it (`SnapMLAForward.plan_step`).
+
+    lengths: (new tokens per request, keys per request), the batch's `extend_seq_lens_cpu` and `seq_lens_cpu`, which a
+    layer's batch must match; absorbed: the route of a batch over a cached prefix (`extend.prefers_absorbed`), which
+    the plugin's dispatch handler applies to every layer; req_pool_indices [B]: each request's row of req_to_token;
+    launches: per head count, the absorbed-MLA launches and their decode plans, made at the step's first layer that
+    runs absorbed MLA (a batch the route sends to MHA needs none) and read by its other layers."""
+    lengths: tuple
+    absorbed: bool
+    req_pool_indices: torch.Tensor
+    launches: dict = dataclasses.field(default_factory=dict)
+
+
+def _extend_lengths(forward_batch) -> tuple:
+    return tuple(forward_batch.extend_seq_lens_cpu), tuple(forward_batch.seq_lens_cpu.tolist())
+
+
+@functools.lru_cache(maxsize=1)
+def _log_extend_replanned() -> None:
+    logger.warning("snapmla: a prefill layer got a batch whose lengths differ from its step's plan (the forward "
+                   "metadata was built on another view of the batch); the step is planned again from the layer's "
+                   "batch (logged once)")
 
 
 class SnapMLAForward:
@@ -78,13 +107,14 @@ class SnapMLAForward:
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * KV_LORA_RANK)
 
-    step_plan: Optional[StepPlan] = None  # the plan of the step that `plan_step` saw last
+    step_plan: Optional[StepPlan | ExtendPlan] = None  # the plan of the step that `plan_step` saw last
 
     def plan_step(self, forward_batch, graph_seq_lens: Optional[torch.Tensor] = None) -> None:
-        """Plan a decode, target verify or draft extend step for all of its layers, from the batch and FlashMLA's
-        metadata for it (the caller has just built that): the split count from the static page bound (`max_pages`),
-        not from the block table, whose width under CUDA graphs is that of the view SGLang captured with; the int32
-        lengths; the step's checks. Any other batch clears the plan.
+        """Plan a step for all of its layers from the batch and FlashMLA's metadata for it (the caller has just built
+        that). A decode, target verify or draft extend step: the split count from the static page bound
+        (`max_pages`), not from the block table, whose width under CUDA graphs is that of the view SGLang captured
+        with; the int32 lengths; the step's checks. A prefill step: its route (`ExtendPlan`). Any other batch clears
+        the plan.
         `graph_seq_lens`: under CUDA graphs (capture and every replay), a static int32 buffer of at least B entries,
         which the lengths are written into here, outside the graph, for the captured kernels to read; eager steps
         cast them to a new tensor."""
@@ -93,6 +123,9 @@ class SnapMLAForward:
             s_q = self.num_draft_tokens
         elif mode.is_decode_or_idle():
             s_q = 1
+        elif mode.is_extend_without_speculative():
+            self.step_plan = self._plan_extend(forward_batch)
+            return
         else:
             self.step_plan = None
             return
@@ -108,6 +141,22 @@ class SnapMLAForward:
         block_table = self.forward_metadata.block_kv_indices[:bs]
         ops.check_decode_step(block_table, seq_lens, plan, self.token_to_kv_pool.num_slots)
         self.step_plan = StepPlan(plan, block_table, seq_lens)
+
+    def _plan_extend(self, forward_batch) -> ExtendPlan:
+        extend_lens, seq_lens = _extend_lengths(forward_batch)
+        prefix_lens = [t - e for t, e in zip(seq_lens, extend_lens)]
+        return ExtendPlan((extend_lens, seq_lens), extend.prefers_absorbed(prefix_lens, list(extend_lens),
+                                                                           self.num_q_heads),
+                          forward_batch.req_pool_indices)
+
+    def extend_plan(self, forward_batch) -> ExtendPlan:
+        """The step's prefill plan for a layer's batch: the one `plan_step` made, or, where the layer's batch has other
+        lengths (forward metadata built on another view of the batch), a new one for it (logged once)."""
+        plan = self.step_plan
+        if not isinstance(plan, ExtendPlan) or plan.lengths != _extend_lengths(forward_batch):
+            _log_extend_replanned()
+            plan = self.step_plan = self._plan_extend(forward_batch)
+        return plan
 
     skips_flashmla_schedule = True  # False: SNAPMLA_FLASHMLA_SCHEDULE=1, FlashMLA's schedule computed (measurements)
     unread_schedules = 0  # how many FlashMLA tile schedules this backend has not computed
@@ -128,7 +177,7 @@ class SnapMLAForward:
     def _decode_batch(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope, s_q: int):
         """Write the new K, then attend with s_q query tokens per sequence as the step's plan says."""
         step, shape = self.step_plan, [forward_batch.batch_size, s_q, layer.tp_q_head_num]
-        planned = None if step is None else [step.decode.batch, step.decode.s_q, step.decode.heads]
+        planned = [step.decode.batch, step.decode.s_q, step.decode.heads] if isinstance(step, StepPlan) else None
         if planned != shape:
             raise RuntimeError(f"snapmla: this step's [batch, s_q, heads] is {shape} but its plan is for {planned}: "
                                "the backend's forward metadata (init_forward_metadata or "
@@ -160,7 +209,7 @@ class SnapMLAForward:
     def _absorbed_extend(self, q, k, layer, forward_batch, save_kv_cache, q_rope, k_rope):
         """Extend through absorbed MLA: each request's new tokens are s_q query tokens of the decode kernel (causal
         among them) over prefix + new tokens in the pool; requests of similar span share a launch
-        (`extend.plan_absorbed_launches`, planned once per batch). Rows of q past the batch's tokens (a padded
+        (`extend.plan_absorbed_launches`, planned once per step). Rows of q past the batch's tokens (a padded
         prefill-graph bucket) are left unwritten."""
         self._save(layer, forward_batch.out_cache_loc, k, k_rope, save_kv_cache)
         q_nope, q_rope = self._split_q(q, q_rope, layer)
@@ -172,26 +221,22 @@ class SnapMLAForward:
             out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
 
-    _planned_batch = None  # (forward batch, its lengths, its (launch, plan)s): every layer of a forward reuses them
-
     def _absorbed_launches(self, forward_batch, heads: int, device):
-        """-> [(launch, decode plan)] of the batch, planned and checked at its first absorbed layer, not in the
-        forward-metadata hooks: a prefill the route sends to MHA (`plugin`'s dispatch, per batch) needs no launches.
-        Eager (prefill outside CUDA graphs): each launch's decode is planned from its own longest sequence."""
-        # Held by reference, so the batch cannot be freed and another take its id; the lengths guard against a batch
-        # object reused with other contents.
-        key = (tuple(forward_batch.extend_seq_lens_cpu), tuple(forward_batch.seq_lens_cpu.tolist()))
-        if self._planned_batch is None or self._planned_batch[0] is not forward_batch \
-                or self._planned_batch[1] != key:
-            launches = extend.plan_absorbed_launches(list(key[0]), list(key[1]), forward_batch.req_pool_indices,
+        """-> [(launch, decode plan)] of the step, planned and checked at its first absorbed layer and kept in its
+        plan for the others. Eager (prefill outside CUDA graphs): each launch's decode is planned from its own
+        longest sequence."""
+        plan = self.extend_plan(forward_batch)
+        if heads not in plan.launches:
+            extend_lens, seq_lens = plan.lengths
+            launches = extend.plan_absorbed_launches(list(extend_lens), list(seq_lens), plan.req_pool_indices,
                                                      self.req_to_token)
             planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads,
                                                         launch.max_pages, device))
                        for launch in launches]
-            for launch, plan in planned:
-                ops.check_decode_step(launch.block_table, launch.seq_lens, plan, self.token_to_kv_pool.num_slots)
-            self._planned_batch = (forward_batch, key, planned)
-        return self._planned_batch[2]
+            for launch, decode in planned:
+                ops.check_decode_step(launch.block_table, launch.seq_lens, decode, self.token_to_kv_pool.num_slots)
+            plan.launches[heads] = planned
+        return plan.launches[heads]
 
 
 # -- FlashMLA's tile schedule, not computed ------------------------------------------------------------------

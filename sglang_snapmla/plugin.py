@@ -166,10 +166,11 @@ def _add_once(choices: list, name: str) -> None:
 
 def _dispatch_attention_method(attn, forward_batch):
     """DeepSeek/LongCat per-batch choice of MLA vs MHA. A prefill over a cached prefix takes the route the plugin's
-    cost model finds cheaper (`extend.prefers_absorbed`: absorbed MLA for few new tokens over a long prefix, MHA
-    prefill with the prefix fetch-dequantized otherwise), not SGLang's rule for flashmla (absorbed while the batch's
-    prefixes sum to < 8 192 tokens, whatever the new spans). Captured prefill graphs (absorbed, SGLang's choice),
-    servers with the chunked prefix cache disabled, and batches without a prefix keep SGLang's method."""
+    cost model finds cheaper (`extend.prefers_absorbed`, decided once per step in the backend's plan: absorbed MLA for
+    few new tokens over a long prefix, MHA prefill with the prefix fetch-dequantized otherwise), not SGLang's rule for
+    flashmla (absorbed while the batch's prefixes sum to < 8 192 tokens, whatever the new spans). Captured prefill
+    graphs (absorbed, SGLang's choice), servers with the chunked prefix cache disabled, and batches without a prefix
+    keep SGLang's method."""
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
 
@@ -177,7 +178,7 @@ def _dispatch_attention_method(attn, forward_batch):
     if (not forward_batch.forward_mode.is_extend_without_speculative() or attn.disable_chunked_prefix_cache
             or _in_captured_prefill()):
         return method
-    if _prefers_absorbed(forward_batch, attn.num_local_heads):
+    if _step_backend().extend_plan(forward_batch).absorbed:
         return AttnForwardMethod.MLA
     if method == AttnForwardMethod.MLA:
         if handlers._support_mha_one_shot(attn, forward_batch, BACKEND):
@@ -186,16 +187,17 @@ def _dispatch_attention_method(attn, forward_batch):
     return method
 
 
-_last_route: list = [None, None, None]  # [forward batch, heads, absorbed?]: every layer of a forward asks
+def _step_backend():
+    """The attention backend of the forward in progress (SGLang's forward context, as DeepSeek's own dispatch reads
+    it): the SnapMLA backend whose forward-metadata hook planned the step."""
+    from sglang.srt.model_executor.forward_context import get_attn_backend
 
-
-def _prefers_absorbed(forward_batch, heads: int) -> bool:
-    from .extend import prefers_absorbed
-
-    if _last_route[0] is not forward_batch or _last_route[1] != heads:  # held by reference: its id is not reused
-        _last_route[:] = [forward_batch, heads, prefers_absorbed(forward_batch.extend_prefix_lens_cpu,
-                                                                 forward_batch.extend_seq_lens_cpu, heads)]
-    return _last_route[2]
+    backend = get_attn_backend()
+    if not hasattr(backend, "extend_plan"):
+        raise RuntimeError(f"snapmla: the attention backend of this forward is {type(backend).__name__}, not a SnapMLA "
+                           "backend, so no step plan holds its prefill route; this SGLang setup is not one the plugin "
+                           "supports (sglang_snapmla.sglang_release)")
+    return backend
 
 
 def _in_captured_prefill() -> bool:

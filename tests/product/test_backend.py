@@ -124,8 +124,10 @@ def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, g
                                q_rope=torch.cat([qr, qr]))
 
 
-def test_absorbed_extend_writes_and_attends(setup, gen, heads):
+def test_absorbed_extend_writes_and_attends(setup, gen, heads, monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import extend
 
     H = heads
 
@@ -142,6 +144,10 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
     fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, extend_seq_lens_cpu=ext,
                          seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
+    backend.plan_step(fb)  # SGLang's forward-metadata hook, once per step
+    planned = []
+    plan_launches = extend.plan_absorbed_launches
+    monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: planned.append(a) or plan_launches(*a))
     out = backend.forward_extend(q, k, None, layer, fb, save_kv_cache=True, q_rope=qr, k_rope=kr)
     got_k, _ = pool.get_mla_kv_buffer(layer, loc)
     ref_k, _ = nx.dequantize_kv(nx.quantize_kv(k[:, 0], kr[:, 0]))
@@ -158,22 +164,31 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads):
     mqa = SimpleNamespace(**vars(layer), head_dim=512 + 64)
     again = backend.forward_extend(torch.cat([q, qr], -1), None, None, mqa, fb, save_kv_cache=False)
     assert torch.equal(again, out)
+    assert len(planned) == 1, "the step's layers share the launches its plan made at the first absorbed layer"
 
 
-def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup, gen, heads):
+def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup, gen, heads, caplog):
     """SGLang may hand the backend the same ForwardBatch object for another step with other lengths: the absorbed
-    extend must plan that step from its own lengths (each output against the spec), never reuse the plan of the
-    object's previous contents."""
+    extend must attend with that step's own lengths (each output against the spec), never with the plan of the
+    object's previous contents; a layer whose batch differs from the step's plan (metadata built on another view of
+    the batch) is planned again from its own batch, logged once."""
+    import logging
+
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import backend as backend_module
 
     backend, pool, layer = setup
     prefix = [100, 3]
     for b in range(2):
         fill(pool, layer, backend.req_to_token[b, : prefix[b] + 64], gen)
     fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=None, req_pool_indices=torch.tensor([0, 1]))
-    for ext in ([5, 61], [40, 2]):
+    backend_module._log_extend_replanned.cache_clear()
+    for ext, hooked in (([5, 61], True), ([40, 2], True), ([7, 30], False), ([9, 9], False)):
         fb.extend_seq_lens_cpu = ext
         fb.seq_lens_cpu = torch.tensor([p + e for p, e in zip(prefix, ext)])
+        if hooked:  # the forward-metadata hook ran for this step
+            backend.plan_step(fb)
         q = torch.randn(sum(ext), heads, 512, generator=gen).to(torch.bfloat16)
         qr = torch.randn(sum(ext), heads, 64, generator=gen).to(torch.bfloat16)
         out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
@@ -185,6 +200,8 @@ def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup
                             fb.seq_lens_cpu[b: b + 1].to(torch.int32))
             assert_close(out[rows].float().view(1, ext[b], heads, 512), ref, rel_l2=1e-2, what=f"{ext}: request {b}")
             start += ext[b]
+    replanned = [r for r in caplog.records if "planned again" in r.getMessage() and r.levelno == logging.WARNING]
+    assert len(replanned) == 1, "the two steps without their hook are planned again, and that is logged once"
 
 
 def test_absorbed_extend_batches_requests_of_unequal_spans(gen, heads):
@@ -221,6 +238,8 @@ def test_absorbed_extend_batches_requests_of_unequal_spans(gen, heads):
                          seq_lens_cpu=seq, req_pool_indices=order)
     launches = extend.plan_absorbed_launches(ext, seq.tolist(), order, backend.req_to_token)
     assert [(launch.s_q, launch.seq_lens.tolist()) for launch in launches] == [(61, [64, 118]), (5, [105, 4])]
+    backend.num_q_heads = H
+    backend.plan_step(fb)
     out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
     assert out.shape == (padded, H * 512)
     start = 0

@@ -4,6 +4,7 @@ and its pins, and the plugin's dispatch handler that applies it the way SGLang's
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sglang_snapmla import extend
 
@@ -61,9 +62,11 @@ def dispatch(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
 
-    from sglang_snapmla import plugin
-
+    from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+
+    from sglang_snapmla import plugin
+    from sglang_snapmla.backend import SnapMLAForward
 
     plugin.register()
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
@@ -77,12 +80,24 @@ def dispatch(monkeypatch):
 
     monkeypatch.setattr(handlers, "_handle_attention_backend", sglang_rule)
 
-    def run(prefix, ext, heads=16, mode=ForwardMode.EXTEND, disabled=False):
+    def run(prefix, ext, heads=16, mode=ForwardMode.EXTEND, disabled=False, layers=1):
+        """One step as SGLang runs it: the backend's forward-metadata hook plans it, then each layer of the model
+        asks the dispatch handler with SGLang's forward context naming the backend. -> the layers' methods (one
+        when `layers` is 1)."""
         attn = SimpleNamespace(num_local_heads=heads, disable_chunked_prefix_cache=disabled,
                                chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
         fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
-                             seq_lens_cpu=[p + e for p, e in zip(prefix, ext)], get_max_chunk_capacity=lambda: 1 << 17)
-        return handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb)  # what DeepSeek's model calls
+                             seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext)]),
+                             req_pool_indices=torch.arange(len(ext)), get_max_chunk_capacity=lambda: 1 << 17)
+        backend = SnapMLAForward()
+        backend.num_q_heads = heads
+        backend.plan_step(fb)
+        previous = set_forward_context(ForwardContext(attn_backend=backend))
+        try:  # what DeepSeek's model calls per layer
+            methods = [handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb) for _ in range(layers)]
+        finally:
+            set_forward_context(previous)
+        return methods[0] if layers == 1 else methods
 
     return run, AttnForwardMethod
 
@@ -108,3 +123,25 @@ def test_dispatch_keeps_sglangs_choice_in_captured_prefill(dispatch, monkeypatch
     monkeypatch.setattr(handlers, "_handle_attention_backend", lambda *a: M.MLA)  # SGLang pins MLA there
     assert run([4000], [4096]) == M.MLA
     assert run([0], [4096]) == M.MLA
+
+
+def test_the_route_is_decided_once_per_step_by_the_metadata_hook(dispatch, monkeypatch):
+    """Every layer of a step reads the route its plan holds: the cost model runs once per step (in the backend's
+    forward-metadata hook), not once per layer, and a new step is decided again."""
+    run, M = dispatch
+    decided = []
+    route = extend.prefers_absorbed
+    monkeypatch.setattr(extend, "prefers_absorbed", lambda *a: decided.append(a) or route(*a))
+    assert run([4096] * 16, [128] * 16, layers=27) == [M.MLA] * 27
+    assert len(decided) == 1
+    assert set(run([4000], [4096], layers=3)) <= {M.MHA_ONE_SHOT, M.MHA_CHUNKED_KV} and len(decided) == 2
+
+
+def test_a_dispatch_without_a_snapmla_backend_in_the_forward_context_is_refused(dispatch, monkeypatch):
+    from sglang_snapmla import plugin
+
+    from sglang.srt.model_executor import forward_context
+
+    monkeypatch.setattr(forward_context, "get_attn_backend", lambda: SimpleNamespace())
+    with pytest.raises(RuntimeError, match="not a SnapMLA backend"):
+        plugin._step_backend()

@@ -8,7 +8,8 @@ SnapMLA's pool replaces the kit's MLATokenToKVPool (same constructor), with Deep
 `test_the_fp8_tolerance_still_rejects_a_wrong_decode` shows what it still rejects.
 
 CPU machines run the eager kits: the Triton kernels in the interpreter, stand-ins for FlashInfer's wrappers (built by
-FlashMLABackend.__init__, used only by MHA prefill) and for sgl_kernel's FlashMLA metadata. The graph runners need the
+FlashMLABackend.__init__ and planned for every extend batch, used only by MHA prefill) and for sgl_kernel's FlashMLA
+metadata. The graph runners need the
 GPU (FlashMLABackend allocates its graph buffers on "cuda"); they drive SGLang's capture / replay metadata protocol
 but never capture a graph (tests/product/test_gpu_graph_protocol.py does).
 """
@@ -40,10 +41,16 @@ GRAPH_CAPTURE_BATCHES = {16: (8, 80), 128: (8, 40)}
 
 class _StandInFlashInferWrapper:
     """FlashInfer's prefill / MLA wrapper on a machine without FlashInfer's kernels: constructible (FlashMLABackend
-    builds them), unusable (MHA prefill runs on the GPU only)."""
+    builds them) and plannable (the prefill metadata SGLang builds for every extend batch plans them), unusable (MHA
+    prefill runs on the GPU only)."""
 
     def __init__(self, *args, **kwargs):
         pass
+
+    def plan(self, *args, **kwargs):
+        pass
+
+    begin_forward = plan
 
     def __getattr__(self, name):
         raise RuntimeError(f"FlashInfer is not available on this machine ({name})")
@@ -145,11 +152,17 @@ def test_the_fp8_tolerance_still_rejects_a_wrong_decode(kits, monkeypatch, bug):
                                            rtol=FP8_RTOL, **DIMS)
 
 
-@pytest.mark.gpu  # FlashInferMLAAttnBackend plans its prefill wrappers for every extend batch
-@pytest.mark.parametrize("heads", [16, 128])
-def test_absorbed_extend_eager(kits, heads):
+@pytest.mark.parametrize("heads", [16, pytest.param(128, marks=pytest.mark.gpu)])  # 128: minutes in the interpreter
+def test_absorbed_extend_eager(kits, heads, monkeypatch):
     """Prefill through the absorbed MQA layer (the kit passes q as latent + RoPE concatenated, no k): new spans over
-    page edges after prefixes of 0 to several pages."""
+    page edges after prefixes of 0 to several pages, planned by SGLang's own forward-metadata call for the batch (a
+    layer planning the step again would fail here)."""
+    from sglang_snapmla import backend
+
+    def replanned():
+        raise AssertionError("the layer's batch did not match the plan of SGLang's forward-metadata call")
+
+    monkeypatch.setattr(backend, "_log_extend_replanned", replanned)
     prefixes, spans = (0, 0, 8, 63, 64, 130), (1, 65, 56, 2, 64, 70)
     kits["mla"].run_mla_attention_case(_Case(), _case(kits, "EXTEND", heads, prefixes, spans), atol=FP8_ATOL,
                                        rtol=FP8_RTOL, **DIMS)
