@@ -390,3 +390,23 @@ def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
     assert ran == ["in32768-out1024"]
     kept = json.loads((tmp_path / "serve_matrix.json").read_text())[model]["flashmla"]["workloads"]
     assert set(kept) == {"latency-c1", "latency-c8", "in32768-out1024"}
+
+
+@pytest.mark.parametrize("folder, min_queue, quoted", [
+    ("burst_h200_graphs", 100, {"snapmla": ("9 289", "21 083"), "flashmla": ("8 912", "16 331")}),
+    ("long_context_h200/with_bf16", 5, {"snapmla": ("2 258", None), "flashmla": ("1 687", None)}),
+])
+def test_saved_serving_runs_reprint_to_what_the_docs_quote(folder, min_queue, quoted):
+    """`serve_and_bench --reprint` over the committed runs gives the output and engine rates docs/BENCHMARKS.md
+    quotes (rounded, thin-space thousands as there)."""
+    from pathlib import Path
+
+    from benchmarks import serve_and_bench as sb
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "BENCHMARKS.md").read_text()
+    runs = {r["run"]: r for r in sb.reprint(root / "results" / "serve" / folder, min_queue)}
+    for run, (output, engine) in quoted.items():
+        assert f"{round(runs[run]['output_tok_s']):,}".replace(",", " ") == output and output in docs, (run, output)
+        if engine:
+            assert f"{runs[run]['engine_output_tok_s']:,}".replace(",", " ") == engine and engine in docs, (run, engine)
