@@ -52,8 +52,9 @@ class ExtendPlan:
     lengths: (new tokens per request, keys per request), the batch's `extend_seq_lens_cpu` and `seq_lens_cpu`, which a
     layer's batch must match; absorbed: the route of a batch over a cached prefix (`extend.prefers_absorbed`), which
     the plugin's dispatch handler applies to every layer; req_pool_indices [B]: each request's row of req_to_token;
-    launches: per head count, the absorbed-MLA launches and their decode plans, made at the step's first layer that
-    runs absorbed MLA (a batch the route sends to MHA needs none) and read by its other layers."""
+    launches: per head count, the absorbed-MLA launches and their decode plans, made with the plan where the route is
+    absorbed, else at the step's first layer that runs absorbed MLA (SGLang's choice; a batch the route sends to MHA
+    needs none), and read by the step's other layers."""
     lengths: tuple
     absorbed: bool
     req_pool_indices: torch.Tensor
@@ -143,11 +144,30 @@ class SnapMLAForward:
         self.step_plan = StepPlan(plan, block_table, seq_lens)
 
     def _plan_extend(self, forward_batch) -> ExtendPlan:
+        """The route, and where it is absorbed MLA (then every layer of the step runs it), the launches too."""
         extend_lens, seq_lens = _extend_lengths(forward_batch)
         prefix_lens = [t - e for t, e in zip(seq_lens, extend_lens)]
-        return ExtendPlan((extend_lens, seq_lens), extend.prefers_absorbed(prefix_lens, list(extend_lens),
+        plan = ExtendPlan((extend_lens, seq_lens), extend.prefers_absorbed(prefix_lens, list(extend_lens),
                                                                            self.num_q_heads),
                           forward_batch.req_pool_indices)
+        if plan.absorbed:
+            self._plan_launches(plan, self.num_q_heads, plan.req_pool_indices.device)
+        return plan
+
+    def _plan_launches(self, plan: ExtendPlan, heads: int, device) -> list:
+        """The absorbed-MLA launches of `plan`'s batch with their decode plans, checked, kept in the plan per head
+        count. Eager (prefill outside CUDA graphs): each launch's decode is planned from its own longest sequence."""
+        if heads not in plan.launches:
+            extend_lens, seq_lens = plan.lengths
+            launches = extend.plan_absorbed_launches(list(extend_lens), list(seq_lens), plan.req_pool_indices,
+                                                     self.req_to_token)
+            planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads,
+                                                        launch.max_pages, device))
+                       for launch in launches]
+            for launch, decode in planned:
+                ops.check_decode_step(launch.block_table, launch.seq_lens, decode, self.token_to_kv_pool.num_slots)
+            plan.launches[heads] = planned
+        return plan.launches[heads]
 
     def extend_plan(self, forward_batch) -> ExtendPlan:
         """The step's prefill plan for a layer's batch: the one `plan_step` made, or, where the layer's batch has other
@@ -222,21 +242,10 @@ class SnapMLAForward:
         return out
 
     def _absorbed_launches(self, forward_batch, heads: int, device):
-        """-> [(launch, decode plan)] of the step, planned and checked at its first absorbed layer and kept in its
-        plan for the others. Eager (prefill outside CUDA graphs): each launch's decode is planned from its own
-        longest sequence."""
-        plan = self.extend_plan(forward_batch)
-        if heads not in plan.launches:
-            extend_lens, seq_lens = plan.lengths
-            launches = extend.plan_absorbed_launches(list(extend_lens), list(seq_lens), plan.req_pool_indices,
-                                                     self.req_to_token)
-            planned = [(launch, decode_plan.plan_decode(launch.seq_lens.shape[0], launch.s_q, heads,
-                                                        launch.max_pages, device))
-                       for launch in launches]
-            for launch, decode in planned:
-                ops.check_decode_step(launch.block_table, launch.seq_lens, decode, self.token_to_kv_pool.num_slots)
-            plan.launches[heads] = planned
-        return plan.launches[heads]
+        """-> [(launch, decode plan)] of the step: planned by its forward-metadata hook where the route is absorbed
+        MLA, else (SGLang's own choice of absorbed MLA: captured prefill, the chunked prefix cache disabled) at the
+        step's first absorbed layer; the other layers reuse them."""
+        return self._plan_launches(self.extend_plan(forward_batch), heads, device)
 
 
 # -- FlashMLA's tile schedule, not computed ------------------------------------------------------------------

@@ -144,10 +144,10 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads, monkeypatch):
     seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
     fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, extend_seq_lens_cpu=ext,
                          seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
-    backend.plan_step(fb)  # SGLang's forward-metadata hook, once per step
     planned = []
     plan_launches = extend.plan_absorbed_launches
     monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: planned.append(a) or plan_launches(*a))
+    backend.plan_step(fb)  # SGLang's forward-metadata hook, once per step
     out = backend.forward_extend(q, k, None, layer, fb, save_kv_cache=True, q_rope=qr, k_rope=kr)
     got_k, _ = pool.get_mla_kv_buffer(layer, loc)
     ref_k, _ = nx.dequantize_kv(nx.quantize_kv(k[:, 0], kr[:, 0]))
@@ -164,7 +164,42 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads, monkeypatch):
     mqa = SimpleNamespace(**vars(layer), head_dim=512 + 64)
     again = backend.forward_extend(torch.cat([q, qr], -1), None, None, mqa, fb, save_kv_cache=False)
     assert torch.equal(again, out)
-    assert len(planned) == 1, "the step's layers share the launches its plan made at the first absorbed layer"
+    assert len(planned) == 1, "the step's layers share the launches of its plan"
+
+
+@pytest.mark.parametrize("route", ["absorbed", "mha"])
+def test_a_step_the_route_sends_absorbed_is_planned_whole_by_its_hook(setup, gen, heads, monkeypatch, route):
+    """Where the route is absorbed MLA, the forward-metadata hook plans the launches with the route and no layer plans
+    again; where it is MHA (SGLang may still run absorbed MLA, e.g. in captured prefill), the first absorbed layer
+    plans them. Either way the output matches the spec."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import extend
+
+    backend, pool, layer = setup
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", route)
+    prefix, ext = [100, 3], [5, 61]
+    for b in range(2):
+        fill(pool, layer, backend.req_to_token[b, : prefix[b] + ext[b]], gen)
+    seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
+    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=None, extend_seq_lens_cpu=ext,
+                         seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
+    planned = []
+    plan_launches = extend.plan_absorbed_launches
+    monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: planned.append(a) or plan_launches(*a))
+    backend.plan_step(fb)
+    assert backend.step_plan.absorbed == (route == "absorbed") and len(planned) == (route == "absorbed")
+    q = torch.randn(sum(ext), heads, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(sum(ext), heads, 64, generator=gen).to(torch.bfloat16)
+    out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
+    assert len(planned) == 1
+    start = 0
+    for b in range(2):
+        rows = slice(start, start + ext[b])
+        ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
+                        backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
+        assert_close(out[rows].float().view(1, ext[b], heads, 512), ref, rel_l2=1e-2, what=f"request {b}")
+        start += ext[b]
 
 
 def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup, gen, heads, caplog):
