@@ -60,6 +60,37 @@ def reference(pool, q_nope, q_rope, block_table, seq_lens):
     return nx.snapmla_decode_reference(q, nx.LatentCache(kv, scale, rope), block_table, seq_lens, SCALE)[0]
 
 
+def extend_batch(prefix, ext, out_cache_loc=None):
+    """A ForwardBatch stand-in for an extend step of len(ext) requests in req_to_token rows 0, 1, ...: prefix[b]
+    cached tokens and ext[b] new ones each."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=out_cache_loc, extend_seq_lens_cpu=ext,
+                           seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext)]),
+                           req_pool_indices=torch.arange(len(ext)))
+
+
+def count_launch_plans(monkeypatch) -> list:
+    """The calls of extend.plan_absorbed_launches from here on, recorded (the planning still runs)."""
+    from sglang_snapmla import extend
+
+    calls, plan_launches = [], extend.plan_absorbed_launches
+    monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: calls.append(a) or plan_launches(*a))
+    return calls
+
+
+def assert_extend_matches_spec(backend, pool, out, q, qr, ext, seq):
+    """out [T, H * 512] of an extend whose request b owns ext[b] consecutive rows and the keys of block-table row b up
+    to seq[b], against the reference decode of each request's rows."""
+    heads, start = q.shape[1], 0
+    for b, e in enumerate(ext):
+        rows = slice(start, start + e)
+        ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
+                        backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
+        assert_close(out[rows].float().view(1, e, heads, 512), ref, rel_l2=1e-2, what=f"request {b}")
+        start += e
+
+
 def test_decode_and_target_verify(setup, gen, heads):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -125,10 +156,6 @@ def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, g
 
 
 def test_absorbed_extend_writes_and_attends(setup, gen, heads, monkeypatch):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    from sglang_snapmla import extend
-
     H = heads
 
     backend, pool, layer = setup
@@ -141,24 +168,15 @@ def test_absorbed_extend_writes_and_attends(setup, gen, heads, monkeypatch):
     k = torch.randn(total, 1, 512, generator=gen).to(torch.bfloat16)
     kr = torch.randn(total, 1, 64, generator=gen).to(torch.bfloat16)
     loc = torch.cat([backend.req_to_token[b, prefix[b]: prefix[b] + ext[b]] for b in range(2)]).long()
-    seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
-    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=loc, extend_seq_lens_cpu=ext,
-                         seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
-    planned = []
-    plan_launches = extend.plan_absorbed_launches
-    monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: planned.append(a) or plan_launches(*a))
+    fb = extend_batch(prefix, ext, loc)
+    seq = fb.seq_lens_cpu
+    planned = count_launch_plans(monkeypatch)
     backend.plan_step(fb)  # SGLang's forward-metadata hook, once per step
     out = backend.forward_extend(q, k, None, layer, fb, save_kv_cache=True, q_rope=qr, k_rope=kr)
     got_k, _ = pool.get_mla_kv_buffer(layer, loc)
     ref_k, _ = nx.dequantize_kv(nx.quantize_kv(k[:, 0], kr[:, 0]))
     assert torch.equal(got_k[:, 0], ref_k), "new tokens were not appended at out_cache_loc"
-    start = 0
-    for b in range(2):
-        rows = slice(start, start + ext[b])
-        ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
-                        backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
-        assert_close(out[rows].float().view(1, ext[b], H, 512), ref, rel_l2=1e-2, what=f"request {b}")
-        start += ext[b]
+    assert_extend_matches_spec(backend, pool, out, q, qr, ext, seq)
     # the absorbed MQA layer (head dim 576) called with q as latent + RoPE concatenated (no q_rope, as SGLang's
     # attention kits and concatenating model paths do) takes the same path, not MHA prefill
     mqa = SimpleNamespace(**vars(layer), head_dim=512 + 64)
@@ -172,34 +190,21 @@ def test_a_step_the_route_sends_absorbed_is_planned_whole_by_its_hook(setup, gen
     """Where the route is absorbed MLA, the forward-metadata hook plans the launches with the route and no layer plans
     again; where it is MHA (SGLang may still run absorbed MLA, e.g. in captured prefill), the first absorbed layer
     plans them. Either way the output matches the spec."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    from sglang_snapmla import extend
-
     backend, pool, layer = setup
     monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", route)
     prefix, ext = [100, 3], [5, 61]
     for b in range(2):
         fill(pool, layer, backend.req_to_token[b, : prefix[b] + ext[b]], gen)
-    seq = torch.tensor([p + e for p, e in zip(prefix, ext)])
-    fb = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=None, extend_seq_lens_cpu=ext,
-                         seq_lens_cpu=seq, req_pool_indices=torch.tensor([0, 1]))
-    planned = []
-    plan_launches = extend.plan_absorbed_launches
-    monkeypatch.setattr(extend, "plan_absorbed_launches", lambda *a: planned.append(a) or plan_launches(*a))
+    fb = extend_batch(prefix, ext)
+    seq = fb.seq_lens_cpu
+    planned = count_launch_plans(monkeypatch)
     backend.plan_step(fb)
     assert backend.step_plan.absorbed == (route == "absorbed") and len(planned) == (route == "absorbed")
     q = torch.randn(sum(ext), heads, 512, generator=gen).to(torch.bfloat16)
     qr = torch.randn(sum(ext), heads, 64, generator=gen).to(torch.bfloat16)
     out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
     assert len(planned) == 1
-    start = 0
-    for b in range(2):
-        rows = slice(start, start + ext[b])
-        ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
-                        backend.forward_metadata.block_kv_indices[b: b + 1], seq[b: b + 1].to(torch.int32))
-        assert_close(out[rows].float().view(1, ext[b], heads, 512), ref, rel_l2=1e-2, what=f"request {b}")
-        start += ext[b]
+    assert_extend_matches_spec(backend, pool, out, q, qr, ext, seq)
 
 
 def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup, gen, heads, caplog):
@@ -227,14 +232,7 @@ def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup
         q = torch.randn(sum(ext), heads, 512, generator=gen).to(torch.bfloat16)
         qr = torch.randn(sum(ext), heads, 64, generator=gen).to(torch.bfloat16)
         out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
-        start = 0
-        for b in range(2):
-            rows = slice(start, start + ext[b])
-            ref = reference(pool, q[rows].unsqueeze(0), qr[rows].unsqueeze(0),
-                            backend.forward_metadata.block_kv_indices[b: b + 1],
-                            fb.seq_lens_cpu[b: b + 1].to(torch.int32))
-            assert_close(out[rows].float().view(1, ext[b], heads, 512), ref, rel_l2=1e-2, what=f"{ext}: request {b}")
-            start += ext[b]
+        assert_extend_matches_spec(backend, pool, out, q, qr, ext, fb.seq_lens_cpu)
     replanned = [r for r in caplog.records if "planned again" in r.getMessage() and r.levelno == logging.WARNING]
     assert len(replanned) == 1, "the two steps without their hook are planned again, and that is logged once"
 
