@@ -75,7 +75,6 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
             if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
                 bench_serving(port, args.model, args.input_len, args.warmup_output_len or args.output_len,
                               args.warmup_prompts, args.bench_timeout, seed=2)
-            log.flush()
             measured_from = log_path.stat().st_size
             metrics, text = bench_serving(port, args.model, args.input_len, args.output_len, args.num_prompts,
                                           args.bench_timeout, stream=not args.disable_stream,
@@ -86,21 +85,23 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         res["error"] = repr(e)[:300]
     finally:
         stop_server(proc, log)
-    text = log_path.read_text(errors="replace")
+    raw = log_path.read_bytes()
+    text = raw.decode(errors="replace")
     res["pool_tokens"] = pool_tokens(text)
     res["peak_running_req"] = peak_running_requests(text)
     if measured_from is not None:
-        res.update(engine_rate(log_path.read_bytes()[measured_from:].decode(errors="replace"), res.get("output_tokens")))
+        res.update(engine_rate(raw[measured_from:].decode(errors="replace"), res.get("output_tokens")))
     if "error" in res:
         res["server_log_tail"] = text[-3000:]
     return res
 
 
-def engine_rate(measured_log: str, output_tokens: float | None) -> dict:
+def engine_rate(measured_log: str, output_tokens: float | None, min_queue: int = 0) -> dict:
     """The engine's side of a run, from the server log lines the measured bench_serving call wrote: seconds from its
-    first prefill batch to its last decode batch, and the output tokens over them (1 s resolution). bench_serving's
-    own output rate also counts the streaming to its client, which bounds it in large streamed bursts."""
-    span = engine_span(measured_log)
+    first prefill batch (with `min_queue` requests waiting) to its last decode batch, and the output tokens over them
+    (1 s resolution). bench_serving's own output rate also counts the streaming to its client, which bounds it in
+    large streamed bursts."""
+    span = engine_span(measured_log, min_queue)
     return {"engine_span_s": span,
             "engine_output_tok_s": round(output_tokens / span) if span and output_tokens else None}
 
@@ -114,8 +115,7 @@ def reprint(folder: Path, min_queue: int) -> list[dict]:
         log = stored(folder / f"server_{r['run']}.log")
         tokens = r.get("output_tokens") or (r.get("output_tok_s") or 0) * (r.get("duration_s") or 0)
         if log.exists():
-            span = engine_span(read_log(log), min_queue)
-            r.update(engine_span_s=span, engine_output_tok_s=round(tokens / span) if span and tokens else None)
+            r.update(engine_rate(read_log(log), tokens, min_queue))
     return results
 
 

@@ -235,18 +235,13 @@ class SnapMLAForward:
         q_nope, q_rope = self._split_q(q, q_rope, layer)
         heads = layer.tp_q_head_num
         out = q_nope.new_empty(q_nope.shape[0], heads * KV_LORA_RANK)
-        for launch, plan in self._absorbed_launches(forward_batch, heads, q_nope.device):
+        # the step's launches: planned by its forward-metadata hook where the route is absorbed MLA, else (SGLang's
+        # own choice of absorbed MLA: captured prefill, the chunked prefix cache disabled) at its first absorbed layer
+        for launch, plan in self._plan_launches(self.extend_plan(forward_batch), heads, q_nope.device):
             attended = self._attend(q_nope.index_select(0, launch.rows), q_rope.index_select(0, launch.rows), layer,
                                     launch.block_table, launch.seq_lens, plan)
             out.index_copy_(0, launch.dst, attended.index_select(0, launch.src))
         return out
-
-    def _absorbed_launches(self, forward_batch, heads: int, device):
-        """-> [(launch, decode plan)] of the step: planned by its forward-metadata hook where the route is absorbed
-        MLA, else (SGLang's own choice of absorbed MLA: captured prefill, the chunked prefix cache disabled) at the
-        step's first absorbed layer; the other layers reuse them."""
-        return self._plan_launches(self.extend_plan(forward_batch), heads, device)
-
 
 # -- FlashMLA's tile schedule, not computed ------------------------------------------------------------------
 # FlashMLA's metadata code, which the backend runs for its block table, also builds FlashMLA's own kernel schedule
