@@ -699,7 +699,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 // changes is that a query row's scores now lie in one accumulator column spread over the warpgroup's four warps, so
 // the page maximum is reduced across lanes (shuffles) and across warps (shared memory, one named barrier per page),
 // and l at the end the same way. Each thread holds two tokens (16 w + lane / 4 and + 8) of kN / 4 query rows.
-// Q takes kN rows of shared memory instead of 64, which leaves room for a fourth page stage.
+// Q takes kN rows of shared memory instead of 64, which leaves room for a fourth page stage. After the page loop no
+// block-wide barrier either: the row scales reach the PV warpgroups through an mbarrier ("rows_done", arrived by the
+// softmax warpgroup's warp 0, whose lanes also write the LSE rows).
 template <int kN>
 struct NarrowSmem {
   static constexpr int kStages = 4;
@@ -715,8 +717,8 @@ struct NarrowSmem {
   static constexpr int kRed = kRowF + 2 * kN * 4;         // 2 x [4 warps][kN] fp32: page maxima, then l
   static constexpr int kRowS = kRed + 2 * 4 * kN * 4;     // [kN] fp32 1 / l
   static constexpr int kRowL = kRowS + kN * 4;            // [kN] fp32 base-2 LSE
-  static constexpr int kBar = kRowL + kN * 4;  // full / empty per stage, pfull / pempty per P8, qfull
-  static constexpr int kBytes = kBar + (2 * kStages + 5) * 8 + 1024;
+  static constexpr int kBar = kRowL + kN * 4;  // full / empty per stage, pfull / pempty per P8, qfull, rows_done
+  static constexpr int kBytes = kBar + (2 * kStages + 6) * 8 + 1024;
   static_assert(kQTile % 1024 == 0 && kBar % 8 == 0, "narrow decode: shared-memory alignment");
   static_assert(kBytes <= 227 * 1024, "narrow decode: shared memory over the sm_90 per-CTA limit");
   static_assert(8 * kQTile <= kStages * kStagePitch, "the bf16 output tile [kN x 1024 B] reuses the stages");
@@ -759,10 +761,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
   uint64_t* pfull = empty + kSt;
   uint64_t* pempty = pfull + 2;
   uint64_t* qfull = pempty + 2;
+  uint64_t* rows_done = qfull + 1;  // the row scales (1 / l) published by the softmax warpgroup's warp 0
   if (t == 0) {
     for (int i = 0; i < kSt; ++i) mbar_init(full + i, kTmaArrivals), mbar_init(empty + i, kStageReleases);
     for (int i = 0; i < 2; ++i) mbar_init(pfull + i, kP8Publishers), mbar_init(pempty + i, kP8Consumers);
     mbar_init(qfull, kTmaArrivals);
+    mbar_init(rows_done, 32);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -952,11 +956,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
         if (lane < 4) rows_s[n] = inv, rows_l[n] = lse2;
       }
       __syncwarp();
-    }
-    __syncthreads();  // (1) row scales published
-    if (t < R) {
-      if (kFinal) lse_out[((int64_t)b * H + t % H) * S_Q + t / H] = rows_l[t] * 0.6931471805599453f;
-      else lse_part[((int64_t)b * R + t) * part_slots + split] = rows_l[t];
+      // every lane arrives: an arrival releases the arriving thread's own stores, and lanes 0..3 made them
+      mbar_arrive(rows_done);
+      if (t < R) {  // R <= kN <= 32: warp 0's lanes, which the __syncwarp above ordered after the stores
+        if (kFinal) lse_out[((int64_t)b * H + t % H) * S_Q + t / H] = rows_l[t] * 0.6931471805599453f;
+        else lse_part[((int64_t)b * R + t) * part_slots + split] = rows_l[t];
+      }
     }
   } else {
     // ---- PV warpgroups: wg 1 owns latent channels 0..255, wg 2 channels 256..511 ----
@@ -1004,13 +1009,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       wgmma_wait<0>();
       mbar_arrive(pempty + pb);
     }
-    __syncthreads();  // (1) row scales published (and the other PV warpgroup done with the stages the output reuses)
+    mbar_wait(rows_done, 0);  // the row scales are published
     float w[L::kCols];
 #pragma unroll
     for (int ii = 0; ii < L::kCols; ++ii) w[ii] = rows_s[col(ii)];
     if constexpr (kFinal) {
       // bf16 out [B, R, 512] through a [kN x 1024 B] tile in the stages (8 swizzled [kN x 128 B] boxes), then
-      // each PV warpgroup's first thread stores its 4 boxes by TMA (rows past R clipped)
+      // each PV warpgroup's first thread stores its 4 boxes by TMA (rows past R clipped). The softmax warpgroup's
+      // last read of a stage precedes its last P8 publication, which both PV warpgroups have waited for; the barrier
+      // waits for the other PV warpgroup's last transpose out of the stages.
+      bar_sync<4, 2 * kWarpgroup>();
       uint8_t* otile = smem + L::kStage0;
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
