@@ -57,6 +57,8 @@ constexpr int kWarpgroup = 128;  // threads
 // by every softmax thread and released by every PV thread
 constexpr int kTmaArrivals = 1, kStageReleases = kWarpgroup + 2, kP8Publishers = kWarpgroup,
               kP8Consumers = 2 * kWarpgroup;
+// the narrow kernel's row scales (1 / l) are published by every lane of the softmax warpgroup's warp 0
+constexpr int kRowScalePublishers = 32;
 constexpr float kLog2Fp8Max = 8.807354922057604f;  // log2(448): P8 = 2^(t - max t + log2 448) <= 448
 // softmax page references (the log-domain softmax): a page's reference stays within kRefGap of the row's running max; kNoRef stands
 // for "no key seen yet" (finite, so references subtract without NaN)
@@ -766,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
     for (int i = 0; i < kSt; ++i) mbar_init(full + i, kTmaArrivals), mbar_init(empty + i, kStageReleases);
     for (int i = 0; i < 2; ++i) mbar_init(pfull + i, kP8Publishers), mbar_init(pempty + i, kP8Consumers);
     mbar_init(qfull, kTmaArrivals);
-    mbar_init(rows_done, 32);
+    mbar_init(rows_done, kRowScalePublishers);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
