@@ -67,9 +67,9 @@ def _extend_lengths(forward_batch) -> tuple:
 
 @functools.lru_cache(maxsize=1)
 def _log_extend_replanned() -> None:
-    logger.warning("snapmla: a prefill layer got a batch whose lengths differ from its step's plan (the forward "
-                   "metadata was built on another view of the batch); the step is planned again from the layer's "
-                   "batch (logged once)")
+    logger.warning("snapmla: a prefill layer got a batch that its step's plan does not cover (no prefill plan, or one "
+                   "for other lengths: the forward metadata was not built for this batch, or on another view of it); "
+                   "the step is planned again from the layer's batch (logged once)")
 
 
 class SnapMLAForward:
