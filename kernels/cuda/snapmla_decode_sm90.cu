@@ -5,13 +5,13 @@
 //   loads   : pages arrive by TMA (one thread issues 4 content boxes + 1 RoPE box + a 256 B bulk copy of the scales
 //             per page) into three stages of 128 B-swizzled K-major tiles, "full" mbarrier per stage; a stage is
 //             refilled (by warpgroup 1's first thread) once its "empty" mbarrier says QK, the softmax's scale reads
-//             and both transposes are done with it, i.e. up to two pages ahead of the page being consumed.
+//             (released before the softmax's arithmetic) and both transposes are done with it, i.e. up to two pages
+//             ahead of the page being consumed.
 //   warpgroup 0 (softmax, no O): iteration c issues S(c+1) = Q8 K8^T (16 x m64n64k32 e4m3) + Q_rope' K_rope'^T
 //             (4 x m64n64k16 bf16; Q from registers, loaded once per split) -- one accumulation thanks to
 //             scale-domain alignment; issued in two parts, the first 8 content steps here and the rest between
 //             the softmax's two passes into a second accumulator, because a warp issuing WGMMAs is held once ~8 are
-//             in flight --, publishes P8(c-1) ("pfull") after the first part, so that
-//             PV(c-1) queues behind it on the tensor cores, then runs page c's online softmax (base 2):
+//             in flight --, then runs page c's online softmax (base 2) and publishes P8(c) ("pfull") at once:
 //             t = S sigma_q sigma_k + log2 sigma_k (masks only on the pages that need them), ref = rowmax(t),
 //             P8(c) = fp8(2^(t - ref + log2 448)) -- SnapMLA's amax-scaled P' = P sigma_k, evaluated in the log
 //             domain -- and the row factors, into the buffer of page parity once PV(c-2) has released it ("pempty").
@@ -474,6 +474,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
         kscale[2 * j] = !kMasked || col < valid ? k2.x : 0.f;
         kscale[2 * j + 1] = !kMasked || col + 1 < valid ? k2.y : 0.f;
       }
+      // QK(page) has completed and the token scales were this warpgroup's last reads of the stage: released now, so
+      // that its refill is not held until this page's softmax ends
+      mbar_arrive(empty + stage_index(page));
       // row reductions over 4 partials each: dependency chains of 4 instead of 16 (one warp per scheduler runs
       // this, so latency, not issue, bounds it)
       float mx0[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, mx1[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -542,20 +545,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
         rowf[row1] = f1;
       }
     };
-    // page c's softmax into P8 buffer (c - first) & 1, once PV(c - 2) is done with it; published (pfull) later
+    // page c's softmax into P8 buffer (c - first) & 1, once PV(c - 2) is done with it, published at once ("pfull")
     auto softmax_page = [&](float (&s)[32], int c, auto&& between_passes) {
       const int i = c - first, pb = i & 1;
       if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
       if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{}, between_passes);
       else softmax_to_p8(s, c, pb, std::true_type{}, between_passes);
-      mbar_arrive(empty + stage_index(c));  // QK(c) and the scales of page c are done with its stage
       fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
+      mbar_arrive(pfull + pb);
     };
-    // Iteration c: QK(c + 1) is queued on the tensor cores first, then P8(c - 1) is published, so PV(c - 1) queues
-    // behind it (QK is on this warpgroup's critical path, PV is not); then page c's softmax runs on `cur` while
-    // QK(c + 1) fills `nxt` and `nxt2` (its two parts), summed into `cur` at the end. The copy keeps the loop body one
-    // uniform step: two register sets would need a loop unrolled by two with a conditional odd page, a branch
-    // around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514). The last page is peeled.
+    // Iteration c: QK(c + 1)'s first part is queued on the tensor cores, then page c's softmax runs on `cur` while
+    // QK(c + 1) fills `nxt` and `nxt2` (its two parts), summed into `cur` at the end. P8(c) is published as soon as
+    // it is written: held until QK(c + 2) was issued, as the tensor cores' order would suggest, PV(c) and the
+    // transposes that free the stages wait on this warpgroup's wait for the next page (1-3 % slower on an H200).
+    // The copy keeps the loop body one uniform step: two register sets would need a loop unrolled by two with a
+    // conditional odd page, a branch around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514).
+    // The last page is peeled.
     float cur[32], nxt[32], nxt2[32];
     if (n_mine > 0) {
       mbar_wait(full, 0);
@@ -566,15 +571,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
       for (int c = first; c + 1 < last; ++c) {
         mbar_wait(full + stage_index(c + 1), use_parity(c + 1));
         issue_qk_part(nxt, c + 1, std::integral_constant<int, 0>{});
-        if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));
         softmax_page(cur, c, [&] { issue_qk_part(nxt2, c + 1, std::integral_constant<int, 1>{}); });
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < 32; ++j) cur[j] = nxt[j] + nxt2[j];
       }
-      if (last - 1 > first) mbar_arrive(pfull + ((last - 2 - first) & 1));
       softmax_page(cur, last - 1, [] {});
-      mbar_arrive(pfull + ((last - 1 - first) & 1));
     }
 #pragma unroll
     for (int x = 1; x < 4; x <<= 1) {  // the row's denominator: the sum of its four threads' partials
@@ -850,6 +852,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
         ksc[h] = !kMasked || tok0 + 8 * h < valid ? ks[tok0 + 8 * h] : 0.f;
         lg[h] = fast_log2(ksc[h]);  // -inf past the sequence end
       }
+      // the token scales were the stage's last bytes this warpgroup reads (QK(page) has completed): release it now,
+      // so that the page four ahead is requested while this page's softmax runs
+      mbar_arrive(empty + stage_index(page));
       float pm[L::kCols];
 #pragma unroll
       for (int i = 0; i < L::kCols; ++i) {
@@ -912,8 +917,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       if (i >= 2) mbar_wait(pempty + pb, ((i >> 1) - 1) & 1);
       if (c < unmasked_end) softmax_to_p8(s, c, pb, std::false_type{});
       else softmax_to_p8(s, c, pb, std::true_type{});
-      mbar_arrive(empty + stage_index(c));
       fence_async_smem();  // P8 is read by the PV warpgroups' WGMMAs (async proxy)
+      // published at once: PV(c) and the PV warpgroups' transpose of page c + 1 (which frees its stage for the load
+      // four pages ahead) then overlap this warpgroup's wait for page c + 2, instead of following it
+      mbar_arrive(pfull + pb);
     };
     float cur[L::kAcc], nxt[L::kAcc];
     if (n_mine > 0) {
@@ -923,15 +930,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       for (int c = first; c + 1 < last; ++c) {
         mbar_wait(full + stage_index(c + 1), use_parity(c + 1));
         issue_qk(nxt, c + 1);
-        if (c > first) mbar_arrive(pfull + ((c - 1 - first) & 1));  // PV(c - 1) queues behind QK(c + 1)
         softmax_page(cur, c);
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < L::kAcc; ++j) cur[j] = nxt[j];
       }
-      if (last - 1 > first) mbar_arrive(pfull + ((last - 2 - first) & 1));
       softmax_page(cur, last - 1);
-      mbar_arrive(pfull + ((last - 1 - first) & 1));
     }
     // l of each query row: over the warp's lanes, then the 4 warps (the buffer of parity n_mine: every thread has
     // passed the last page's barrier, so nobody reads it any more)
