@@ -51,6 +51,9 @@ RUNS["snapmla-triton"] = RUNS["snapmla"]  # snapmla with its Triton decode inste
 RUNS["snapmla-mha"] = RUNS["snapmla"]
 # snapmla computing FlashMLA's tile schedule every step, as SGLang's flashmla backend does (it never reads it)
 RUNS["snapmla-flashmla-schedule"] = RUNS["snapmla"]
+# Servers side by side serve PORT_STRIDE apart: SGLang derives a server's other ports from its HTTP port (under DP
+# attention its ZMQ and torch.distributed ports from port + 233 up to ~port + 260), so their ranges must not overlap
+PORT_STRIDE = 100
 RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"},  # run -> server environment
            "snapmla-triton": {"SNAPMLA_DECODE_IMPL": "triton"}, "snapmla-mha": {"SNAPMLA_EXTEND_ROUTE": "mha"},
            "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"},

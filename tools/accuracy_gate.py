@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.probes import POOL_FLAGS, PROBE_TOKENS, PROBES, generate_level, held, token_errors, workload
-from harness.server import RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
+from harness.server import PORT_STRIDE, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, serving
 
 LEVELS = (1, 8, 64, 160, 512)
 # Prefix reuse: after the level-1 pass the probes run alone once more, and all but their last page of prompt comes
@@ -46,10 +46,6 @@ RADIX = "radix"
 # --evict-tokens' prompts start with EVICT_FIRST_TOKEN + i (ids of the tokenizer's ordinary range), so that no two
 # share a cached prefix, however the fillers repeat
 EVICT_FIRST_TOKEN = 1000
-# Run i serves on --port + PORT_STRIDE x i: SGLang derives a server's ports from its HTTP port (under DP attention its
-# ZMQ and torch.distributed ports from port + 233 up to ~port + 260), so servers side by side (--concurrent) need
-# ranges that do not overlap
-PORT_STRIDE = 100
 # Gate bound: the error at any level <= GATE_FACTOR x the level-1 error + GATE_SLACK (nats per token)
 GATE_FACTOR, GATE_SLACK = 1.5, 0.01
 

@@ -30,6 +30,8 @@ The first run is the reference (flashmla BF16); every metric compares with the r
 reload that does not take effect would make every point look alike: after `original`, each server loads a control
 checkpoint that is a different model (the RoPE key x 8 without the query's compensation) and the sweep stops if
 the probes' output does not change.
+With `--concurrent` the runs after the reference are served side by side on the same GPU (each pool has a fixed
+size, so they fit), run i on --port + PORT_STRIDE x i: the sweep then takes two server lifetimes instead of one per run.
 Writes fp8_outlier_sweep.json (results accumulate: a run already measured is kept) and fp8_outlier_sweep.png,
 prints the tables.
 """
@@ -40,13 +42,14 @@ import argparse
 import json
 import math
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
+from harness.server import PORT_STRIDE, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from harness import reparameterize
 from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, held, token_errors, workload
 from harness.results import read_json
@@ -329,7 +332,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--latent-spread", type=float, default=16.0)
     ap.add_argument("--kernel-level", action="store_true", help="activation ranges and decode error (GPU)")
     ap.add_argument("--kernel-windows", type=int, default=8)
-    ap.add_argument("--port", type=int, default=24000)
+    ap.add_argument("--concurrent", action="store_true",
+                    help="after the reference run, serve the other runs at once on the same GPU, each measured by its "
+                         "own client (the pools are of a fixed size: they fit side by side)")
+    ap.add_argument("--port", type=int, default=24000, help="run i serves on port + PORT_STRIDE x i")
     ap.add_argument("--startup-timeout", type=float, default=600)
     ap.add_argument("--redraw", type=Path, default=None,
                     help="print the tables and draw the plot of a saved fp8_outlier_sweep.json; serves nothing")
@@ -356,21 +362,34 @@ def main(argv: list[str] | None = None) -> None:
         results["kernel"] = {p: kernel_level(path, windows) for p, path in points.items()}
         torch.cuda.empty_cache()  # the servers get the GPU's memory
         saved.write_text(json.dumps(results))
+    pending = []
     for i, name in enumerate(args.runs):
         if "points" in results["runs"].get(name, {}):
             print(f"{name}: kept from {saved}", flush=True)
-            continue
-        ref = results["runs"].get(args.runs[0], {}).get("points", {})
-        cont = next((p["continuations"] for p in ref.values() if "continuations" in p), None)
-        if i and cont is None:
-            raise SystemExit(f"the reference run {args.runs[0]} has no result: run it first")
+        else:
+            pending.append((i, name))
+    lock = threading.Lock()
+
+    def measure(job, cont):
+        i, name = job
         try:
-            results["runs"][name] = serve_run(name, points, control, held, args.port + i, args.out, cont,
-                                              args.startup_timeout)
+            run = serve_run(name, points, control, held, args.port + PORT_STRIDE * i, args.out, cont,
+                            args.startup_timeout)
         except Exception as e:  # reported in the table
-            results["runs"][name] = {"error": repr(e)[:400]}
-            print(f"{name}: {results['runs'][name]['error']}", flush=True)
-        saved.write_text(json.dumps(results))
+            run = {"error": repr(e)[:400]}
+            print(f"{name}: {run['error']}", flush=True)
+        with lock:
+            results["runs"][name] = run
+            saved.write_text(json.dumps(results))
+
+    if pending and pending[0][0] == 0:  # the reference first: the others are scored against its continuations
+        measure(pending.pop(0), None)
+    ref = results["runs"].get(args.runs[0], {}).get("points", {}) if args.runs else {}
+    cont = next((p["continuations"] for p in ref.values() if "continuations" in p), None)
+    if pending and cont is None:
+        raise SystemExit(f"the reference run {args.runs[0]} has no result: run it first")
+    with ThreadPoolExecutor(len(pending) if args.concurrent and pending else 1) as ex:
+        list(ex.map(lambda job: measure(job, cont), pending))
     results["rows"] = report(results, args.runs, args.out / "fp8_outlier_sweep.png")
     saved.write_text(json.dumps(results))
 

@@ -104,6 +104,50 @@ def _probe(ids, lps):
     return {"ids": ids, "logprobs": lps}
 
 
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_runs_after_the_reference_are_served_side_by_side_with_concurrent(points, tmp_path, monkeypatch, concurrent):
+    """The reference run is served alone and first (the others are scored against its continuations); with
+    --concurrent the other runs are then served at once, each PORT_STRIDE ports apart, without it one after
+    another; a failed run is recorded and the rest still run."""
+    import threading
+    import time
+
+    _, base = points
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in base.iterdir():
+        (model / f.name).symlink_to(f)
+    (model / "heldout.json").write_text(json.dumps({"ppl_windows": [[1, 2, 3]] * 3}))
+    live, events = set(), []
+    lock = threading.Lock()
+
+    def serve_run(name, pts, control, held, port, log_dir, cont, startup_timeout):
+        with lock:
+            events.append(("start", name, port, sorted(live), cont))
+            live.add(name)
+        time.sleep(0.3)  # long enough for a run started beside this one to be seen
+        with lock:
+            live.discard(name)
+        if name == "snapmla-triton":
+            raise RuntimeError("server did not start")
+        return {"points": {sweep.ORIGINAL: {"continuations": [[7]]} if name == "flashmla" else {}}}
+
+    monkeypatch.setattr(sweep, "serve_run", serve_run)
+    monkeypatch.setattr(sweep, "report", lambda results, runs, png: [])
+    out = tmp_path / "out"
+    sweep.main(["--model", str(model), "--out", str(out), "--alphas", "--port", "31000",
+                "--runs", "flashmla", "flashmla-fp8", "snapmla", "snapmla-triton",
+                *(["--concurrent"] if concurrent else [])])
+    first, *others = events
+    assert first == ("start", "flashmla", 31000, [], None)  # alone, and first
+    assert sorted(e[2] for e in others) == [31000 + sweep.PORT_STRIDE * i for i in (1, 2, 3)]
+    assert all(e[4] == [[7]] for e in others)  # scored against the reference's continuations
+    overlapped = any(e[3] for e in others)
+    assert overlapped == concurrent
+    saved = json.loads((out / "fp8_outlier_sweep.json").read_text())["runs"]
+    assert "error" in saved["snapmla-triton"] and all("points" in saved[r] for r in ("flashmla-fp8", "snapmla"))
+
+
 def test_point_rows_compare_with_the_reference_at_the_same_point():
     ref_probe, near, broken = _probe([1, 2], [-0.5, -1.0]), _probe([1, 2], [-0.6, -1.0]), _probe([7, 7], [None, None])
 

@@ -16,7 +16,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > .gpucache/cuda_build.log 2>&1 &
 train_checkpoint $CKPT $HEADS
 wait
-python3 -m tools.fp8_outlier_sweep --model $CKPT --out $SWEEP --kernel-level "$@"
+# the runs after the reference side by side on the GPU (--concurrent: their pools are of a fixed size)
+python3 -m tools.fp8_outlier_sweep --model $CKPT --out $SWEEP --kernel-level --concurrent "$@"
 mkdir -p .gpucache/results
 cp $SWEEP/fp8_outlier_sweep.json .gpucache/results/fp8_outlier_sweep_h$HEADS.json
 cp $SWEEP/fp8_outlier_sweep.png .gpucache/results/fp8_outlier_sweep_h$HEADS.png
