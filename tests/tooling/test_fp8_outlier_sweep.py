@@ -28,6 +28,18 @@ def points(tmp_path_factory):
     return sweep.make_points(base, base.parent / "points", [1.0, 1024.0], 16.0), base
 
 
+@pytest.fixture
+def model(points, tmp_path):
+    """The base checkpoint as the sweep reads it: its files and a heldout.json of three windows."""
+    _, base = points
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in base.iterdir():
+        (model / f.name).symlink_to(f)
+    (model / "heldout.json").write_text(json.dumps({"ppl_windows": [[1, 2, 3]] * 3}))
+    return model
+
+
 def test_points_and_control(points):
     pts, base = points
     assert list(pts) == [sweep.ORIGINAL, "alpha=1", "alpha=1024"]
@@ -75,15 +87,9 @@ def test_latent_sweep_shrinks_the_latent_and_snapmla_does_not_depend_on_beta(poi
     assert "| c_KV below 2^-6 |" in table and table.count("\n| beta=") == 2
 
 
-def test_no_runs_measures_the_kernel_level_only(points, tmp_path, monkeypatch, capsys):
+def test_no_runs_measures_the_kernel_level_only(model, tmp_path, monkeypatch, capsys):
     """`--runs` with no run and `--kernel-level`: every point's kernel level, a table and a plot, no server started;
     with neither, a clear error."""
-    _, base = points
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in base.iterdir():
-        (model / f.name).symlink_to(f)
-    (model / "heldout.json").write_text(json.dumps({"ppl_windows": [[1, 2, 3]] * 3}))
     layer = {"ranges": [{"k_rope_amax": 1.0, "c_kv_amax": 2.0, "q_amax": 3.0, "k_nan_in_fp8_cast": 0.0,
                          "q_rope_subnormal_in_fp8": 0.0, "c_kv_subnormal_in_fp8": 0.5}],
              "errors": {p: [{"rel_l2": 0.01, "one_minus_cos": 1e-4, "nan_rows": 0.0}] for p in sweep.PATHS}}
@@ -105,19 +111,13 @@ def _probe(ids, lps):
 
 
 @pytest.mark.parametrize("concurrent", [False, True])
-def test_runs_after_the_reference_are_served_side_by_side_with_concurrent(points, tmp_path, monkeypatch, concurrent):
+def test_runs_after_the_reference_are_served_side_by_side_with_concurrent(model, tmp_path, monkeypatch, concurrent):
     """The reference run is served alone and first (the others are scored against its continuations); with
     --concurrent the other runs are then served at once, each PORT_STRIDE ports apart, without it one after
     another; a failed run is recorded and the rest still run."""
     import threading
     import time
 
-    _, base = points
-    model = tmp_path / "model"
-    model.mkdir()
-    for f in base.iterdir():
-        (model / f.name).symlink_to(f)
-    (model / "heldout.json").write_text(json.dumps({"ppl_windows": [[1, 2, 3]] * 3}))
     live, events = set(), []
     lock = threading.Lock()
 
