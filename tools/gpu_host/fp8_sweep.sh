@@ -30,6 +30,7 @@ mkdir -p .gpucache/results
 for h in $HEADS; do
   SWEEP=.gpucache/sweep-h$h
   echo "== $h heads"; grep -v "^{" "$OUT/fp8_sweep_h$h.log" | tail -40
+  [ -f $SWEEP/fp8_outlier_sweep.json ] || { echo "sweep h$h: no results (its log: $OUT/fp8_sweep_h$h.log)"; continue; }
   cp $SWEEP/fp8_outlier_sweep.json .gpucache/results/fp8_outlier_sweep_h$h.json
   cp $SWEEP/fp8_outlier_sweep.png .gpucache/results/fp8_outlier_sweep_h$h.png
   cp .gpucache/tiny-mla-h$h/train_log.json .gpucache/results/train_log_h$h.json
