@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     };
     // Iteration c: QK(c + 1)'s first part is queued on the tensor cores, then page c's softmax runs on `cur` while
     // QK(c + 1) fills `nxt` and `nxt2` (its two parts), summed into `cur` at the end. P8(c) is published as soon as
-    // it is written: held until QK(c + 2) was issued, as the tensor cores' order would suggest, PV(c) and the
+    // it is written: held until QK(c + 2) is issued, as the tensor cores' order would suggest, it makes PV(c) and the
     // transposes that free the stages wait on this warpgroup's wait for the next page (1-3 % slower on an H200).
     // The copy keeps the loop body one uniform step: two register sets would need a loop unrolled by two with a
     // conditional odd page, a branch around a WGMMA, which makes ptxas serialize every WGMMA of the kernel (C7514).
