@@ -17,8 +17,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > .gpucache/cuda_build.log 2>&1 &
 for h in $HEADS; do train_checkpoint .gpucache/tiny-mla-h$h $h; done
 wait
-# per checkpoint one sweep, each on its own port range (a sweep's run i serves on its port + 100 i); within a sweep
-# the runs after the reference side by side too (--concurrent: their pools are of a fixed size)
+# per checkpoint one sweep, each on its own port range (a sweep's run i serves on its port + PORT_STRIDE x i,
+# harness/server.py's 100: 1000 apart leaves room for 10 runs); within a sweep the runs after the reference side by
+# side too (--concurrent: their pools are of a fixed size)
 i=0
 for h in $HEADS; do
   python3 -m tools.fp8_outlier_sweep --model .gpucache/tiny-mla-h$h --out .gpucache/sweep-h$h --kernel-level \
