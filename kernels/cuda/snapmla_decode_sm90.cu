@@ -718,12 +718,12 @@ struct NarrowSmem {
   static constexpr int kP8Bytes = kN * kPage;             // one P8 [kN rows x 64 B], K-major core matrices
   static constexpr int kP8 = kVT + 2 * kVTHalfBytes;      // 2 buffers (page parity)
   static constexpr int kRowF = kP8 + 2 * kP8Bytes;        // 2 x [kN] fp32 O rescale factors
-  static constexpr int kRed = kRowF + 2 * kN * 4;         // 2 x [4 warps][kN] fp32: page maxima, then l
+  static constexpr int kRed = kRowF + 2 * kN * 4;         // 2 x [kN][4 warps] fp32: page maxima, then l
   static constexpr int kRowS = kRed + 2 * 4 * kN * 4;     // [kN] fp32 1 / l
   static constexpr int kRowL = kRowS + kN * 4;            // [kN] fp32 base-2 LSE
   static constexpr int kBar = kRowL + kN * 4;  // full / empty per stage, pfull / pempty per P8, qfull, rows_done
   static constexpr int kBytes = kBar + (2 * kStages + 6) * 8 + 1024;
-  static_assert(kQTile % 1024 == 0 && kBar % 8 == 0, "narrow decode: shared-memory alignment");
+  static_assert(kQTile % 1024 == 0 && kRed % 16 == 0 && kBar % 8 == 0, "narrow decode: shared-memory alignment");
   static_assert(kBytes <= 227 * 1024, "narrow decode: shared memory over the sm_90 per-CTA limit");
   static_assert(8 * kQTile <= kStages * kStagePitch, "the bf16 output tile [kN x 1024 B] reuses the stages");
 };
@@ -739,8 +739,45 @@ __device__ __forceinline__ void wgmma_narrow_bf16(float* d, uint64_t desc_a, uin
   else wgmma_m64n32k16_bf16(d, desc_a, desc_b, accumulate);
 }
 
-__device__ __forceinline__ void st_shared_u8(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+// The narrow softmax's row reductions over a warp: a query row's 16 tokens of the warp lie in the 8 lanes of equal
+// lane % 4, and a thread holds kCols rows (kN / 4). A plain butterfly costs 3 shuffles per row; here, at each step
+// (lane distance 4, then 8, then 16) a lane keeps half of the rows it still carries and receives the partner's
+// partials of them: kCols - 1 shuffles in all (kCols = 8; at kCols = 4 the last step is a plain one, 4 in all). The
+// distances go in the butterfly's order, so every partial is the same sum a butterfly forms (fp32 adds commute):
+// results are bit-identical to it. Afterwards the lane holds the warp's reduction of its row index
+// `reduced_index<kCols>(lane)` (at kCols = 4 the lanes 16 apart hold the same one).
+template <int kCols>
+__device__ __forceinline__ int reduced_index(int lane) {
+  const int b2 = (lane >> 2) & 1, b3 = (lane >> 3) & 1, b4 = (lane >> 4) & 1;
+  return kCols == 8 ? 4 * b2 + 2 * b3 + b4 : 2 * b2 + b3;
+}
+// The lane of this lane's warp (same lane % 4, i.e. the same query rows) that holds the reduction of row index i
+template <int kCols>
+__device__ __forceinline__ int reducing_lane(int i, int lane) {
+  return kCols == 8 ? (lane & 3) | ((i >> 2) << 2) | (((i >> 1) & 1) << 3) | ((i & 1) << 4)
+                    : (lane & 3) | ((i >> 1) << 2) | ((i & 1) << 3);
+}
+template <int kCols, typename Op>
+__device__ __forceinline__ float reduce_rows_by_halves(const float (&v)[kCols], int lane, Op op) {
+  static_assert(kCols == 4 || kCols == 8, "narrow decode: 4 or 8 query rows per thread");
+  const bool b2 = lane & 4, b3 = lane & 8, b4 = lane & 16;
+  float a[kCols / 2], c[kCols / 4];
+#pragma unroll
+  for (int k = 0; k < kCols / 2; ++k) {
+    const float keep = b2 ? v[kCols / 2 + k] : v[k], send = b2 ? v[k] : v[kCols / 2 + k];
+    a[k] = op(keep, __shfl_xor_sync(0xffffffff, send, 4));
+  }
+#pragma unroll
+  for (int k = 0; k < kCols / 4; ++k) {
+    const float keep = b3 ? a[kCols / 4 + k] : a[k], send = b3 ? a[k] : a[kCols / 4 + k];
+    c[k] = op(keep, __shfl_xor_sync(0xffffffff, send, 8));
+  }
+  if constexpr (kCols == 8) {
+    const float keep = b4 ? c[1] : c[0], send = b4 ? c[0] : c[1];
+    return op(keep, __shfl_xor_sync(0xffffffff, send, 16));
+  } else {
+    return op(c[0], __shfl_xor_sync(0xffffffff, c[0], 16));
+  }
 }
 
 template <int kN, bool kFinal>
@@ -814,15 +851,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
   if (wg == 0) {
     // ---- softmax warpgroup: QK(c + 1) on the tensor cores while page c's softmax runs here ----
     const int tok0 = 16 * warp + lane / 4;  // this thread's page tokens: tok0, tok0 + 8
-    float qs[L::kCols], ref[L::kCols], run[L::kCols], l[L::kCols];
+    float qs[L::kCols], l[L::kCols];
     int last_key[L::kCols];
 #pragma unroll
     for (int i = 0; i < L::kCols; ++i) {
       const int n = col(i);
       qs[i] = n < R ? q_scale[(int64_t)b * R + n] * qk_scale_log2 : 0.f;
       last_key[i] = seq_len - S_Q + n / H;
-      ref[i] = kNoRef, run[i] = -INFINITY, l[i] = 0.f;
+      l[i] = 0.f;
     }
+    // the query row whose page maxima (and, at the end, l) this lane reduces: its running maximum and page
+    // reference live here only; the row's other lanes receive the reference and factor by shuffles
+    const int own = col(reduced_index<L::kCols>(lane));
+    const bool own_store = kN == 32 || !(lane & 16);  // at kN = 16 lanes 16 apart reduce the same row
+    float own_ref = kNoRef, own_run = -INFINITY;
     const int unmasked_end = (seq_len - S_Q + 1) / kPage;
     mbar_wait(qfull, 0);
     const uint64_t desc_q = smem_desc_sw128(smem + L::kQ8), desc_qr = smem_desc_sw128(smem + L::kQR);
@@ -838,10 +880,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
         wgmma_narrow_bf16<kN>(s, desc_k + ((4 * kTile + k * 32) >> 4), desc_qr + ((k * 32) >> 4), 1);
       wgmma_commit();
     };
-    // this thread's P8 bytes: P8 [kN rows x 64 tokens] K-major (query row n at (n / 8) x 512 + (n % 8) x 16, the
-    // 16-token group g at g x 128), tokens inside a group in the V^T slot order (transpose_half: token tau < 8 at
-    // slot 4 (tau / 2) + tau % 2, tau + 8 two slots further); tok0's group is `warp`
-    const int p8_slot = warp * 128 + 4 * ((lane / 4) / 2) + (lane / 4) % 2;
+    // P8 [kN rows x 64 tokens] K-major (query row n at (n / 8) x 512 + (n % 8) x 16, the 16-token group g at
+    // g x 128), tokens inside a group in the V^T slot order (transpose_half: slots 4m..4m+3 hold tokens 2m, 2m + 1,
+    // 2m + 8, 2m + 9). Those four bytes of a row come from two lanes (tok0 = 2m and 2m + 1: lanes 4 apart), so the
+    // lanes trade one row's pair per two rows and each stores one 32-bit word: lane bit 2 (`odd`) picks the row
+    // of the two (8 j + 2 (lane % 4) + odd) and the word's byte order. A store's 32 lanes hit 32 banks.
+    const bool odd = lane & 4;
+    const uint32_t p8_word = (2 * (lane % 4) + odd) * 16 + warp * 128 + 4 * (lane / 8);
+    const uint32_t p8_order = odd ? 0x1504 : 0x5140;  // {this lane's pair, the partner's} -> tokens 2m, 2m+1, 2m+8, 2m+9
     auto softmax_to_p8 = [&](float (&s)[L::kAcc], int page, int pb, auto masked) {
       constexpr bool kMasked = decltype(masked)::value;
       const float* ks = reinterpret_cast<const float*>(stage_of(page) + 5 * kTile);
@@ -869,48 +915,45 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
         }
         pm[i] = fmaxf(s[acc(i, 0)], s[acc(i, 1)]);
       }
-      // the page maximum of each query row: over the warp's 16 tokens (lanes of equal lane % 4), then the 4 warps
-#pragma unroll
-      for (int i = 0; i < L::kCols; ++i)
-#pragma unroll
-        for (int x = 4; x < 32; x <<= 1) pm[i] = fmaxf(pm[i], __shfl_xor_sync(0xffffffff, pm[i], x));
-      // page parity: a buffer is rewritten two pages later, after every thread has passed the next page's barrier
-      float* red = reinterpret_cast<float*>(smem + L::kRed) + pb * 4 * kN;
-      if (lane < 4) {
-#pragma unroll
-        for (int i = 0; i < L::kCols; ++i) red[warp * kN + col(i)] = pm[i];
-      }
+      // the page maximum of each query row: over the warp's 16 tokens, then over the 4 warps through shared memory,
+      // a row's four warp maxima adjacent (one 16 B load). Page parity: a buffer is rewritten two pages later, after
+      // every thread has passed the next page's barrier.
+      const float warp_max = reduce_rows_by_halves<L::kCols>(pm, lane, [](float x, float y) { return fmaxf(x, y); });
+      float4* red = reinterpret_cast<float4*>(smem + L::kRed) + pb * kN;
+      if (own_store) reinterpret_cast<float*>(red + own)[warp] = warp_max;
       bar_sync<3, kWarpgroup>();
+      // the lane's own row: page reference and the factor taking O and l to its units, once per warp and row
+      const float4 wm = red[own];
+      const float page_max = fmaxf(fmaxf(wm.x, wm.y), fmaxf(wm.z, wm.w));
+      own_run = fmaxf(own_run, page_max);
+      const float nr = page_reference(page_max, own_run);
+      const float own_f = fast_exp2(own_ref - nr), own_bias = nr - kLog2Fp8Max;
+      own_ref = nr;
+      float inv_k[2];  // P = P8 / sigma_k, for the denominator; 0 past the sequence end
 #pragma unroll
-      for (int i = 0; i < L::kCols; ++i)
-        pm[i] = fmaxf(fmaxf(red[col(i)], red[kN + col(i)]), fmaxf(red[2 * kN + col(i)], red[3 * kN + col(i)]));
-      float f[L::kCols];
-      uint8_t* p8 = smem + L::kP8 + pb * L::kP8Bytes;
+      for (int h = 0; h < 2; ++h) inv_k[h] = kMasked && !(ksc[h] > 0.f) ? 0.f : fast_rcp(ksc[h]);
+      uint32_t pair[L::kCols];  // tokens tok0 (low byte) and tok0 + 8 of each row
 #pragma unroll
       for (int i = 0; i < L::kCols; ++i) {
-        run[i] = fmaxf(run[i], pm[i]);
-        const float nr = page_reference(pm[i], run[i]), bias = nr - kLog2Fp8Max;
-        f[i] = fast_exp2(ref[i] - nr);
+        const int from = reducing_lane<L::kCols>(i, lane);
+        const float bias = __shfl_sync(0xffffffff, own_bias, from), f = __shfl_sync(0xffffffff, own_f, from);
         float sp = 0.f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float inv_k = kMasked && !(ksc[h] > 0.f) ? 0.f : fast_rcp(ksc[h]);
           const float p = fast_exp2(s[acc(i, h)] - bias);
-          sp = fmaf(p, inv_k, sp);  // P = P8 / sigma_k, for the denominator
+          sp = fmaf(p, inv_k[h], sp);
           s[acc(i, h)] = p;
         }
-        l[i] = fmaf(l[i], f[i], sp);
-        ref[i] = nr;
-        const uint32_t pair = to_fp8x2(s[acc(i, 0)], s[acc(i, 1)]);  // tokens tok0 (low byte) and tok0 + 8
-        const uint32_t addr = smem_u32(p8) + (col(i) / 8) * 512 + (col(i) % 8) * 16 + p8_slot;
-        st_shared_u8(addr, pair & 0xFFu);
-        st_shared_u8(addr + 2, pair >> 8);
+        l[i] = fmaf(l[i], f, sp);
+        pair[i] = to_fp8x2(s[acc(i, 0)], s[acc(i, 1)]);
       }
-      if (warp == 0 && lane < 4) {  // lanes 0..3 hold every query row
-        float* rowf = reinterpret_cast<float*>(smem + L::kRowF) + pb * kN;
+      const uint32_t p8 = smem_u32(smem + L::kP8 + pb * L::kP8Bytes);
 #pragma unroll
-        for (int i = 0; i < L::kCols; ++i) rowf[col(i)] = f[i];
+      for (int j = 0; j < L::kCols / 2; ++j) {
+        const uint32_t partner = __shfl_xor_sync(0xffffffff, odd ? pair[2 * j] : pair[2 * j + 1], 4);
+        st_shared_u32(p8 + j * 512 + p8_word, __byte_perm(odd ? pair[2 * j + 1] : pair[2 * j], partner, p8_order));
       }
+      if (warp == 0 && own_store) reinterpret_cast<float*>(smem + L::kRowF)[pb * kN + own] = own_f;
     };
     auto softmax_page = [&](float (&s)[L::kAcc], int c) {
       const int i = c - first, pb = i & 1;
@@ -939,28 +982,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
     }
     // l of each query row: over the warp's lanes, then the 4 warps (the buffer of parity n_mine: every thread has
     // passed the last page's barrier, so nobody reads it any more)
-#pragma unroll
-    for (int i = 0; i < L::kCols; ++i)
-#pragma unroll
-      for (int x = 4; x < 32; x <<= 1) l[i] += __shfl_xor_sync(0xffffffff, l[i], x);
-    float* red = reinterpret_cast<float*>(smem + L::kRed) + (n_mine & 1) * 4 * kN;
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < L::kCols; ++i) red[warp * kN + col(i)] = l[i];
-    }
+    const float warp_l = reduce_rows_by_halves<L::kCols>(l, lane, [](float x, float y) { return x + y; });
+    float4* red = reinterpret_cast<float4*>(smem + L::kRed) + (n_mine & 1) * kN;
+    if (own_store) reinterpret_cast<float*>(red + own)[warp] = warp_l;
     bar_sync<3, kWarpgroup>();
-    // lanes 0..3 of warp 0 hold every query row; the whole warp computes (no divergence around the stores that
-    // the barrier below publishes) and those lanes store
+    // warp 0's lanes hold every query row's reference (own_store lanes: each row once)
     if (warp == 0) {
-#pragma unroll
-      for (int i = 0; i < L::kCols; ++i) {
-        const int n = col(i);
-        const float lsum = (red[n] + red[kN + n]) + (red[2 * kN + n] + red[3 * kN + n]);
-        // l = 0: the row sees no key (out 0, LSE -inf); a NaN l stays NaN
-        const float inv = lsum != 0.f ? 1.f / lsum : 0.f;
-        const float lse2 = lsum != 0.f ? ref[i] + log2f(lsum) - kLog2Fp8Max : -INFINITY;
-        if (lane < 4) rows_s[n] = inv, rows_l[n] = lse2;
-      }
+      const float4 wl = red[own];
+      const float lsum = (wl.x + wl.y) + (wl.z + wl.w);
+      // l = 0: the row sees no key (out 0, LSE -inf); a NaN l stays NaN
+      const float inv = lsum != 0.f ? 1.f / lsum : 0.f;
+      const float lse2 = lsum != 0.f ? own_ref + log2f(lsum) - kLog2Fp8Max : -INFINITY;
+      if (own_store) rows_s[own] = inv, rows_l[own] = lse2;
       __syncwarp();
       // every lane arrives: an arrival releases the arriving thread's own stores, and lanes 0..3 made them
       mbar_arrive(rows_done);

@@ -75,10 +75,20 @@ def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
 
 def test_v_transpose_mapping_emulated():
     """The decode's ldmatrix/stmatrix V transpose, replayed on byte coordinates, fills V^T in the slot order P8 uses,
-    without shared-memory bank conflicts, and the narrow kernel's P8 byte stores put each (query row, token) where
-    its PV WGMMA reads that token's V^T column (tools/kernel_dev/emulate_transpose.py)."""
+    without shared-memory bank conflicts, and the narrow kernel's P8 word stores (one byte pair traded between lanes
+    4 apart) put each (query row, token) where its PV WGMMA reads that token's V^T column, each store on 32 banks
+    (tools/kernel_dev/emulate_transpose.py)."""
     res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_transpose"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
+    assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
+
+
+def test_narrow_row_reductions_emulated():
+    """The narrow decode's per-row reductions by halves over a warp (page maxima, l), replayed on 32 lanes of fp32,
+    equal a plain butterfly's bit for bit, store each query row once, and the shuffles that hand each row's page
+    reference back read the lane that reduced it (tools/kernel_dev/emulate_narrow_rows.py)."""
+    res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_narrow_rows"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
 
 

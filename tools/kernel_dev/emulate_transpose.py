@@ -3,7 +3,9 @@
 The ldmatrix.x4.trans reads from the 128 B-swizzled staged page, the byte permutes and the stmatrix.x4 writes into
 V^T are replayed with the kernel's address formulas (keep them in sync); then V^T is read the way the PV WGMMA's
 descriptor reads it, and every (channel, slot) must hold that channel of the token which the P8 store order puts in
-the slot. Each 8-row ldmatrix / stmatrix phase must touch 8 distinct 16 B bank groups (no bank conflicts).
+the slot. Each 8-row ldmatrix / stmatrix phase must touch 8 distinct 16 B bank groups (no bank conflicts). The narrow
+kernel's P8 word stores are replayed the same way: every (query row, token) where the PV WGMMA reads that token's V^T
+column.
     usage: python -m tools.kernel_dev.emulate_transpose
 """
 
@@ -64,20 +66,34 @@ def transpose():
 
 
 def narrow_p8_stores(n_rows: int) -> dict:
-    """The narrow kernel's P8 byte stores (P8 [n_rows x 64 tokens], K-major core matrices: row n at n // 8 x 512 +
-    n % 8 x 16, 16-token group g at g x 128): thread (warp, lane) holds accumulator rows = tokens 16 warp + lane // 4
-    (+ 8) of the query rows 8 (i // 2) + 2 (lane % 4) + i % 2, and stores them at slot 4 (tau // 2) + tau % 2 (+ 2),
-    tau = lane // 4. Returns {byte offset: (query row, token)}."""
+    """The narrow kernel's P8 word stores (P8 [n_rows x 64 tokens], K-major core matrices: row n at n // 8 x 512 +
+    n % 8 x 16, 16-token group g at g x 128). Thread (warp, lane) holds accumulator rows = tokens 16 warp + lane // 4
+    (+ 8) of the query rows 8 (i // 2) + 2 (lane % 4) + i % 2, converted to one fp8 pair per row (tok0 low, tok0 + 8
+    high). For each two rows 2j, 2j + 1 the lanes 4 apart (tokens 2m and 2m + 1, m = lane // 8) trade one pair by
+    shfl.bfly 4 (the even lane sends row 2j + 1's, the odd one row 2j's), and each lane stores row 2j + odd as one
+    word: __byte_perm(own pair, partner's pair, 0x5140 even / 0x1504 odd) at slot 4m. Each word store's 32 lanes must
+    hit 32 distinct banks. Returns {byte offset: (query row, token)}."""
     p8 = {}
     for warp in range(4):
-        for lane in range(32):
-            tau = lane // 4
-            for i in range(n_rows // 4):
-                n = 8 * (i // 2) + 2 * (lane % 4) + i % 2
-                for h in range(2):
-                    offset = n // 8 * 512 + n % 8 * 16 + warp * 128 + 4 * (tau // 2) + tau % 2 + 2 * h
-                    assert offset not in p8
-                    p8[offset] = (n, 16 * warp + tau + 8 * h)
+        for j in range(n_rows // 8):
+            pairs = {}  # lane -> [(row, token) of the low byte, of the high byte] for each of its rows
+            for lane in range(32):
+                tok0 = 16 * warp + lane // 4
+                pairs[lane] = [[(8 * (i // 2) + 2 * (lane % 4) + i % 2, tok0 + 8 * h) for h in range(2)]
+                               for i in range(n_rows // 4)]
+            words = []
+            for lane in range(32):
+                odd = (lane >> 2) & 1
+                sent = pairs[lane ^ 4][2 * j] if (lane ^ 4) >> 2 & 1 else pairs[lane ^ 4][2 * j + 1]
+                own = pairs[lane][2 * j + odd]
+                word = byte_perm(own + [None, None], sent + [None, None], 0x1504 if odd else 0x5140)
+                n = 8 * j + 2 * (lane % 4) + odd
+                offset = j * 512 + n % 8 * 16 + warp * 128 + 4 * (lane // 8)
+                words.append(offset)
+                for k in range(4):
+                    assert word[k] is not None and word[k][0] == n and offset + k not in p8, (n_rows, warp, lane, k)
+                    p8[offset + k] = word[k]
+            assert len({w // 4 % 32 for w in words}) == 32, (n_rows, warp, j, "bank conflict")
     return p8
 
 
