@@ -35,27 +35,24 @@ def shfl_xor(values, distance: int):
 
 
 def reduce_by_halves(v, n_cols: int, op):
-    """v[lane][i] (np.float32) -> [lane] the kernel's reduce_rows_by_halves."""
-    half, quarter = n_cols // 2, n_cols // 4
-    b = [[(lane >> k) & 1 for k in (2, 3, 4)] for lane in range(32)]
-    a = [[None] * half for _ in range(32)]
-    for k in range(half):
-        send = [v[L][k] if b[L][0] else v[L][half + k] for L in range(32)]
-        got = shfl_xor(send, 4)
-        for L in range(32):
-            a[L][k] = op(v[L][half + k] if b[L][0] else v[L][k], got[L])
-    c = [[None] * quarter for _ in range(32)]
-    for k in range(quarter):
-        send = [a[L][k] if b[L][1] else a[L][quarter + k] for L in range(32)]
-        got = shfl_xor(send, 8)
-        for L in range(32):
-            c[L][k] = op(a[L][quarter + k] if b[L][1] else a[L][k], got[L])
-    if n_cols == 8:
-        send = [c[L][0] if b[L][2] else c[L][1] for L in range(32)]
-        got = shfl_xor(send, 16)
-        return [op(c[L][1] if b[L][2] else c[L][0], got[L]) for L in range(32)]
-    got = shfl_xor([c[L][0] for L in range(32)], 16)
-    return [op(c[L][0], got[L]) for L in range(32)]
+    """v[lane][i] (np.float32) -> [lane] the kernel's reduce_rows_by_halves: at lane distance 4, 8, 16 (bit 2, 3, 4)
+    a lane whose bit is set keeps the upper half of the partials it carries and sends the lower half (the other lanes
+    the reverse); once a lane carries one partial, the remaining steps are plain butterfly steps."""
+    cur = [list(row) for row in v]
+    for bit, distance in ((2, 4), (3, 8), (4, 16)):
+        half = len(cur[0]) // 2
+        if half == 0:
+            got = shfl_xor([c[0] for c in cur], distance)
+            cur = [[op(cur[L][0], got[L])] for L in range(32)]
+            continue
+        upper = [(L >> bit) & 1 for L in range(32)]
+        nxt = [[None] * half for _ in range(32)]
+        for k in range(half):
+            got = shfl_xor([cur[L][k] if upper[L] else cur[L][half + k] for L in range(32)], distance)
+            for L in range(32):
+                nxt[L][k] = op(cur[L][half + k] if upper[L] else cur[L][k], got[L])
+        cur = nxt
+    return [c[0] for c in cur]
 
 
 def butterfly(v, n_cols: int, op):
