@@ -11,6 +11,7 @@ Prints a table (us, TFLOPS, GB/s, ratio vs FlashMLA BF16) and writes JSON and a 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import sys
@@ -20,12 +21,13 @@ import torch
 
 from harness.kernel_timing import L2_ROTATE_BYTES, PAGE, make_inputs, time_graph
 from sglang_snapmla import layout
+from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
 SHAPES = [(1, 640), (32, 8192), (128, 4096), (128, 16384), (64, 65536)]
 
 
-def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False):
+def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False, per_token: bool = False):
     pages = math.ceil(sk / PAGE)
     bf16_bytes = b * sk * 1152
     copies = max(1, min(8, math.ceil(L2_ROTATE_BYTES / bf16_bytes)))
@@ -71,22 +73,27 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     except Exception as e:  # reported, not hidden
         print(f"  flashmla fp8 failed: {e!r:.200}", file=sys.stderr)
 
-    for kv_dtype, label in ((torch.bfloat16, "flashinfer_fa3_bf16"), (torch.float8_e4m3fn, "flashinfer_fa3_fp8")):
-        if not flashinfer:
-            break
+    flashinfer_calls = {}
+    for label, (kv_dtype, bytes_per_token) in FLASHINFER_CACHES.items():
+        if not flashinfer or (label == PER_TOKEN and not per_token):
+            continue
         try:
-            rows[label] = (bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies),
-                           b * sk * (1152 if kv_dtype == torch.bfloat16 else 576))
+            us, flashinfer_calls[label] = bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies,
+                                                           per_token=label == PER_TOKEN)
+            rows[label] = (us, b * sk * bytes_per_token)
         except Exception as e:
             print(f"  {label} failed: {e!r:.300}", file=sys.stderr)
 
     errs = {}
-    if check:  # our outputs vs FlashMLA BF16 on copy 0
-        ref, _ = flashmla_bf16(0)()
+    if check:  # outputs vs FlashMLA BF16 on copy 0
+        ref = flashmla_bf16(0)()[0].float()
         for name, impl in (("snapmla_triton", "triton"), ("snapmla_cuda_sm90", "cuda")):
             if name in rows:
                 o, _ = ours(0, impl)()
-                errs[name] = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+                errs[name] = ((o.float() - ref).norm() / ref.norm()).item()
+        for name, call in flashinfer_calls.items():  # FlashInfer's out is [b * s_q, h, 512]
+            o = call(0)().float().view(ref.shape)
+            errs[name] = ((o - ref).norm() / ref.norm()).item()
     del inp
     torch.cuda.empty_cache()
     res = []
@@ -98,33 +105,66 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     return res
 
 
-def bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies):
+# FlashInfer's MLA caches timed here: label -> (cache dtype, bytes per token and layer). The per-token one is
+# FlashInfer 0.7's `ckv_scale_arr` (its PR #4373): c_KV in FP8 with one fp32 scale per token and 128 channels, the
+# RoPE key in FP8 at one per-tensor scale (`kpe_scale`); 512 + 64 + 4 x 4 bytes.
+PER_TOKEN = "flashinfer_fa3_fp8_per_token"
+FLASHINFER_CACHES = {"flashinfer_fa3_bf16": (torch.bfloat16, 1152), "flashinfer_fa3_fp8": (torch.float8_e4m3fn, 576),
+                     PER_TOKEN: (torch.float8_e4m3fn, 592)}
+FLASHINFER_SCALE_BLOCK = 128
+
+
+def flashinfer_fp8_per_token(ckv: torch.Tensor, kpe: torch.Tensor):
+    """ckv [N, 512] and kpe [N, 64] bf16 rows -> FlashInfer 0.7's per-token FP8 MLA cache: ckv8 [N, 512] fp8 with
+    scales [N, 512 / 128] fp32 (amax / 448 of each token's 128-channel block, floored as snapmla's), kpe8 [N, 64] fp8
+    and kpe_scale (float, amax / 448 of the whole RoPE key array). FlashInfer's kernel multiplies each block back by
+    its scale (`mla_hopper.cuh`)."""
+    n, d = ckv.shape
+    blocks = ckv.float().view(n, d // FLASHINFER_SCALE_BLOCK, FLASHINFER_SCALE_BLOCK)
+    scales = nx.amax_scale(blocks.abs().amax(-1))
+    ckv8 = nx.to_fp8(blocks / scales[..., None]).view(n, d)
+    kpe_scale = nx.amax_scale(kpe.float().abs().amax()).item()
+    return ckv8, scales.contiguous(), nx.to_fp8(kpe.float() / kpe_scale), kpe_scale
+
+
+def bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies, per_token: bool = False):
+    """FlashInfer's batched MLA decode (backend fa3) on the same rows -> (median µs, call): call(i)() runs copy i and
+    returns out [b * s_q, h, 512]. `per_token`: FP8 with FlashInfer 0.7's per-token scales (flashinfer_fp8_per_token),
+    else the cache cast to kv_dtype (FP8 at scale 1)."""
     import flashinfer
 
     dev = seqlens.device
     pages = math.ceil(sk / PAGE)
     ws = torch.empty(128 << 20, dtype=torch.int8, device=dev)
     w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend="fa3")
+    if per_token and "ckv_scale_arr" not in inspect.signature(w.run).parameters:
+        raise RuntimeError(f"FlashInfer {flashinfer.__version__} has no per-token MLA scales (ckv_scale_arr, 0.7+): "
+                           "run with tools/gpu_host/flashinfer_mla.sh")
     qo_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * s_q
     kv_indptr = torch.arange(b + 1, device=dev, dtype=torch.int32) * pages
     kv_lens = seqlens
     datas = []
     for x in inp:
         kv_idx = x["bt"].reshape(-1).contiguous()
-        ckv = x["ckv"][:, :512].contiguous().view(-1, PAGE, 512).to(kv_dtype)
-        kpe = x["ckv"][:, 512:].contiguous().view(-1, PAGE, 64).to(kv_dtype)
+        ckv, kpe = x["ckv"][:, :512], x["ckv"][:, 512:]
+        if per_token:
+            ckv8, scales, kpe8, kpe_scale = flashinfer_fp8_per_token(ckv, kpe)
+            caches = (ckv8.view(-1, PAGE, 512), kpe8.view(-1, PAGE, 64))
+            extra = dict(ckv_scale_arr=scales.view(-1, PAGE, scales.shape[-1]), kpe_scale=kpe_scale)
+        else:
+            caches = (ckv.contiguous().view(-1, PAGE, 512).to(kv_dtype), kpe.contiguous().view(-1, PAGE, 64).to(kv_dtype))
+            extra = {} if kv_dtype == torch.bfloat16 else dict(ckv_scale=1.0, kpe_scale=1.0)
         qn = x["q"][..., :512].reshape(b * s_q, h, 512).contiguous()
         qp = x["q"][..., 512:].reshape(b * s_q, h, 64).contiguous()
-        datas.append((kv_idx, ckv, kpe, qn, qp))
+        datas.append((kv_idx, *caches, qn, qp, extra))
     w.plan(qo_indptr, kv_indptr, datas[0][0], kv_lens, h, 512, 64, PAGE, True, scale, torch.bfloat16, kv_dtype)
-    extra = {} if kv_dtype == torch.bfloat16 else dict(ckv_scale=1.0, kpe_scale=1.0)
 
     def call(i):
-        _, ckv, kpe, qn, qp = datas[i]
+        _, ckv, kpe, qn, qp, extra = datas[i]
         return lambda: w.run(qn, qp, ckv, kpe, **extra)
 
     # the plan binds one page list; all copies share the same page-table shape so one plan serves (indices of copy 0)
-    return time_graph(call, copies)
+    return time_graph(call, copies), call
 
 
 def main():
@@ -133,6 +173,8 @@ def main():
     ap.add_argument("--heads", type=int, nargs="+", default=[128, 64, 16])
     ap.add_argument("--sq", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer (its JIT build takes minutes)")
+    ap.add_argument("--flashinfer-per-token", action="store_true",
+                    help="also FlashInfer 0.7's FP8 cache with per-token scales (tools/gpu_host/flashinfer_mla.sh)")
     ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
     ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
     args = ap.parse_args()
@@ -142,7 +184,8 @@ def main():
     for h in args.heads:
         for s_q in args.sq:
             for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
-                rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda)
+                rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda,
+                                 per_token=args.flashinfer_per_token)
                 results.extend(rs)
                 for r in rs:
                     print(json.dumps(r), flush=True)
@@ -153,12 +196,12 @@ def main():
 
 
 def print_table(results):
-    kernels = ["snapmla_triton", "snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor",
-               "flashinfer_fa3_bf16", "flashinfer_fa3_fp8"]
+    kernels = ["snapmla_triton", "snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor", *FLASHINFER_CACHES]
     print("\nours = snapmla_cuda_sm90 where it was timed (--cuda), else snapmla_triton")
     print("| h | s_q | b | s_k | " + " | ".join(f"{k} us" for k in kernels) +
-          " | ours TFLOPS | ours GB/s | ours / FlashMLA BF16 | ours / FlashMLA FP8 | rel err vs BF16 |")
-    print("|" + "---|" * (4 + len(kernels) + 5))
+          " | ours TFLOPS | ours GB/s | ours / FlashMLA BF16 | ours / FlashMLA FP8 | rel err vs BF16 |"
+          " FlashInfer per-token rel err |")
+    print("|" + "---|" * (4 + len(kernels) + 6))
     keyed = {}
     for r in results:
         keyed.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), {})[r["kernel"]] = r
@@ -166,9 +209,11 @@ def print_table(results):
         us = [f"{d[k]['us']:.1f}" if k in d else "-" for k in kernels]
         o = d.get("snapmla_cuda_sm90", d["snapmla_triton"])  # "ours": the fastest path measured
         fp8 = d.get("flashmla_fp8_pertensor")
+        per_token_err = (d.get(PER_TOKEN) or {}).get("rel_err_vs_flashmla_bf16")
         print(f"| {h} | {s_q} | {b} | {sk} | " + " | ".join(us) +
               f" | {o['tflops']:.0f} | {o['gbps']:.0f} | {o['speedup_vs_flashmla_bf16']:.2f}x | "
-              f"{(fp8['us'] / o['us']) if fp8 else float('nan'):.2f}x | {o['rel_err_vs_flashmla_bf16']:.4f} |")
+              f"{(fp8['us'] / o['us']) if fp8 else float('nan'):.2f}x | {o['rel_err_vs_flashmla_bf16']:.4f} | "
+              + (f"{per_token_err:.4f} |" if per_token_err is not None else "- |"))
 
 
 def plot(results, path):

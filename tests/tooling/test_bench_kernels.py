@@ -1,0 +1,32 @@
+"""The kernel benchmark's FlashInfer per-token FP8 cache (benchmarks/bench_kernels.py), on the CPU: the format
+FlashInfer 0.7's `ckv_scale_arr` reads, built from the same rows the other columns time."""
+
+import torch
+
+from benchmarks.bench_kernels import FLASHINFER_SCALE_BLOCK, flashinfer_fp8_per_token
+from sglang_snapmla import numerics as nx
+
+
+def test_flashinfer_per_token_cache_scales_each_128_channel_block():
+    """One fp32 scale per token and 128-channel block (amax / 448, floored), the RoPE key at one tensor scale; a block
+    1e4 times smaller than its neighbours keeps its own precision, and an all-zero row gets the floor, not 0."""
+    gen = torch.Generator().manual_seed(0)
+    ckv = torch.randn(64, 512, generator=gen)
+    ckv[:, 128:256] *= 1e-4  # one quiet block per token
+    ckv[5] = 0.0
+    ckv = ckv.to(torch.bfloat16)
+    kpe = (torch.randn(64, 64, generator=gen) * 30).to(torch.bfloat16)
+    ckv8, scales, kpe8, kpe_scale = flashinfer_fp8_per_token(ckv, kpe)
+    assert ckv8.dtype == kpe8.dtype == nx.FP8_DTYPE and scales.dtype == torch.float32
+    assert ckv8.shape == (64, 512) and scales.shape == (64, 512 // FLASHINFER_SCALE_BLOCK) and kpe8.shape == (64, 64)
+    blocks = ckv.float().view(64, 4, FLASHINFER_SCALE_BLOCK)
+    assert torch.equal(scales, torch.clamp_min(blocks.abs().amax(-1) / nx.FP8_MAX, nx.SCALE_FLOOR))
+    assert torch.all(scales[5] == nx.SCALE_FLOOR)
+    back = (ckv8.float().view(64, 4, FLASHINFER_SCALE_BLOCK) * scales[..., None]).view(64, 512)
+    quiet, loud = (slice(None), slice(128, 256)), (slice(None), slice(256, 512))
+    for part in (quiet, loud):  # e4m3: ~2^-4 relative per element, far less over a block
+        err = (back[part] - ckv.float()[part]).norm() / ckv.float()[part].norm()
+        assert err < 0.04, err
+    assert kpe_scale == torch.clamp_min(kpe.float().abs().amax() / nx.FP8_MAX, nx.SCALE_FLOOR).item()
+    kpe_err = (kpe8.float() * kpe_scale - kpe.float()).norm() / kpe.float().norm()
+    assert kpe_err < 0.04, kpe_err
