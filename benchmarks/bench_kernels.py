@@ -92,8 +92,11 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
                 o, _ = ours(0, impl)()
                 errs[name] = ((o.float() - ref).norm() / ref.norm()).item()
         for name, call in flashinfer_calls.items():  # FlashInfer's out is [b * s_q, h, 512]
-            o = call(0)().float().view(ref.shape)
-            errs[name] = ((o - ref).norm() / ref.norm()).item()
+            try:
+                o = call(0)().float().view(ref.shape)
+                errs[name] = ((o - ref).norm() / ref.norm()).item()
+            except Exception as e:  # reported, not hidden; its timing stays
+                print(f"  {name} error check failed: {e!r:.300}", file=sys.stderr)
     del inp
     torch.cuda.empty_cache()
     res = []
