@@ -134,7 +134,7 @@ def bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies, per_t
     """FlashInfer's batched MLA decode (backend fa3) on the same rows -> (median µs, call): call(i)() runs copy i and
     returns out [b * s_q, h, 512]. `per_token`: FP8 with FlashInfer 0.7's per-token scales (flashinfer_fp8_per_token),
     else the cache cast to kv_dtype (FP8 at scale 1)."""
-    import flashinfer
+    import flashinfer.mla  # the submodule itself: build-flashinfer-mla.sh's package __init__ imports nothing
 
     dev = seqlens.device
     pages = math.ceil(sk / PAGE)
