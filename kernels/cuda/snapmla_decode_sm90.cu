@@ -995,7 +995,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       const float lse2 = lsum != 0.f ? own_ref + log2f(lsum) - kLog2Fp8Max : -INFINITY;
       if (own_store) rows_s[own] = inv, rows_l[own] = lse2;
       __syncwarp();
-      // every lane arrives: an arrival releases the arriving thread's own stores, and lanes 0..3 made them
+      // every lane arrives: an arrival releases the arriving thread's own stores, and the own_store lanes made them
       mbar_arrive(rows_done);
       if (t < R) {  // R <= kN <= 32: warp 0's lanes, which the __syncwarp above ordered after the stores
         if (kFinal) lse_out[((int64_t)b * H + t % H) * S_Q + t / H] = rows_l[t] * 0.6931471805599453f;

@@ -75,12 +75,10 @@ def narrow_p8_stores(n_rows: int) -> dict:
     hit 32 distinct banks. Returns {byte offset: (query row, token)}."""
     p8 = {}
     for warp in range(4):
+        # lane -> [(row, token) of the low byte, of the high byte] for each of its rows
+        pairs = {lane: [[(8 * (i // 2) + 2 * (lane % 4) + i % 2, 16 * warp + lane // 4 + 8 * h) for h in range(2)]
+                        for i in range(n_rows // 4)] for lane in range(32)}
         for j in range(n_rows // 8):
-            pairs = {}  # lane -> [(row, token) of the low byte, of the high byte] for each of its rows
-            for lane in range(32):
-                tok0 = 16 * warp + lane // 4
-                pairs[lane] = [[(8 * (i // 2) + 2 * (lane % 4) + i % 2, tok0 + 8 * h) for h in range(2)]
-                               for i in range(n_rows // 4)]
             words = []
             for lane in range(32):
                 odd = (lane >> 2) & 1
