@@ -133,6 +133,9 @@ def main():
     ap.add_argument("--range-ratio", type=float, default=1.0,
                     help="bench_serving --random-range-ratio: lengths drawn in [ratio x len, len]")
     ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    ap.add_argument("--port", type=int, default=30000,
+                    help="the first run's server port, the next runs' the ports after it (another port for a second "
+                         "serve_and_bench on the same host, e.g. one per GPU with CUDA_VISIBLE_DEVICES)")
     ap.add_argument("--startup-timeout", type=float, default=300, help="seconds until /health answers")
     ap.add_argument("--bench-timeout", type=float, default=400)
     ap.add_argument("--greedy-repeat", action="store_true",
@@ -157,7 +160,7 @@ def main():
     kill_servers_on_exit()
     results = []
     for i, name in enumerate(args.runs):
-        r = run_one(name, args, args.out, 30000 + i)
+        r = run_one(name, args, args.out, args.port + i)
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k not in ("server_log_tail", "greedy_repeat")}
                          | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)
