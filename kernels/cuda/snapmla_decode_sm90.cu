@@ -248,6 +248,44 @@ __device__ __forceinline__ void transpose_half(const uint8_t* stage, uint8_t* vt
   }
 }
 
+// The narrow kernel's V^T straight into WGMMA A fragments (PV as register-A MMAs: no V^T tile in shared memory).
+// The same reads and byte permutes as transpose_half: warp w's registers of unit (ci, g) hold channels
+// c = 128 ci + 32 w + 2 j + {0, 1, 16, 17} (j = lane / 4) of the half, tokens at slots 4q..4q+3 of group g, which is
+// an m64nNk32 A fragment's layout (a0 / a2: row j, K 4q..4q+3 / 16+4q..; a1 / a3: row j + 8) once M rows are
+// assigned to channels that way: M tile mt = 2 ci + s, row 16 w + j + 8 h  <->  channel 128 ci + 32 w + 16 s + 2 j + h
+// (`narrow_pv_channel`); K step ks = g / 2. The K slots are transpose_half's, so P8 needs no change.
+template <bool kMasked>
+__device__ __forceinline__ void transpose_half_fragments(const uint8_t* stage, int half, int tw, int valid,
+                                                         uint32_t (&a)[4][2][4]) {
+  const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
+  const uint32_t rd = smem_u32(stage + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
+                      (((2 * warp + (m >> 1)) ^ r) << 4);
+#pragma unroll
+  for (int ci = 0; ci < 2; ++ci) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      uint32_t v[4];
+      ldsm_x4_trans(rd + ci * kTile + g * 16 * 128, v);
+      uint32_t x0 = __byte_perm(v[0], v[1], 0x6420), y0 = __byte_perm(v[0], v[1], 0x7531);
+      uint32_t x1 = __byte_perm(v[2], v[3], 0x6420), y1 = __byte_perm(v[2], v[3], 0x7531);
+      if (kMasked) {  // this thread's bytes are tokens 16 g + (2q, 2q+1, 8+2q, 9+2q)
+        const int t0 = 16 * g + 2 * q;
+        const uint32_t keep = (t0 < valid ? 0xFFu : 0u) | (t0 + 1 < valid ? 0xFF00u : 0u) |
+                              (t0 + 8 < valid ? 0xFF0000u : 0u) | (t0 + 9 < valid ? 0xFF000000u : 0u);
+        x0 &= keep, y0 &= keep, x1 &= keep, y1 &= keep;
+      }
+      const int ks = g / 2, lo = 2 * (g % 2);
+      a[2 * ci][ks][lo] = x0, a[2 * ci][ks][lo + 1] = y0;
+      a[2 * ci + 1][ks][lo] = x1, a[2 * ci + 1][ks][lo + 1] = y1;
+    }
+  }
+}
+// The latent channel (0..511) of PV warpgroup `half`'s accumulator row 16 warp + lane / 4 + 8 h of M tile mt, for the
+// fragments above
+__device__ __forceinline__ int narrow_pv_channel(int half, int mt, int warp, int lane, int h) {
+  return half * 256 + (mt >> 1) * 128 + 32 * warp + 16 * (mt & 1) + 2 * (lane / 4) + h;
+}
+
 // 2^x by the SFU (ex2.approx.ftz: ~2 ulp, -inf -> 0, subnormal results flushed to 0, as softmax weights can be)
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -696,8 +734,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 // (QK) and the latent channels (PV) are M, the query rows are N = kN:
 //   S^T [64 tokens x kN] = K8 Q8^T + K_rope' Q_rope'^T   (A = the staged page, B = Q, both from shared memory as TMA
 //                                                         wrote them: 16 x m64nNk32 e4m3 + 4 x m64nNk16 bf16)
-//   O^T [512 x kN] = O^T f + V^T P8^T                    (A = V^T, transposed from the page as in the wide kernel;
-//                                                         B = P8 [kN x 64 tokens]; per PV warpgroup 4 M tiles of 64
+//   O^T [512 x kN] = O^T f + V^T P8^T                    (A = V^T in registers: the wide kernel's transpose reads,
+//                                                         kept as A fragments, transpose_half_fragments; B = P8
+//                                                         [kN x 64 tokens]; per PV warpgroup 4 M tiles of 64
 //                                                         channels x 2 K steps of m64nNk32 e4m3)
 // The numerics are the wide kernel's (the same log-domain softmax, page references, P8 and row factors); what
 // changes is that a query row's scores now lie in one accumulator column spread over the warpgroup's four warps, so
@@ -714,9 +753,8 @@ struct NarrowSmem {
   static constexpr int kQ8 = 0;                           // 4 tiles
   static constexpr int kQR = kQ8 + 4 * kQTile;            // 1 tile
   static constexpr int kStage0 = kQR + kQTile;            // kStages x kStagePitch; 1024 B aligned (kQTile is)
-  static constexpr int kVT = kStage0 + kStages * kStagePitch;  // 2 V^T halves, as in the wide kernel
   static constexpr int kP8Bytes = kN * kPage;             // one P8 [kN rows x 64 B], K-major core matrices
-  static constexpr int kP8 = kVT + 2 * kVTHalfBytes;      // 2 buffers (page parity)
+  static constexpr int kP8 = kStage0 + kStages * kStagePitch;  // 2 buffers (page parity); V^T lives in registers
   static constexpr int kRowF = kP8 + 2 * kP8Bytes;        // 2 x [kN] fp32 O rescale factors
   static constexpr int kRed = kRowF + 2 * kN * 4;         // 2 x [kN][4 warps] fp32: page maxima, then l
   static constexpr int kRowS = kRed + 2 * 4 * kN * 4;     // [kN] fp32 1 / l
@@ -732,6 +770,11 @@ template <int kN>
 __device__ __forceinline__ void wgmma_narrow_e4m3(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   if constexpr (kN == 16) wgmma_m64n16k32_e4m3(d, desc_a, desc_b, accumulate);
   else wgmma_m64n32k32_e4m3(d, desc_a, desc_b, accumulate);
+}
+template <int kN>
+__device__ __forceinline__ void wgmma_narrow_e4m3_rs(float* d, const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  if constexpr (kN == 16) wgmma_m64n16k32_e4m3_rs(d, a, desc_b, accumulate);
+  else wgmma_m64n32k32_e4m3_rs(d, a, desc_b, accumulate);
 }
 template <int kN>
 __device__ __forceinline__ void wgmma_narrow_bf16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -1005,8 +1048,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
   } else {
     // ---- PV warpgroups: wg 1 owns latent channels 0..255, wg 2 channels 256..511 ----
     const int half = wg - 1;
-    uint8_t* vt = smem + L::kVT + half * kVTHalfBytes;
-    float o[4][L::kAcc];  // O^T: 4 M tiles of 64 channels x kN query rows
+    float o[4][L::kAcc];  // O^T: 4 M tiles of 64 channels (narrow_pv_channel) x kN query rows
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -1014,10 +1056,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
     int next_page = t == 128 && first + kSt < last ? bt[first + kSt] : 0;  // the loader thread's next page
     for (int c = first; c < last; ++c) {
       const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
+      uint32_t a[4][2][4];  // V^T(c) as A fragments: [M tile][K step][register]
       mbar_wait(full + buf, use_parity(c));
-      if (valid < kPage) transpose_half<true>(stage_of(c), vt, half, tw, valid);  // the sequence's last page
-      else transpose_half<false>(stage_of(c), vt, half, tw, valid);
-      fence_async_smem();
+      if (valid < kPage) transpose_half_fragments<true>(stage_of(c), half, tw, valid, a);  // the last page
+      else transpose_half_fragments<false>(stage_of(c), half, tw, valid, a);
+      // the half's reads of the stage are done: one thread gives it back (the permutes consumed every load)
       if (half == 0) bar_sync<1, 128>();
       else bar_sync<2, 128>();
       if (tw == 0) {
@@ -1041,8 +1084,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       for (int k = 0; k < kPage / 32; ++k) {
         const uint64_t desc_p = smem_desc(smem + L::kP8 + pb * L::kP8Bytes + k * 256, (kPage / 16) * 128);
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt)
-          wgmma_narrow_e4m3<kN>(o[mt], smem_desc(vt + mt * 8 * kVTStride + k * 256, kVTStride), desc_p, 1);
+        for (int mt = 0; mt < 4; ++mt) wgmma_narrow_e4m3_rs<kN>(o[mt], a[mt][k], desc_p, 1);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -1063,7 +1105,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int ch = half * 256 + mt * 64 + 16 * warp + lane / 4 + 8 * h, byte = (ch % 64) * 2;
+          const int ch = narrow_pv_channel(half, mt, warp, lane, h), byte = (ch % 64) * 2;
 #pragma unroll
           for (int ii = 0; ii < L::kCols; ++ii) {
             const int n = col(ii);
@@ -1086,7 +1128,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int ch = half * 256 + mt * 64 + 16 * warp + lane / 4 + 8 * h;
+          const int ch = narrow_pv_channel(half, mt, warp, lane, h);
 #pragma unroll
           for (int ii = 0; ii < L::kCols; ++ii) {
             const int n = col(ii);

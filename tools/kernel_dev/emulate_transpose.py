@@ -5,7 +5,8 @@ V^T are replayed with the kernel's address formulas (keep them in sync); then V^
 descriptor reads it, and every (channel, slot) must hold that channel of the token which the P8 store order puts in
 the slot. Each 8-row ldmatrix / stmatrix phase must touch 8 distinct 16 B bank groups (no bank conflicts). The narrow
 kernel's P8 word stores are replayed the same way: every (query row, token) where the PV WGMMA reads that token's V^T
-column.
+column. Its V^T fragments (`transpose_half_fragments`) too: every byte of every register where an m64nNk32 A fragment
+expects (channel `narrow_pv_channel`, the token of its K slot), each channel of a half in one M row.
     usage: python -m tools.kernel_dev.emulate_transpose
 """
 
@@ -65,6 +66,36 @@ def transpose():
     return vt
 
 
+def narrow_pv_channel(half: int, mt: int, warp: int, lane: int, h: int) -> int:
+    """The kernel's `narrow_pv_channel`: latent channel of accumulator row 16 warp + lane // 4 + 8 h of M tile mt."""
+    return half * 256 + (mt >> 1) * 128 + 32 * warp + 16 * (mt & 1) + 2 * (lane // 4) + h
+
+
+def narrow_fragments():
+    """The narrow kernel's `transpose_half_fragments`: {(half, warp, lane, mt, ks, reg): [(token, channel)] x 4}."""
+    page = {staged_offset(t, c): (t, c) for t in range(64) for c in range(512)}
+    frags = {}
+    for half in range(2):
+        for warp in range(4):
+            for ci in range(2):
+                for g in range(4):
+                    rd = {(L // 8, L % 8): 2 * half * TILE + (8 * (L // 8 & 1) + L % 8) * 128
+                          + (((2 * warp + (L // 8 >> 1)) ^ (L % 8)) << 4) + ci * TILE + g * 16 * 128 for L in range(32)}
+                    for lane in range(32):
+                        q, j = lane % 4, lane // 4
+                        regs = [[page[rd[m, 2 * q] + 2 * j], page[rd[m, 2 * q] + 2 * j + 1],
+                                 page[rd[m, 2 * q + 1] + 2 * j], page[rd[m, 2 * q + 1] + 2 * j + 1]] for m in range(4)]
+                        x0, y0 = byte_perm(regs[0], regs[1], 0x6420), byte_perm(regs[0], regs[1], 0x7531)
+                        x1, y1 = byte_perm(regs[2], regs[3], 0x6420), byte_perm(regs[2], regs[3], 0x7531)
+                        ks, lo = g // 2, 2 * (g % 2)
+                        for mt, reg, val in ((2 * ci, lo, x0), (2 * ci, lo + 1, y0), (2 * ci + 1, lo, x1),
+                                             (2 * ci + 1, lo + 1, y1)):
+                            key = (half, warp, lane, mt, ks, reg)
+                            assert key not in frags
+                            frags[key] = val
+    return frags
+
+
 def narrow_p8_stores(n_rows: int) -> dict:
     """The narrow kernel's P8 word stores (P8 [n_rows x 64 tokens], K-major core matrices: row n at n // 8 x 512 +
     n % 8 x 16, 16-token group g at g x 128). Thread (warp, lane) holds accumulator rows = tokens 16 warp + lane // 4
@@ -110,7 +141,19 @@ def main():
         for n in range(n_rows):
             for k in range(64):
                 assert p8[n // 8 * 512 + k // 16 * 128 + n % 8 * 16 + k % 16] == (n, slot_token(k)), (n_rows, n, k)
-    print("ok: transpose exact, ldmatrix and stmatrix conflict-free, P8 slot order matches (64-row and narrow kernels)")
+    frags = narrow_fragments()
+    assert len(frags) == 2 * 4 * 32 * 4 * 2 * 4
+    for half in range(2):  # each M tile row is one channel, and the half's 256 channels are its 4 x 64 rows
+        assert sorted(narrow_pv_channel(half, mt, w, 4 * j, h) for mt in range(4) for w in range(4) for j in range(8)
+                      for h in range(2)) == list(range(256 * half, 256 * half + 256))
+    for (half, warp, lane, mt, ks, reg), val in frags.items():
+        # A fragment (8-bit, m64nNk32): reg 0 / 2 row lane // 4, reg 1 / 3 row lane // 4 + 8; K 4 (lane % 4) + byte,
+        # + 16 for reg 2 / 3; K step ks covers slots 32 ks..32 ks + 31 (P8's B operand at the same slots)
+        channel = narrow_pv_channel(half, mt, warp, lane, reg % 2)
+        slots = [32 * ks + 16 * (reg // 2) + 4 * (lane % 4) + b for b in range(4)]
+        assert val == [(slot_token(k), channel) for k in slots], (half, warp, lane, mt, ks, reg, val)
+    print("ok: transpose exact, ldmatrix and stmatrix conflict-free, P8 slot order matches (64-row and narrow kernels),"
+          " narrow V^T fragments in A-fragment order")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ SHAPES = [  # (function, shape, operand type, accumulator registers per thread, 
     ("wgmma_m64n16k16_bf16", "m64n16k16", "bf16", 8, True, False),
     ("wgmma_m64n32k32_e4m3", "m64n32k32", "e4m3", 16, False, False),
     ("wgmma_m64n32k16_bf16", "m64n32k16", "bf16", 16, True, False),
+    ("wgmma_m64n16k32_e4m3_rs", "m64n16k32", "e4m3", 8, False, True),
+    ("wgmma_m64n32k32_e4m3_rs", "m64n32k32", "e4m3", 16, False, True),
 ]
 
 
