@@ -35,16 +35,36 @@ def distinct_bank_groups(addresses) -> bool:
     return len({a % 128 // 16 for a in addresses}) == len(addresses)
 
 
+def staged_page() -> dict:
+    """{byte offset in a staged page: (token, channel)}."""
+    return {staged_offset(t, c): (t, c) for t in range(64) for c in range(512)}
+
+
+def unit_read_addresses(warp: int, tile: int, g: int) -> dict:
+    """ldmatrix.x4.trans of unit (warp, g) in staged tile `tile`: lane L gives the address of row L % 8 of matrix
+    L // 8 (tokens 16 g + 8 (m & 1) + r, 16 B chunk 2 warp + (m >> 1), swizzled)."""
+    return {(L // 8, L % 8): (8 * (L // 8 & 1) + L % 8) * 128 + (((2 * warp + (L // 8 >> 1)) ^ (L % 8)) << 4)
+            + tile * TILE + g * 16 * 128 for L in range(32)}
+
+
+def unit_registers(page: dict, rd: dict, lane: int) -> list:
+    """The thread's four registers after the .trans read (b16 elements [2q][j] and [2q+1][j] of each 8 x 8 matrix)
+    and the two byte permutes per register pair: x0, y0, x1, y1, each [(token, channel)] x 4."""
+    q, j = lane % 4, lane // 4
+    regs = [[page[rd[m, 2 * q] + 2 * j], page[rd[m, 2 * q] + 2 * j + 1],
+             page[rd[m, 2 * q + 1] + 2 * j], page[rd[m, 2 * q + 1] + 2 * j + 1]] for m in range(4)]
+    return [byte_perm(regs[0], regs[1], 0x6420), byte_perm(regs[0], regs[1], 0x7531),
+            byte_perm(regs[2], regs[3], 0x6420), byte_perm(regs[2], regs[3], 0x7531)]
+
+
 def transpose():
     """V^T as {byte offset: (token, channel)} after the 4 warps' 16 units each."""
-    page = {staged_offset(t, c): (t, c) for t in range(64) for c in range(512)}
+    page = staged_page()
     vt = {}
     for warp in range(4):
         for ci in range(4):
             for g in range(4):
-                # ldmatrix: lane L gives the address of row L % 8 of matrix L // 8
-                rd = {(L // 8, L % 8): (8 * (L // 8 & 1) + L % 8) * 128 + (((2 * warp + (L // 8 >> 1)) ^ (L % 8)) << 4)
-                      + ci * TILE + g * 16 * 128 for L in range(32)}
+                rd = unit_read_addresses(warp, ci, g)
                 assert all(distinct_bank_groups([rd[m, r] for r in range(8)]) for m in range(4))
                 # stmatrix: lane L gives the address of row L % 8 of matrix L // 8
                 wr = {(L // 8, L % 8): (4 * warp + 2 * (L // 8 >> 1) + L % 8 // 4) * VT_STRIDE
@@ -52,11 +72,7 @@ def transpose():
                 assert all(distinct_bank_groups([wr[m, r] for r in range(8)]) for m in range(4))
                 for lane in range(32):
                     q, j = lane % 4, lane // 4
-                    # .trans: the thread holds b16 elements [2q][j] and [2q+1][j] of each stored 8 x 8 matrix
-                    regs = [[page[rd[m, 2 * q] + 2 * j], page[rd[m, 2 * q] + 2 * j + 1],
-                             page[rd[m, 2 * q + 1] + 2 * j], page[rd[m, 2 * q + 1] + 2 * j + 1]] for m in range(4)]
-                    out = [byte_perm(regs[0], regs[1], 0x6420), byte_perm(regs[0], regs[1], 0x7531),
-                           byte_perm(regs[2], regs[3], 0x6420), byte_perm(regs[2], regs[3], 0x7531)]
+                    out = unit_registers(page, rd, lane)
                     for m in range(4):  # the masked variant's token pattern for this thread's bytes
                         assert [t for t, _ in out[m]] == [16 * g + 2 * q + d for d in (0, 1, 8, 9)]
                         for k in range(4):  # row j of matrix m, bytes 4q..4q+3
@@ -73,20 +89,15 @@ def narrow_pv_channel(half: int, mt: int, warp: int, lane: int, h: int) -> int:
 
 def narrow_fragments():
     """The narrow kernel's `transpose_half_fragments`: {(half, warp, lane, mt, ks, reg): [(token, channel)] x 4}."""
-    page = {staged_offset(t, c): (t, c) for t in range(64) for c in range(512)}
+    page = staged_page()
     frags = {}
     for half in range(2):
         for warp in range(4):
             for ci in range(2):
                 for g in range(4):
-                    rd = {(L // 8, L % 8): 2 * half * TILE + (8 * (L // 8 & 1) + L % 8) * 128
-                          + (((2 * warp + (L // 8 >> 1)) ^ (L % 8)) << 4) + ci * TILE + g * 16 * 128 for L in range(32)}
+                    rd = unit_read_addresses(warp, 2 * half + ci, g)
                     for lane in range(32):
-                        q, j = lane % 4, lane // 4
-                        regs = [[page[rd[m, 2 * q] + 2 * j], page[rd[m, 2 * q] + 2 * j + 1],
-                                 page[rd[m, 2 * q + 1] + 2 * j], page[rd[m, 2 * q + 1] + 2 * j + 1]] for m in range(4)]
-                        x0, y0 = byte_perm(regs[0], regs[1], 0x6420), byte_perm(regs[0], regs[1], 0x7531)
-                        x1, y1 = byte_perm(regs[2], regs[3], 0x6420), byte_perm(regs[2], regs[3], 0x7531)
+                        x0, y0, x1, y1 = unit_registers(page, rd, lane)
                         ks, lo = g // 2, 2 * (g % 2)
                         for mt, reg, val in ((2 * ci, lo, x0), (2 * ci, lo + 1, y0), (2 * ci + 1, lo, x1),
                                              (2 * ci + 1, lo + 1, y1)):
