@@ -76,8 +76,9 @@ def test_cuda_extension_builds_and_imports_without_a_gpu(tmp_path):
 def test_v_transpose_mapping_emulated():
     """The decode's ldmatrix/stmatrix V transpose, replayed on byte coordinates, fills V^T in the slot order P8 uses,
     without shared-memory bank conflicts, and the narrow kernel's P8 word stores (one byte pair traded between lanes
-    4 apart) put each (query row, token) where its PV WGMMA reads that token's V^T column, each store on 32 banks
-    (tools/kernel_dev/emulate_transpose.py)."""
+    4 apart) put each (query row, token) where its PV WGMMA reads that token's V^T column, each store on 32 banks,
+    and the narrow kernel's V^T register fragments hold every byte where the m64nNk32 A fragment expects it, at the
+    channel `narrow_pv_channel` names (tools/kernel_dev/emulate_transpose.py)."""
     res = subprocess.run([sys.executable, "-m", "tools.kernel_dev.emulate_transpose"], capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert res.returncode == 0 and "ok:" in res.stdout, res.stdout + res.stderr
