@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def stored(path: Path) -> Path:
-    """`path`, or its xz-compressed copy NAME.json.xz where only that exists (results/ keeps JSON over 40 KB so)."""
+    """`path`, or its xz-compressed copy NAME.json.xz where only that exists (results/ keeps JSON over 12 KB so)."""
     xz = path.with_name(path.name + ".xz")
     return xz if not path.exists() and xz.exists() else path
 
