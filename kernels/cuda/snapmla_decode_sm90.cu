@@ -70,6 +70,7 @@ constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kLanePool = kThreads / 128
 constexpr int kSoftmaxRegs = SNAPMLA_SOFTMAX_REGS, kPvRegs = (kLanePool - kSoftmaxRegs) / 2 / 8 * 8;  // per thread
 static_assert(kPvRegs % 8 == 0 && kSoftmaxRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 static_assert(kSoftmaxRegs + 2 * kPvRegs <= kLanePool, "setmaxnreg: more registers than the CTA holds");
+constexpr int kNarrowSoftmaxRegs = 136, kNarrowPvRegs = (kLanePool - kNarrowSoftmaxRegs) / 2 / 8 * 8;  // 136, 184
 
 // shared memory map (bytes, from a 1024 B aligned base: swizzled tiles need 1024 B alignment)
 constexpr int kTile = kPage * 128;                    // one [64 rows x 128 B] swizzled tile, 8 KB
@@ -737,7 +738,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
 //   O^T [512 x kN] = O^T f + V^T P8^T                    (A = V^T in registers: the wide kernel's transpose reads,
 //                                                         kept as A fragments, transpose_half_fragments; B = P8
 //                                                         [kN x 64 tokens]; per PV warpgroup 4 M tiles of 64
-//                                                         channels x 2 K steps of m64nNk32 e4m3)
+//                                                         channels x 2 K steps of m64nNk32 e4m3; two fragment
+//                                                         sets by page parity, so that V^T(c + 1) is read and
+//                                                         permuted while PV(c)'s MMAs run)
 // The numerics are the wide kernel's (the same log-domain softmax, page references, P8 and row factors); what
 // changes is that a query row's scores now lie in one accumulator column spread over the warpgroup's four warps, so
 // the page maximum is reduced across lanes (shuffles) and across warps (shared memory, one named barrier per page),
@@ -893,6 +896,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
 
   if (wg == 0) {
     // ---- softmax warpgroup: QK(c + 1) on the tensor cores while page c's softmax runs here ----
+    // registers at N = 32: kNarrowSoftmaxRegs here, the rest of the launch's 3 x 168 to the PV warpgroups (their two
+    // V^T fragment sets and 64 accumulators; at N = 16 both fit in 168)
+    if constexpr (kN == 32) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kNarrowSoftmaxRegs));
     const int tok0 = 16 * warp + lane / 4;  // this thread's page tokens: tok0, tok0 + 8
     float qs[L::kCols], l[L::kCols];
     int last_key[L::kCols];
@@ -1047,6 +1053,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
     }
   } else {
     // ---- PV warpgroups: wg 1 owns latent channels 0..255, wg 2 channels 256..511 ----
+    if constexpr (kN == 32) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kNarrowPvRegs));
     const int half = wg - 1;
     float o[4][L::kAcc];  // O^T: 4 M tiles of 64 channels (narrow_pv_channel) x kN query rows
 #pragma unroll
@@ -1054,9 +1061,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
 #pragma unroll
       for (int j = 0; j < L::kAcc; ++j) o[mt][j] = 0.f;
     int next_page = t == 128 && first + kSt < last ? bt[first + kSt] : 0;  // the loader thread's next page
-    for (int c = first; c < last; ++c) {
-      const int i = c - first, pb = i & 1, buf = stage_index(c), valid = valid_of(c);
-      uint32_t a[4][2][4];  // V^T(c) as A fragments: [M tile][K step][register]
+    using Frags = uint32_t[4][2][4];  // V^T(c) as A fragments: [M tile][K step][register]
+    // V^T(c) into `a`, then the stage back to the loader
+    auto fragments_of = [&](int c, Frags& a) {
+      const int buf = stage_index(c), valid = valid_of(c);
       mbar_wait(full + buf, use_parity(c));
       if (valid < kPage) transpose_half_fragments<true>(stage_of(c), half, tw, valid, a);  // the last page
       else transpose_half_fragments<false>(stage_of(c), half, tw, valid, a);
@@ -1071,7 +1079,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
           next_page = c + kSt + 1 < last ? bt[c + kSt + 1] : 0;
         }
       }
-      mbar_wait(pfull + pb, (i >> 1) & 1);
+    };
+    // PV(c) issued (not waited for): O rescaled by the page factors, then O^T += V^T(c) P8(c)^T
+    auto issue_pv = [&](int c, const Frags& a) {
+      const int pb = (c - first) & 1;
+      mbar_wait(pfull + pb, ((c - first) >> 1) & 1);
       const float* rowf = reinterpret_cast<const float*>(smem + L::kRowF) + pb * kN;
 #pragma unroll
       for (int ii = 0; ii < L::kCols; ++ii) {
@@ -1087,8 +1099,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_narrow_sm90_kernel(
         for (int mt = 0; mt < 4; ++mt) wgmma_narrow_e4m3_rs<kN>(o[mt], a[mt][k], desc_p, 1);
       }
       wgmma_commit();
+    };
+    auto finish_pv = [&](int c) {  // PV(c)'s MMAs done: its P8 buffer back to the softmax warpgroup
       wgmma_wait<0>();
-      mbar_arrive(pempty + pb);
+      mbar_arrive(pempty + ((c - first) & 1));
+    };
+    // two fragment sets by page parity: V^T(c + 1) is read and permuted while PV(c)'s MMAs run
+    Frags fa, fb;
+    if (first < last) fragments_of(first, fa);
+    for (int c = first; c < last; c += 2) {
+      issue_pv(c, fa);
+      if (c + 1 < last) fragments_of(c + 1, fb);
+      finish_pv(c);
+      if (c + 1 >= last) break;
+      issue_pv(c + 1, fb);
+      if (c + 2 < last) fragments_of(c + 2, fa);
+      finish_pv(c + 1);
     }
     mbar_wait(rows_done, 0);  // the row scales are published
     float w[L::kCols];
