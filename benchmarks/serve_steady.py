@@ -337,6 +337,22 @@ def plot(results: dict, path: Path) -> Path:
     return path
 
 
+def merge_runs(runs: list[dict]) -> dict:
+    """One result of several runs of the same model and workload (e.g. one backend per GPU, all at once): their
+    backends side by side. Another model or workload, or a backend in two runs, stops with the reason."""
+    merged = {"model": runs[0]["model"], "workload": runs[0]["workload"], "backends": {}}
+    for run in runs:
+        for key in ("model", "workload"):
+            if run[key] != merged[key]:
+                raise SystemExit(f"--merge: runs of another {key} ({run[key]} against {merged[key]}); a steady-window "
+                                 "comparison needs the same requests for every backend (pass --prompts to each run)")
+        for backend, entry in run["backends"].items():
+            if backend in merged["backends"]:
+                raise SystemExit(f"--merge: {backend} is in more than one run")
+            merged["backends"][backend] = entry
+    return merged
+
+
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="configs/models/deepseek-v2-lite-shape")
@@ -369,6 +385,9 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--resume", action="store_true", help="keep backends already measured in --out")
     ap.add_argument("--redraw", action="store_true",
                     help="print the table and draw the plot of --out's JSON; serve nothing")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                    help="serve nothing: merge these serve_steady.json files (runs of one workload, e.g. one backend "
+                         "per GPU at once, each with the same --prompts) into --out's, then print and draw it")
     ap.add_argument("--from-log", nargs=2, action="append", default=[], metavar=("BACKEND", "LOG"),
                     help="add BACKEND's entry from its server log (entry_from_log) instead of serving it; with "
                          "--resume, to the requests of --out's JSON (the log must come from that workload)")
@@ -393,6 +412,10 @@ def main(argv: list[str] | None = None):
         if results["model"] != args.model:
             raise SystemExit(f"{path} holds {results['model']}; pass another --out for {args.model}")
         workload = results["workload"]  # the same requests for every backend
+    if args.merge:
+        results = merge_runs([read_json(p) for p in args.merge])
+        workload = results["workload"]
+        path.write_text(json.dumps(results, indent=1))
     for backend, log in args.from_log:
         entry = entry_from_log(read_log(Path(log)), args.usage_floor, args.decode_log_interval)
         measured = results["backends"].get(backend, {})
@@ -401,7 +424,7 @@ def main(argv: list[str] | None = None):
         results["backends"][backend] = entry
         path.write_text(json.dumps(results, indent=1))
     kill_servers_on_exit()
-    to_serve = [] if args.from_log or args.redraw else args.backends
+    to_serve = [] if args.from_log or args.redraw or args.merge else args.backends
     if to_serve and importlib.util.find_spec("prometheus_client") is None:
         raise SystemExit("serve_steady starts servers with --enable-metrics (their GPU time per forward), which needs "
                          "prometheus-client: pip install prometheus-client (tools/gpu_host/build-runtime.sh's bundle "
@@ -411,7 +434,7 @@ def main(argv: list[str] | None = None):
             continue
         results["backends"][backend] = run_backend(args.model, backend, workload, args.out, args.port, args)
         path.write_text(json.dumps(results, indent=1))
-    print(f"{Path(args.model).name}: {workload['num_prompts']} prompts, in {workload['input_len']} / out "
+    print(f"{Path(results['model']).name}: {workload['num_prompts']} prompts, in {workload['input_len']} / out "
           f"{workload['output_len']}, lengths from {workload['range_ratio']} x; server flags "
           f"{workload.get('server_flags') or '(none)'}\n")
     print(table(results))

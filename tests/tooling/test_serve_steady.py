@@ -335,3 +335,26 @@ def test_serving_without_prometheus_client_stops_with_the_fix(monkeypatch, tmp_p
     monkeypatch.setattr(serve_steady, "run_backend", lambda *a: pytest.fail("served without prometheus-client"))
     with pytest.raises(SystemExit, match="pip install prometheus-client"):
         serve_steady.main(["--backends", "snapmla", "--out", str(tmp_path)])
+
+
+def test_runs_of_one_workload_merge_side_by_side_and_others_are_refused(tmp_path, capsys):
+    """One backend per GPU at once, then --merge: the backends of both runs in one JSON, printed as one table; runs of
+    other requests (another --prompts) or the same backend twice stop with the reason."""
+    work = {"input_len": 2048, "output_len": 2048, "range_ratio": 0.5, "num_prompts": 1768}
+    runs = {}
+    for backend in ("snapmla", "flashmla"):
+        entry = serve_steady.measured_run(LOG, 0.9, 10)
+        runs[backend] = tmp_path / backend / "serve_steady.json"
+        runs[backend].parent.mkdir()
+        runs[backend].write_text(json.dumps({"model": "m", "workload": work, "backends": {backend: entry}}))
+    out = tmp_path / "merged"
+    serve_steady.main(["--merge", str(runs["snapmla"]), str(runs["flashmla"]), "--out", str(out)])
+    merged = json.loads((out / "serve_steady.json").read_text())
+    assert list(merged["backends"]) == ["snapmla", "flashmla"] and merged["workload"] == work
+    assert "| snapmla |" in capsys.readouterr().out
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"model": "m", "workload": {**work, "num_prompts": 1500}, "backends": {"triton": {}}}))
+    with pytest.raises(SystemExit, match="another workload"):
+        serve_steady.main(["--merge", str(runs["snapmla"]), str(other), "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="snapmla is in more than one run"):
+        serve_steady.merge_runs([json.loads(runs["snapmla"].read_text())] * 2)
