@@ -358,3 +358,26 @@ def test_runs_of_one_workload_merge_side_by_side_and_others_are_refused(tmp_path
         serve_steady.main(["--merge", str(runs["snapmla"]), str(other), "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="snapmla is in more than one run"):
         serve_steady.merge_runs([json.loads(runs["snapmla"].read_text())] * 2)
+
+
+def test_the_committed_h200_steady_window_is_what_the_docs_quote():
+    """results/serve/v2lite_h200_steady gives the rates and ratios README.md and docs/BENCHMARKS.md quote (rounded,
+    thin-space thousands as there), read from the window of each server log again."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "BENCHMARKS.md").read_text() + (root / "README.md").read_text()
+    saved = read_json(root / "results" / "serve" / "v2lite_h200_steady" / "serve_steady.json")
+    steady = {b: e["steady"] for b, e in saved["backends"].items()}
+    def quoted(x: float) -> str:  # rounded half up, as the docs round
+        return f"{int(x + 0.5):,}".replace(",", " ")
+
+    for backend, (rate, alone) in {"snapmla": ("15 297", "25 177"), "flashmla": ("10 453", "15 150")}.items():
+        assert quoted(steady[backend]["output_tok_s"]) == rate and rate in docs, backend
+        assert quoted(steady[backend]["decode_alone_tok_s"]) == alone and alone in docs, backend
+    for key, ratio in (("output_tok_s", "1.46x"), ("decode_alone_tok_s", "1.66x")):
+        assert f"{steady['snapmla'][key] / steady['flashmla'][key]:.2f}x" == ratio and ratio in docs, key
+    assert read_json(root / "results" / "serve" / "v2lite_h200_steady" / "serve_steady.json")["workload"][
+        "num_prompts"] == 1768 and "--prompts 1768" in docs
