@@ -30,3 +30,24 @@ def test_flashinfer_per_token_cache_scales_each_128_channel_block():
     assert kpe_scale == torch.clamp_min(kpe.float().abs().amax() / nx.FP8_MAX, nx.SCALE_FLOOR).item()
     kpe_err = (kpe8.float() * kpe_scale - kpe.float()).norm() / kpe.float().norm()
     assert kpe_err < 0.04, kpe_err
+
+
+def test_the_committed_h200_kernel_table_is_what_the_readme_quotes():
+    """results/bench/kernels_h200.json.xz (one run of bench_kernels on an H200) gives every kernel ratio the README's
+    measurement table quotes: snapmla's sm_90a decode against FlashMLA BF16 / FlashMLA FP8 of the same run."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    us = {(r["kernel"], r["h"], r["b"], r["sk"]): r["us"]
+          for r in read_json(root / "results" / "bench" / "kernels_h200.json")["results"] if r["s_q"] == 1}
+    quoted = {(16, 128, 16384): "1.73x / 1.31x", (16, 64, 65536): "1.82x / 1.37x", (32, 128, 16384): "1.76x / 1.42x",
+              (32, 64, 65536): "1.74x / 1.33x", (8, 128, 16384): "1.71x / 1.32x", (64, 128, 16384): "1.40x / 1.10x",
+              (128, 128, 16384): "1.23x / 1.00x", (128, 64, 65536): "1.23x / 1.02x", (16, 1, 640): "1.42x / 1.34x",
+              (128, 1, 640): "1.19x / 1.18x"}
+    for shape, text in quoted.items():
+        ours = us[("snapmla_cuda_sm90", *shape)]
+        ratios = f"{us[('flashmla_bf16', *shape)] / ours:.2f}x / {us[('flashmla_fp8_pertensor', *shape)] / ours:.2f}x"
+        assert ratios == text and text in readme, (shape, ratios, text)
