@@ -22,6 +22,15 @@ import sys
 import time
 
 
+def parse_shape(shape: str) -> tuple:
+    """'h128x1x640q2s57' -> (heads 128, batch 1, s_k 640, s_q 2, splits 57); without a suffix s_q is 1 and the split
+    count the planner's (None)."""
+    dims, _, forced = shape[1:].partition("s")  # h128x1x640s57: 57 splits, as serving's static page bound gives
+    dims, _, s_q = dims.partition("q")  # h128x64x65536q2: s_q 2
+    h, b, sk = (int(x) for x in dims.split("x"))
+    return h, b, sk, int(s_q or 1), int(forced) if forced else None
+
+
 def time_one(shapes: str) -> dict:
     import torch
 
@@ -34,11 +43,8 @@ def time_one(shapes: str) -> dict:
     copies = int(os.environ.get("TIME_COPIES", "1"))
     res = {}
     for shape in shapes.split(","):
-        dims, _, forced = shape[1:].partition("s")  # h128x1x640s57: 57 splits, as serving's static page bound gives
-        dims, _, s_q = dims.partition("q")  # h128x64x65536q2: s_q 2
-        h, b, sk = (int(x) for x in dims.split("x"))
-        splits = int(forced) if forced else None
-        inputs = make_inputs(b, sk, h, int(s_q or 1), copies, "cuda")
+        h, b, sk, s_q, splits = parse_shape(shape)
+        inputs = make_inputs(b, sk, h, s_q, copies, "cuda")
         seqlens = torch.full((b,), sk, device="cuda", dtype=torch.int32)
 
         def call(i, seqlens=seqlens, splits=splits):

@@ -379,5 +379,4 @@ def test_the_committed_h200_steady_window_is_what_the_docs_quote():
         assert quoted(steady[backend]["decode_alone_tok_s"]) == alone and alone in docs, backend
     for key, ratio in (("output_tok_s", "1.46x"), ("decode_alone_tok_s", "1.66x")):
         assert f"{steady['snapmla'][key] / steady['flashmla'][key]:.2f}x" == ratio and ratio in docs, key
-    assert read_json(root / "results" / "serve" / "v2lite_h200_steady" / "serve_steady.json")["workload"][
-        "num_prompts"] == 1768 and "--prompts 1768" in docs
+    assert saved["workload"]["num_prompts"] == 1768 and "--prompts 1768" in docs

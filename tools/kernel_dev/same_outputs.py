@@ -6,8 +6,9 @@ outputs and LSE bit-identical, which no tolerance-based test shows.
     SNAPMLA_CUDA_SOURCE_DIR=ab/NAME/kernels/cuda python3 -m tools.kernel_dev.same_outputs save FILE
     python3 -m tools.kernel_dev.same_outputs compare FILE_A FILE_B  # exit 1 unless every shape is bit-identical
 
-`save` runs the decode on seeded inputs of SHAPES (HxBxS_K[qS_Q]: random lengths up to S_K, the first one full, so
-partial last pages and several split counts are covered) and stores out and LSE per shape."""
+`save` runs the decode on seeded inputs of SHAPES (named as `benchmarks/gpu/time_variants.py` names them; random
+lengths up to S_K, the first one full, so partial last pages and several split counts are covered) and stores out and
+LSE per shape."""
 
 import argparse
 import sys
@@ -15,29 +16,23 @@ import sys
 SHAPES = ("h32x64x4096", "h32x7x1000", "h16x33x5003", "h16x16x4097q2", "h8x5x777", "h32x130x2048")
 
 
-def parse_shape(shape: str) -> tuple[int, int, int, int]:
-    """'h16x16x4097q2' -> (h 16, b 16, s_k 4097, s_q 2)."""
-    dims, _, s_q = shape[1:].partition("q")
-    h, b, sk = (int(x) for x in dims.split("x"))
-    return h, b, sk, int(s_q or 1)
-
-
 def save(path: str, shapes=SHAPES) -> None:
     import torch
 
+    from benchmarks.gpu.time_variants import parse_shape
     from harness.kernel_timing import make_inputs
 
     from sglang_snapmla import ops
 
     out = {}
     for shape in shapes:
-        h, b, sk, s_q = parse_shape(shape)
+        h, b, sk, s_q, splits = parse_shape(shape)
         torch.manual_seed(1234)
         x = make_inputs(b, sk, h, s_q, 1, "cuda")[0]
         seqlens = torch.randint(1, sk + 1, (b,), device="cuda", dtype=torch.int32)
         seqlens[0] = sk
         o, lse = ops.quantize_and_decode(x["q"][..., :512], x["q"][..., 512:], x["kv8"], x["ks"], x["kr"], x["bt"],
-                                         seqlens, 576 ** -0.5, impl="cuda")
+                                         seqlens, 576 ** -0.5, num_splits=splits, impl="cuda")
         out[shape] = {"out": o.cpu(), "lse": lse.cpu()}
     torch.save(out, path)
 
