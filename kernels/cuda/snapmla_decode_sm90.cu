@@ -209,24 +209,47 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t a, uint32_t b, u
                "r"(c), "r"(d) : "memory");
 }
 
-// V^T (K-major over tokens) from the staged page, by the 128 threads of warpgroup 1 (`tw` = 0..127). A unit is 16
-// tokens x 32 channels: one ldmatrix.x4.trans reads it as four 8 x 8 b16 matrices (tokens +0/+8 x channels +0/+16),
-// which leaves each thread 2 x 2 byte blocks (tokens 2q, 2q+1 of channels 2j, 2j+1; q = lane % 4, j = lane / 4);
-// two byte permutes per register pair regroup them per channel, and one stmatrix.x4 writes the four 8-channel x
-// 16 B rows. Within every 16-token group the tokens land in the slot order (2q, 2q+1, 8+2q, 9+2q) at slots 4q..4q+3
-// -- the order of the QK accumulator's columns in a thread, so P8 is written in the same order with 32-bit stores
-// (PV sums over tokens: any order shared by P8 and V^T gives the same product). Warp w takes the 32-channel chunks
-// w + 4 ci (ci = 0..3, one swizzled tile each) x the 4 token groups: every address is a per-thread base plus a
-// compile-time offset; reads and writes are bank-conflict-free (tools/kernel_dev/emulate_transpose.py checks the
-// mapping and the banks on the layouts).
+// The V transpose of a PV warpgroup (`tw` = 0..127) works in units of 16 tokens x 32 channels: one
+// ldmatrix.x4.trans reads a unit as four 8 x 8 b16 matrices (tokens +0/+8 x channels +0/+16), which leaves each thread
+// 2 x 2 byte blocks (tokens 2q, 2q+1 of channels 2j, 2j+1; q = lane % 4, j = lane / 4); two byte permutes per
+// register pair regroup them per channel. transpose_unit does that for token group g of warp w's 32-channel chunk in
+// the half's 128-channel tile ci: x0 / y0 hold channels 2j, 2j+1 and x1 / y1 channels 2j+16, 2j+17, each at the four
+// token slots 4q..4q+3 (tokens 16 g + (2q, 2q+1, 8+2q, 9+2q)). Tokens at or past `valid` become zeros (kMasked: last
+// page only).
+// (lane = tw % 32: warp = tw / 32, m = lane / 8, r = lane % 8)
+__device__ __forceinline__ uint32_t transpose_read_base(const uint8_t* stage, int half, int warp, int m, int r) {
+  // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
+  return smem_u32(stage + 2 * half * kTile) + (8 * (m & 1) + r) * 128 + (((2 * warp + (m >> 1)) ^ r) << 4);
+}
+template <bool kMasked>
+__device__ __forceinline__ void transpose_unit(uint32_t rd, int ci, int g, int q, int valid, uint32_t& x0,
+                                               uint32_t& y0, uint32_t& x1, uint32_t& y1) {
+  uint32_t v[4];
+  ldsm_x4_trans(rd + ci * kTile + g * 16 * 128, v);
+  x0 = __byte_perm(v[0], v[1], 0x6420), y0 = __byte_perm(v[0], v[1], 0x7531);
+  x1 = __byte_perm(v[2], v[3], 0x6420), y1 = __byte_perm(v[2], v[3], 0x7531);
+  if (kMasked) {
+    const int t0 = 16 * g + 2 * q;
+    const uint32_t keep = (t0 < valid ? 0xFFu : 0u) | (t0 + 1 < valid ? 0xFF00u : 0u) |
+                          (t0 + 8 < valid ? 0xFF0000u : 0u) | (t0 + 9 < valid ? 0xFF000000u : 0u);
+    x0 &= keep, y0 &= keep, x1 &= keep, y1 &= keep;
+  }
+}
+
+// V^T (K-major over tokens) from the staged page into shared memory, by the 128 threads of a PV warpgroup (`tw` =
+// 0..127), for the 64-row kernel: one transpose_unit per 16 tokens x 32 channels, then one stmatrix.x4 writes its
+// four 8-channel x 16 B rows. Within every 16-token group the tokens land in the slot order (2q, 2q+1, 8+2q, 9+2q)
+// at slots 4q..4q+3 -- the order of the QK accumulator's columns in a thread, so P8 is written in the same order
+// with 32-bit stores (PV sums over tokens: any order shared by P8 and V^T gives the same product). Warp w takes the
+// 32-channel chunks w + 4 ci (ci = 0..3, one swizzled tile each) x the 4 token groups: every address is a per-thread
+// base plus a compile-time offset; reads and writes are bank-conflict-free (tools/kernel_dev/emulate_transpose.py
+// checks the mapping and the banks on the layouts).
 // A variant with 4-byte loads/stores and 6 permutes per 4 x 4 block: 2.3x the instructions, and the profile
-// showed it as the longest path of the page loop. Tokens at or past `valid` become zeros (kMasked: last page only).
+// showed it as the longest path of the page loop.
 template <bool kMasked>
 __device__ __forceinline__ void transpose_half(const uint8_t* stage, uint8_t* vt, int half, int tw, int valid) {
   const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
-  // ldmatrix row addresses: matrix m = tokens + 8 (m & 1), 16 B chunk + (m >> 1) of the swizzled 128 B row
-  const uint32_t rd = smem_u32(stage + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
-                      (((2 * warp + (m >> 1)) ^ r) << 4);
+  const uint32_t rd = transpose_read_base(stage, half, warp, m, r);
   // stmatrix row addresses: matrix m = channels 2 r + (m & 1) + 16 (m >> 1) of the 32-channel chunk
   const uint32_t wr = smem_u32(vt) + (4 * warp + 2 * (m >> 1) + r / 4) * kVTStride +
                       (2 * (r % 4) + (m & 1)) * 16;
@@ -234,47 +257,30 @@ __device__ __forceinline__ void transpose_half(const uint8_t* stage, uint8_t* vt
   for (int ci = 0; ci < 2; ++ci) {  // the half's two 128-channel tiles
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      uint32_t v[4];
-      ldsm_x4_trans(rd + ci * kTile + g * 16 * 128, v);
-      uint32_t x0 = __byte_perm(v[0], v[1], 0x6420), y0 = __byte_perm(v[0], v[1], 0x7531);
-      uint32_t x1 = __byte_perm(v[2], v[3], 0x6420), y1 = __byte_perm(v[2], v[3], 0x7531);
-      if (kMasked) {  // this thread's bytes are tokens 16 g + (2q, 2q+1, 8+2q, 9+2q)
-        const int t0 = 16 * g + 2 * q;
-        const uint32_t keep = (t0 < valid ? 0xFFu : 0u) | (t0 + 1 < valid ? 0xFF00u : 0u) |
-                              (t0 + 8 < valid ? 0xFF0000u : 0u) | (t0 + 9 < valid ? 0xFF000000u : 0u);
-        x0 &= keep, y0 &= keep, x1 &= keep, y1 &= keep;
-      }
+      uint32_t x0, y0, x1, y1;
+      transpose_unit<kMasked>(rd, ci, g, q, valid, x0, y0, x1, y1);
       stsm_x4(wr + ci * 16 * kVTStride + g * 128, x0, y0, x1, y1);
     }
   }
 }
 
 // The narrow kernel's V^T straight into WGMMA A fragments (PV as register-A MMAs: no V^T tile in shared memory).
-// The same reads and byte permutes as transpose_half: warp w's registers of unit (ci, g) hold channels
-// c = 128 ci + 32 w + 2 j + {0, 1, 16, 17} (j = lane / 4) of the half, tokens at slots 4q..4q+3 of group g, which is
-// an m64nNk32 A fragment's layout (a0 / a2: row j, K 4q..4q+3 / 16+4q..; a1 / a3: row j + 8) once M rows are
-// assigned to channels that way: M tile mt = 2 ci + s, row 16 w + j + 8 h  <->  channel 128 ci + 32 w + 16 s + 2 j + h
-// (`narrow_pv_channel`); K step ks = g / 2. The K slots are transpose_half's, so P8 needs no change.
+// Warp w's registers of unit (ci, g) hold channels c = 128 ci + 32 w + 2 j + {0, 1, 16, 17} (j = lane / 4) of the
+// half, tokens at slots 4q..4q+3 of group g, which is an m64nNk32 A fragment's layout (a0 / a2: row j, K 4q..4q+3 /
+// 16+4q..; a1 / a3: row j + 8) once M rows are assigned to channels that way: M tile mt = 2 ci + s, row 16 w + j + 8 h
+// <->  channel 128 ci + 32 w + 16 s + 2 j + h (`narrow_pv_channel`); K step ks = g / 2. The K slots are
+// transpose_half's, so P8 needs no change.
 template <bool kMasked>
 __device__ __forceinline__ void transpose_half_fragments(const uint8_t* stage, int half, int tw, int valid,
                                                          uint32_t (&a)[4][2][4]) {
   const int lane = tw % 32, warp = tw / 32, m = lane / 8, r = lane % 8, q = lane % 4;
-  const uint32_t rd = smem_u32(stage + 2 * half * kTile) + (8 * (m & 1) + r) * 128 +
-                      (((2 * warp + (m >> 1)) ^ r) << 4);
+  const uint32_t rd = transpose_read_base(stage, half, warp, m, r);
 #pragma unroll
   for (int ci = 0; ci < 2; ++ci) {
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      uint32_t v[4];
-      ldsm_x4_trans(rd + ci * kTile + g * 16 * 128, v);
-      uint32_t x0 = __byte_perm(v[0], v[1], 0x6420), y0 = __byte_perm(v[0], v[1], 0x7531);
-      uint32_t x1 = __byte_perm(v[2], v[3], 0x6420), y1 = __byte_perm(v[2], v[3], 0x7531);
-      if (kMasked) {  // this thread's bytes are tokens 16 g + (2q, 2q+1, 8+2q, 9+2q)
-        const int t0 = 16 * g + 2 * q;
-        const uint32_t keep = (t0 < valid ? 0xFFu : 0u) | (t0 + 1 < valid ? 0xFF00u : 0u) |
-                              (t0 + 8 < valid ? 0xFF0000u : 0u) | (t0 + 9 < valid ? 0xFF000000u : 0u);
-        x0 &= keep, y0 &= keep, x1 &= keep, y1 &= keep;
-      }
+      uint32_t x0, y0, x1, y1;
+      transpose_unit<kMasked>(rd, ci, g, q, valid, x0, y0, x1, y1);
       const int ks = g / 2, lo = 2 * (g % 2);
       a[2 * ci][ks][lo] = x0, a[2 * ci][ks][lo + 1] = y0;
       a[2 * ci + 1][ks][lo] = x1, a[2 * ci + 1][ks][lo + 1] = y1;
