@@ -60,9 +60,9 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     t0 = time.time()
     log_path = out_dir / f"server_{name}.log"
-    proc, log = start_server(args.model, port, ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs), *RUNS[name],
-                                                *args.extra], log_path, env=RUN_ENV.get(name),
-                            launcher=args.launcher)
+    graphs = ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
+    proc, log = start_server(args.model, port, [*graphs, *RUNS[name], *args.extra], log_path,
+                             env=RUN_ENV.get(name), launcher=args.launcher)
     res = {"run": name, "cmd": proc.cmd}
     measured_from = None  # the server log's size when the measured bench_serving call starts
     try:
@@ -132,7 +132,9 @@ def main():
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--range-ratio", type=float, default=1.0,
                     help="bench_serving --random-range-ratio: lengths drawn in [ratio x len, len]")
-    ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=256,
+                    help="largest captured decode batch; 0: no flag, the server's own default (what a user who sets "
+                         "none gets: SGLang's for BF16, snapmla's larger one for its pool)")
     ap.add_argument("--port", type=int, default=30000,
                     help="the first run's server port, the next runs' the ports after it (another port for a second "
                          "serve_and_bench on the same host, e.g. one per GPU with CUDA_VISIBLE_DEVICES)")

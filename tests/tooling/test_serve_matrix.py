@@ -235,7 +235,8 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
     """serve_and_bench.py --disable-stream: the measured bench_serving call runs without streaming (so that the
     frontend does not set the duration); the warm-up call keeps its default; without the flag both stream.
     --range-ratio reaches the measured call (the burst's lengths), the warm-up keeps fixed lengths;
-    --warmup-output-len shortens the warm-up's outputs only."""
+    --warmup-output-len shortens the warm-up's outputs only; --cuda-graph-max-bs 0 passes no graph flag (the
+    server's default)."""
     import argparse
     import types
 
@@ -248,20 +249,30 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
         calls.append((num_prompts, output_len, stream, range_ratio))
         return {"total_tok_s": 1.0}, "text"
 
-    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    flags = []
+
+    def fake_start(model, port, server_flags, log_path, **kw):
+        flags.append(server_flags)
+        return types.SimpleNamespace(cmd="c", pid=1), open(log_path, "w")
+
+    monkeypatch.setattr(sb, "start_server", fake_start)
     monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
     monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
     monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
     monkeypatch.setattr(sb, "bench_serving", fake_bench)
     for flag in (True, False):
-        calls.clear()
-        args = argparse.Namespace(model="m", cuda_graph_max_bs=8, extra=[], greedy_repeat=False, num_prompts=64,
+        calls.clear(), flags.clear()
+        args = argparse.Namespace(model="m", cuda_graph_max_bs=8 if flag else 0, extra=[], greedy_repeat=False,
+                                  num_prompts=64,
                                   warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
                                   disable_stream=flag, launcher="launch_server", range_ratio=0.5,
                                   warmup_output_len=None if flag else 2)
         res = sb.run_one("snapmla", args, tmp_path, 30000)
         assert "error" not in res, res
         assert calls == [(4, 8 if flag else 2, True, 1.0), (64, 8, not flag, 0.5)]
+        graph_flags = [f for f in flags[0] if f.startswith("--cuda-graph")]
+        assert graph_flags == (["--cuda-graph-max-bs"] if flag else []), flags
+        assert not flag or flags[0][flags[0].index("--cuda-graph-max-bs") + 1] == "8"
 
 
 def test_serve_and_bench_table_divides_by_the_bf16_run_of_the_same_call():
@@ -315,7 +326,13 @@ def test_serve_and_bench_engine_rate_reads_only_the_measured_calls_log_lines(mon
             f.write("".join(lines))
         return {"total_tok_s": 1.0, "output_tokens": 4000.0}, "text"
 
-    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    flags = []
+
+    def fake_start(model, port, server_flags, log_path, **kw):
+        flags.append(server_flags)
+        return types.SimpleNamespace(cmd="c", pid=1), open(log_path, "w")
+
+    monkeypatch.setattr(sb, "start_server", fake_start)
     monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
     monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
     monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
@@ -394,6 +411,8 @@ def test_a_run_cut_short_keeps_its_finished_workloads(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("folder, min_queue, quoted", [
     ("burst_h200_graphs", 100, {"snapmla": ("9 289", "21 083"), "flashmla": ("8 912", "16 331")}),
+    ("burst_h200_unstreamed", 100, {"snapmla": ("21 460", "22 299"), "flashmla": ("16 731", "17 569")}),
+    ("burst_h200_default_graphs", 100, {"snapmla": ("13 126", "13 483"), "flashmla": ("11 516", "11 713")}),
     ("long_context_h200/with_bf16", 5, {"snapmla": ("2 258", None), "flashmla": ("1 687", None)}),
 ])
 def test_saved_serving_runs_reprint_to_what_the_docs_quote(folder, min_queue, quoted):
