@@ -1,12 +1,19 @@
 """The result files of the benchmarks and tools: a matrix run's JSON ({model: {backend: {"workloads": {...}, ...}}}),
 resumed or merged from several runs, and the reading of any saved JSON, plain or as results/ keeps its large ones
-(NAME.json.xz)."""
+(NAME.json.xz), and the excerpt of a server log that results/serve keeps.
+
+    python -m harness.results excerpt server_snapmla.log results/serve/RUN/server_snapmla.log.xz
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import lzma
+import re
 from pathlib import Path
+
+from harness.server_log import read_log
 
 
 def stored(path: Path) -> Path:
@@ -42,3 +49,38 @@ def load_results(saved: Path, merge: list[Path] | None, resume: bool) -> dict:
     if not merge and resume and stored(saved).exists():
         results = read_json(saved)
     return results
+
+
+# what the benchmarks read back from a kept server log (harness.server_log: batches, pool size, peak batch, the
+# engine's rate) and what the docs quote from one (graph capture, start-up, the plugin's own messages)
+EXCERPT_KEEP = re.compile(r"(Prefill|Decode) batch|max_total_num_tokens|CUDA graph|Engine startup|Load weight|snapmla:")
+SERVER_ARGS_CHARS = 600
+
+
+def server_log_excerpt(text: str) -> str:
+    """A server log as results/serve keeps it: its first server-args line cut to SERVER_ARGS_CHARS, then every line
+    EXCERPT_KEEP matches, in order, under a first line that says what was kept and how many lines were left out."""
+    lines = text.splitlines()
+    args = next((ln for ln in lines if "server_args=ServerArgs(" in ln), None)
+    kept = [ln for ln in lines if EXCERPT_KEEP.search(ln)]  # (no pattern occurs in the server-args line)
+    left_out = len(lines) - len(kept) - (args is not None)
+    head = (f"# excerpt of the server log: its server args line cut to {SERVER_ARGS_CHARS} characters and the "
+            f"{len(kept)} lines with batches, the pool size, graph capture and start-up ({left_out} others left out)")
+    return "\n".join([head, *([args[:SERVER_ARGS_CHARS]] if args is not None else []), *kept]) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="Keep a server log under results/serve as an xz-compressed excerpt.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("excerpt", help="SRC (a server log, plain or .xz) -> DST (.xz): `server_log_excerpt`")
+    ex.add_argument("src", type=Path)
+    ex.add_argument("dst", type=Path)
+    args = ap.parse_args()
+    if args.dst.suffix != ".xz":
+        ap.error(f"{args.dst}: the excerpt is written xz-compressed; name it {args.dst.name}.xz")
+    with lzma.open(args.dst, "wt") as f:
+        f.write(server_log_excerpt(read_log(args.src)))
+
+
+if __name__ == "__main__":
+    main()

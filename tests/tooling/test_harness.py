@@ -1,6 +1,7 @@
 """harness/server.py's `serving`: the server every tool measures is stopped however the measurement ends."""
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +86,38 @@ def test_results_folder_stays_small():
     root = Path(__file__).resolve().parents[2] / "results"
     total = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     assert total <= 6_000_000, f"results/ holds {total / 1e6:.2f} MB"
+
+
+def test_a_server_log_excerpt_keeps_what_the_benchmarks_read_back(tmp_path, monkeypatch):
+    """`python -m harness.results excerpt`: the kept log gives the same batches, pool size, peak batch and engine
+    span as the whole log and keeps its graph capture lines, drops the rest, cuts the server-args line, says what it left out, and is
+    written xz-compressed only."""
+    import lzma
+    import sys
+
+    from harness import results, server_log
+
+    batches = server_log.read_log(Path(__file__).resolve().parents[2] / "results" / "serve" / "burst_h200_unstreamed"
+                                  / "server_snapmla.log.xz").splitlines()[1:]
+    noise = ["[2026-11-30 02:37:01] INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK", "Warmup ..."]
+    whole = [batches[0].replace("server_args=ServerArgs(", "server_args=ServerArgs(" + "x" * 2000), *noise]
+    for line in batches[1:]:
+        whole += [line, *noise]
+    text = "\n".join(whole) + "\n"
+    kept = results.server_log_excerpt(text)
+    head, args, *rest = kept.splitlines()
+    assert rest == batches[1:] and len(args) == results.SERVER_ARGS_CHARS and "server_args=" in args
+    assert f"the {len(rest)} lines" in head and f"({2 * len(rest) + 2} others left out)" in head
+    for read in (server_log.pool_tokens, server_log.peak_running_requests, server_log.decode_lines,
+                 lambda t: server_log.engine_span(t, 100)):
+        assert read(kept) == read(text)
+    assert server_log.pool_tokens(kept) == 3366464 and server_log.engine_span(kept, 100) is not None
+    assert any("decode CUDA graph end" in line for line in rest)
+    src, dst = tmp_path / "server.log", tmp_path / "server.log.xz"
+    src.write_text(text)
+    monkeypatch.setattr(sys, "argv", ["results", "excerpt", str(src), str(dst)])
+    results.main()
+    assert lzma.decompress(dst.read_bytes()).decode() == kept
+    monkeypatch.setattr(sys, "argv", ["results", "excerpt", str(src), str(tmp_path / "plain.log")])
+    with pytest.raises(SystemExit):
+        results.main()
