@@ -14,6 +14,8 @@ decode-heavy burst of docs/BENCHMARKS.md: `--runs snapmla flashmla flashmla-fp8 
 Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
 `--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
 `--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see tools/gpu_host/multi_gpu.sh).
+One backend per GPU at once: one process per backend (`CUDA_VISIBLE_DEVICES`, `--port`, `--out`), then `--merge`
+their folders into one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -63,7 +66,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
     graphs = ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
     proc, log = start_server(args.model, port, [*graphs, *RUNS[name], *args.extra], log_path,
                              env=RUN_ENV.get(name), launcher=args.launcher)
-    res = {"run": name, "cmd": proc.cmd}
+    res = {"run": name, "cmd": proc.cmd, "workload": workload_of(args)}
     measured_from = None  # the server log's size when the measured bench_serving call starts
     try:
         wait_healthy(port, proc, args.startup_timeout)
@@ -104,6 +107,35 @@ def engine_rate(measured_log: str, output_tokens: float | None, min_queue: int =
     span = engine_span(measured_log, min_queue)
     return {"engine_span_s": span,
             "engine_output_tok_s": round(output_tokens / span) if span and output_tokens else None}
+
+
+def workload_of(args) -> dict:
+    """What a run measured, beside its backend: runs of one workload can be merged (`merge_folders`)."""
+    return {"model": args.model, "input_len": args.input_len, "output_len": args.output_len,
+            "range_ratio": args.range_ratio, "num_prompts": args.num_prompts,
+            "cuda_graph_max_bs": args.cuda_graph_max_bs, "disable_stream": args.disable_stream, "extra": args.extra}
+
+
+def merge_folders(folders: list[Path], out: Path) -> list[dict]:
+    """Runs of one workload saved in several folders (e.g. one backend per GPU, all at once) as one folder `out`:
+    their results side by side in out/serve_bench.json, their server logs and bench_serving texts copied. Another
+    workload, or a run name in two folders, stops with the reason."""
+    merged: list[dict] = []
+    out.mkdir(parents=True, exist_ok=True)
+    for folder in folders:
+        for r in read_json(folder / "serve_bench.json"):
+            if merged and r.get("workload") != merged[0].get("workload"):
+                raise SystemExit(f"--merge: {folder} ran another workload ({r.get('workload')} against "
+                                 f"{merged[0].get('workload')}); compare runs of the same requests")
+            if any(m["run"] == r["run"] for m in merged):
+                raise SystemExit(f"--merge: the run {r['run']} is in more than one folder")
+            merged.append(r)
+            for name in (f"server_{r['run']}.log", f"bench_{r['run']}.txt"):
+                kept = stored(folder / name)
+                if kept.exists():
+                    shutil.copyfile(kept, out / kept.name)
+    (out / "serve_bench.json").write_text(json.dumps(merged, indent=1))
+    return merged
 
 
 def reprint(folder: Path, min_queue: int) -> list[dict]:
@@ -153,8 +185,14 @@ def main():
                     help="print the table of a saved run (DIR/serve_bench.json), the engine's rate recomputed from the "
                          "server logs in DIR (server_RUN.log[.xz]) from the first prefill batch with --min-queue "
                          "requests waiting (a measured burst's intake; its warm-up sends fewer)")
-    ap.add_argument("--min-queue", type=int, default=0, help="with --reprint (see there)")
+    ap.add_argument("--min-queue", type=int, default=0, help="with --reprint or --merge (see --reprint)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
+                    help="runs of one workload saved in these folders (e.g. one backend per GPU at once) into one "
+                         "folder --out, then its table as --reprint prints it")
     args = ap.parse_args()
+    if args.merge:
+        merge_folders(args.merge, args.out)
+        args.reprint = args.out
     if args.reprint:
         print(table(reprint(args.reprint, args.min_queue)))
         return

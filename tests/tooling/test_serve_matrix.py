@@ -429,3 +429,41 @@ def test_saved_serving_runs_reprint_to_what_the_docs_quote(folder, min_queue, qu
         assert f"{round(runs[run]['output_tok_s']):,}".replace(",", " ") == output and output in docs, (run, output)
         if engine:
             assert f"{runs[run]['engine_output_tok_s']:,}".replace(",", " ") == engine and engine in docs, (run, engine)
+
+
+def test_serve_and_bench_merges_runs_of_one_workload_from_several_folders(tmp_path, monkeypatch):
+    """`serve_and_bench --merge A B --out DIR`: the runs of one workload saved by one process per GPU become one folder
+    (results side by side, each run's server log and bench_serving text, plain or kept as .xz, copied), whose table
+    --reprint prints; another workload or a run in two folders stops with the reason."""
+    import lzma
+    import sys
+
+    from benchmarks import serve_and_bench as sb
+
+    workload = {"input_len": 1024, "output_len": 1024, "num_prompts": 1500, "cuda_graph_max_bs": 1536}
+    batch = "[2026-11-30 02:37:{:02d}] {} batch, #running-req: 9, #queue-req: {}, gen throughput (token/s): 1.0\n"
+    log = batch.format(0, "Prefill", 100) + batch.format(20, "Decode", 0)
+    for folder, run in (("a", "snapmla"), ("b", "flashmla")):
+        d = tmp_path / folder
+        d.mkdir()
+        (d / "serve_bench.json").write_text(json.dumps([{"run": run, "workload": workload, "output_tokens": 1000.0,
+                                                         "output_tok_s": 50.0}]))
+        if run == "snapmla":
+            (d / f"server_{run}.log.xz").write_bytes(lzma.compress(log.encode()))
+        else:
+            (d / f"server_{run}.log").write_text(log)
+        (d / f"bench_{run}.txt").write_text("bench")
+    out = tmp_path / "merged"
+    monkeypatch.setattr(sys, "argv", ["sb", "--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out),
+                                      "--min-queue", "100"])
+    sb.main()
+    assert [r["run"] for r in json.loads((out / "serve_bench.json").read_text())] == ["snapmla", "flashmla"]
+    assert {f.name for f in out.iterdir()} == {"serve_bench.json", "server_snapmla.log.xz", "server_flashmla.log",
+                                               "bench_snapmla.txt", "bench_flashmla.txt"}
+    assert [r["engine_output_tok_s"] for r in sb.reprint(out, 100)] == [50, 50]  # 1 000 tokens over 20 s
+    with pytest.raises(SystemExit, match="more than one folder"):
+        sb.merge_folders([tmp_path / "a", tmp_path / "a"], tmp_path / "twice")
+    (tmp_path / "b" / "serve_bench.json").write_text(json.dumps([{"run": "flashmla",
+                                                                  "workload": {**workload, "num_prompts": 64}}]))
+    with pytest.raises(SystemExit, match="another workload"):
+        sb.merge_folders([tmp_path / "a", tmp_path / "b"], tmp_path / "other")
