@@ -90,8 +90,8 @@ def test_results_folder_stays_small():
 
 def test_a_server_log_excerpt_keeps_what_the_benchmarks_read_back(tmp_path, monkeypatch):
     """`python -m harness.results excerpt`: the kept log gives the same batches, pool size, peak batch and engine
-    span as the whole log and keeps its graph capture lines, drops the rest, cuts the server-args line, says what it left out, and is
-    written xz-compressed only."""
+    span as the whole log and keeps its graph capture lines, drops the rest, cuts the server-args line, says what it
+    left out, and is written xz-compressed only."""
     import lzma
     import sys
 

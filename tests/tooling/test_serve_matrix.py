@@ -263,8 +263,8 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
     for flag in (True, False):
         calls.clear(), flags.clear()
         args = argparse.Namespace(model="m", cuda_graph_max_bs=8 if flag else 0, extra=[], greedy_repeat=False,
-                                  num_prompts=64,
-                                  warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0, startup_timeout=1.0,
+                                  num_prompts=64, warmup_prompts=4, input_len=16, output_len=8, bench_timeout=1.0,
+                                  startup_timeout=1.0,
                                   disable_stream=flag, launcher="launch_server", range_ratio=0.5,
                                   warmup_output_len=None if flag else 2)
         res = sb.run_one("snapmla", args, tmp_path, 30000)
@@ -326,13 +326,7 @@ def test_serve_and_bench_engine_rate_reads_only_the_measured_calls_log_lines(mon
             f.write("".join(lines))
         return {"total_tok_s": 1.0, "output_tokens": 4000.0}, "text"
 
-    flags = []
-
-    def fake_start(model, port, server_flags, log_path, **kw):
-        flags.append(server_flags)
-        return types.SimpleNamespace(cmd="c", pid=1), open(log_path, "w")
-
-    monkeypatch.setattr(sb, "start_server", fake_start)
+    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
     monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
     monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
     monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
