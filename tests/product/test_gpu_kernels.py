@@ -243,11 +243,14 @@ def test_cuda_decode_many_uneven_sequences_match_each_alone(gen, heads, s_q, spl
 
 
 @pytest.mark.parametrize("seq_lens,heads,s_q,splits", [([640], 128, 1, 10), ([130, 3, 4097], 16, 2, 5),
-                                                       ([1, 64, 100, 4097], 128, 1, 3)])
+                                                       ([1, 64, 100, 4097], 128, 1, 3), ([130, 3, 4097], 64, 1, 5),
+                                                       ([130, 4, 2000], 16, 3, 4)])
 def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits):
     """The sm_90a decode writes split s of a row into slot s of o_part [B, R, slots, 512] / lse_part [B, R, slots]
     (slots >= splits, decode_plan.partial_slots): through the combine, bit for bit the unpadded partials' result,
-    whatever the slots past the splits hold (NaN here; the kernel must neither write nor count them)."""
+    whatever the slots past the splits hold (NaN here; the kernel must neither write nor count them), and the spec's
+    output. 48 query rows (16 heads at s_q 3) leave a 64-row tile's last 16 rows past R, which the kernel must not
+    write: they would land in the next sequence's rows."""
     if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
@@ -271,6 +274,10 @@ def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits)
     for out, lse in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
     assert not results[0][0].isnan().any()
+    q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
+    ref, _ = nx.snapmla_decode_reference(q, nx.quantize_kv(p["c_kv"], p["k_rope"]), p["block_table"], p["seq_lens"],
+                                         p["softmax_scale"])
+    assert_close(results[0][0].float(), ref, rel_l2=SMALL_CASE_REL_L2, what="padded-slot partials vs reference")
 
 
 @pytest.mark.parametrize("seq_lens,heads,s_q", [([1, 64, 100, 4097], 128, 1), ([130, 3, 65], 16, 3),

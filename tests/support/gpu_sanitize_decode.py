@@ -35,12 +35,15 @@ for splits in (1, 3):
     out4, _ = ops.quantize_and_decode(q[..., :512], q[..., 512:], kv8, ks, kr, bt4,
                                       torch.tensor(lens, dtype=torch.int32, device="cuda"), 576**-0.5, num_splits=splits)
     assert torch.isfinite(out4.float()).all()
-# the wide kernel (more than 32 query rows per sequence; the decodes above run the narrow one) over the same stale pool
-q5 = torch.randn(B, 1, 64, 576, generator=g).to(torch.bfloat16).cuda()
-for splits in (1, 3):
-    out5, _ = ops.quantize_and_decode(q5[..., :512], q5[..., 512:], kv8, ks, kr, bt4,
-                                      torch.tensor(lens, dtype=torch.int32, device="cuda"), 576**-0.5, num_splits=splits)
-    assert torch.isfinite(out5.float()).all()
+# the wide kernel (more than 32 query rows per sequence: one row tile at 64 heads, two at 128; the decodes above run
+# the narrow one) over the same stale pool
+for heads in (64, 128):
+    q5 = torch.randn(B, 1, heads, 576, generator=g).to(torch.bfloat16).cuda()
+    for splits in (1, 3):
+        out5, _ = ops.quantize_and_decode(q5[..., :512], q5[..., 512:], kv8, ks, kr, bt4,
+                                          torch.tensor(lens, dtype=torch.int32, device="cuda"), 576**-0.5,
+                                          num_splits=splits)
+        assert torch.isfinite(out5.float()).all()
 torch.cuda.synchronize()
 assert torch.isfinite(out.float()).all() and torch.isfinite(lse).all()
 assert torch.isfinite(out1.float()).all() and torch.isfinite(lse1).all()

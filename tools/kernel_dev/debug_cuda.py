@@ -22,6 +22,8 @@ CASES = [  # (name, seq_lens, heads, s_q, splits, zero_rope)
     ("1 page h64 rope", [64], 64, 1, 1, False),
     ("2 pages h64", [128], 64, 1, 1, False),
     ("partial h16", [37], 16, 1, 1, False),
+    ("splits h64", [1000, 77], 64, 1, 3, False),
+    ("partial h16 sq3", [37, 130], 16, 3, 1, False),
     ("3 pages h128 sq2", [150], 64, 2, 1, False),
     ("splits h128", [300, 1000], 128, 1, 3, False),
 ]

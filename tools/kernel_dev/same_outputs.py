@@ -13,7 +13,7 @@ LSE per shape."""
 import argparse
 import sys
 
-SHAPES = ("h32x64x4096", "h32x7x1000", "h16x33x5003", "h16x16x4097q2", "h8x5x777", "h32x130x2048")
+SHAPES = ("h32x64x4096", "h32x7x1000", "h16x33x5003", "h16x16x4097q2", "h8x5x777", "h32x130x2048", "h128x9x3000")
 
 
 def save(path: str, shapes=SHAPES) -> None:
