@@ -254,7 +254,8 @@ def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits)
     if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
     p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
-    kv = pool_arrays(nx.quantize_kv(p["c_kv"], p["k_rope"]))
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    kv = pool_arrays(cache)
     B, R = len(seq_lens), s_q * heads
     q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
                                          p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
@@ -275,8 +276,7 @@ def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits)
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
     assert not results[0][0].isnan().any()
     q = nx.quantize_q(p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16))
-    ref, _ = nx.snapmla_decode_reference(q, nx.quantize_kv(p["c_kv"], p["k_rope"]), p["block_table"], p["seq_lens"],
-                                         p["softmax_scale"])
+    ref, _ = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
     assert_close(results[0][0].float(), ref, rel_l2=SMALL_CASE_REL_L2, what="padded-slot partials vs reference")
 
 
