@@ -190,12 +190,29 @@ def check_port_free(port: int) -> None:
                                    "the ports outgoing connections take)") from e
 
 
+def block_fp8_config(model: str) -> bool:
+    """Whether the model folder's config ships block-FP8 weights (`quantization_config`: fp8 with a
+    weight_block_size), as DeepSeek-V3/R1 and Kimi-K2 do."""
+    path = Path(model) / "config.json"
+    quant = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    return bool(quant) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
+
+
+def dummy_weights_env(model: str, load_format: str) -> dict:
+    """The server environment that makes a dummy load of a block-FP8 config draw weights as a deployment's, for every
+    backend alike (sglang_snapmla.dummy_weights); empty otherwise."""
+    from sglang_snapmla.dummy_weights import DUMMY_WEIGHTS_ENV
+
+    return {DUMMY_WEIGHTS_ENV: "deployment"} if load_format == "dummy" and block_fp8_config(model) else {}
+
+
 def start_server(model: str, port: int, flags: list[str], log_path: Path, load_format: str = "dummy",
                  context_length: int = 32768, env: dict | None = None, launcher: str = "launch_server"):
     """The server (`server_command`) in its own process group; returns (process, log). Bundled configs have no
     weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
-    (RUN_ENV[run])."""
+    (RUN_ENV[run]), after `dummy_weights_env`."""
     check_port_free(port)
+    env = {**dummy_weights_env(model, load_format), **(env or {})}
     log = open(log_path, "w")
     cmd = server_command(model, port, flags, load_format, context_length, launcher)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -6,7 +6,9 @@ SGLang calls `register()` in every process (the CLI before argument parsing, `En
 accept `--attention-backend snapmla` (tests/product/test_plugin.py runs both). Only `sglang serve --help` prints its
 choices before loading plugins, so its help text omits snapmla; `python -m sglang.launch_server --help` lists it.
 Registration is idempotent and changes nothing for other backends: every hook checks that snapmla is the selected
-backend before acting.
+backend before acting. The one exception is asked for by name: `SNAPMLA_DUMMY_WEIGHTS=deployment` makes
+`--load-format dummy` of a block-FP8 config draw weights as a deployment's for every backend (`dummy_weights`), so
+that the baselines of a comparison load the same model.
 
 What is registered:
 * the `--attention-backend` choice, the backend factory, the chunked-prefix-cache capability;
@@ -42,6 +44,7 @@ import sys
 
 import torch
 
+from . import dummy_weights
 from . import sglang_release as release
 from . import server_policy
 from .server_policy import (BACKEND, SERVER_ARGS_STEPS, check_integration, integration_failure, is_selected,
@@ -73,6 +76,10 @@ def register() -> None:
     register_attention_backend(BACKEND)(_create_backend)
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
     hooks = {**sglang_hooks(HookType), **release.server_args_hooks(SERVER_ARGS_STEPS, HookType)}
+    try:
+        dummy_weights.requested()
+    except ValueError as e:  # SGLang's plugin loader would log it and serve SGLang's draw
+        raise SystemExit(f"sglang-snapmla: {e}") from e
     before = {target: resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():
         if before[target] is not None:  # a missing target is reported below, not left to fail in apply_hooks
@@ -119,6 +126,9 @@ def sglang_hooks(HookType) -> dict:
         f"{factory}.create_decode_backend": (_draft_decode_backend_hook, HookType.AROUND),
         f"{factory}.create_draft_extend_backend": (_draft_extend_backend_hook, HookType.AROUND),
     }
+    # every backend's dummy load: warns about SGLang's block-FP8 draw, or fixes it where asked (`dummy_weights`)
+    hooks[dummy_weights.HOOK_TARGET] = (dummy_weights.dummy_weights_hook, HookType.AROUND)
+    hooks[dummy_weights.CHECK_TARGET] = (dummy_weights.load_model_check_hook, HookType.AROUND)
     from .host_pool import adopt_snapmla_device_pool
     from .tokenizer_workers import carry_plugins_to_workers_hook
 

@@ -1,0 +1,218 @@
+"""Block-FP8 weights (`block_fp8`) and dummy weights that are a deployment's (`dummy_weights`), through SGLang's own
+`initialize_dummy_weights` as its dummy loader calls it."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from sglang_snapmla import block_fp8, dummy_weights
+from sglang_snapmla.dummy_weights import DUMMY_WEIGHTS_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+FP8_CONFIGS = ["deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# block FP8
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(256, 384), (300, 200), (3, 130, 257)])
+def test_block_fp8_round_trip_within_e4m3_rounding(shape):
+    """Fresh random weights with a heavy-tailed spread and one all-zero block: every block's largest element maps to
+    +-448, the round trip errs by e4m3's rounding only (2^-4 relative for normal values, 2^-9 of the block scale for
+    subnormal ones), and the zero block stays zero."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    w = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 2)
+    w[..., :128, :128] = 0
+    q, s = block_fp8.quantize_block_fp8(w.to(torch.bfloat16))
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+    assert s.shape == (*shape[:-2], -(-shape[-2] // 128), -(-shape[-1] // 128))
+    assert (s > 0).all()
+    w_hat = block_fp8.dequantize_block_fp8(q, s)
+    ref = w.to(torch.bfloat16).float()
+    err = (w_hat - ref).abs()
+    bound = ref.abs() * 2.0**-4 + block_fp8.expand_blocks(s, ref.shape) * 2.0**-9
+    assert (err <= bound * 1.0001).all(), (err / bound).max()
+    assert (w_hat[..., :128, :128] == 0).all()
+    nonzero = block_fp8.block_amax(ref) > 0
+    assert torch.equal(block_fp8.block_amax(q.float())[nonzero], torch.full_like(s, 448.0)[nonzero])
+
+
+def test_dequantize_refuses_scales_that_do_not_cover_the_weight():
+    q, s = block_fp8.quantize_block_fp8(torch.randn(256, 256))
+    with pytest.raises(ValueError, match=r"expected \[\.\.\., 2, 2\]"):
+        block_fp8.dequantize_block_fp8(q, s[:1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dummy weights
+# ---------------------------------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n))
+
+
+class BlockFp8Linear(nn.Module):
+    """The parameters SGLang's Fp8LinearMethod creates for a block-FP8 checkpoint."""
+
+    def __init__(self, n, k):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n, k, dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(torch.empty(-(-n // 128), -(-k // 128)), requires_grad=False)
+
+
+class FusedMoE(nn.Module):
+    """The parameters SGLang's Fp8MoEMethod creates: per-expert w13 / w2 with block scales."""
+
+    def __init__(self, experts, hidden, inter):
+        super().__init__()
+        self.w13_weight = nn.Parameter(torch.empty(experts, 2 * inter, hidden, dtype=torch.float8_e4m3fn),
+                                       requires_grad=False)
+        self.w13_weight_scale_inv = nn.Parameter(torch.empty(experts, 2 * inter // 128, hidden // 128),
+                                                 requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(experts, hidden, inter, dtype=torch.float8_e4m3fn),
+                                      requires_grad=False)
+        self.w2_weight_scale_inv = nn.Parameter(torch.empty(experts, hidden // 128, inter // 128),
+                                                requires_grad=False)
+
+
+class Attention(nn.Module):
+    """RadixAttention under an FP8 quant config: k_scale / v_scale parameters (BaseKVCacheMethod.create_weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.k_scale = nn.Parameter(torch.tensor(-1.0), requires_grad=False)
+        self.v_scale = nn.Parameter(torch.tensor(-1.0), requires_grad=False)
+        self.k_scale_float = self.v_scale_float = None
+
+
+class Gate(nn.Module):
+    def __init__(self, experts, hidden):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.empty(experts))
+
+
+def tiny_block_fp8_model():
+    m = nn.Module()
+    m.norm = RMSNorm(256)
+    m.q_b_proj = BlockFp8Linear(300, 256)  # a partial edge block
+    m.experts = FusedMoE(experts=3, hidden=256, inter=256)
+    m.attn = Attention()
+    m.gate = Gate(experts=3, hidden=256)
+    m.embed = nn.Parameter(torch.empty(64, 256, dtype=torch.bfloat16))
+    return m
+
+
+def sglang_dummy_init(model):
+    """SGLang's own dummy draw, as `DummyModelLoader.load_model` calls it (through the plugin's hook where the plugin
+    is registered)."""
+    from sglang.srt.model_loader import loader
+
+    loader.initialize_dummy_weights(model)
+
+
+def process_kv_scales(model):
+    """What SGLang's `BaseKVCacheMethod.process_weights_after_loading` does with the drawn scales (0.5.17 and 0.5.23)."""
+    from sglang.srt.layers.quantization.kv_cache import BaseKVCacheMethod
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            BaseKVCacheMethod(None).process_weights_after_loading(module)
+
+
+def fp8_weights_as_deployed(model) -> dict:
+    """What a deployment's block-FP8 weights look like, measured: scale signs, the share of zero FP8 values, each
+    block's largest FP8 value (448 when the scale is amax / 448), the dequantized weights' spread."""
+    out = {"scales_positive": True, "zero_share": 0.0, "amax_448": True, "std": []}
+    for module, w_name, s_name in dummy_weights.block_fp8_pairs(model):
+        q, s = getattr(module, w_name), getattr(module, s_name)
+        out["scales_positive"] &= bool((s > 0).all())
+        out["zero_share"] = max(out["zero_share"], (q.float() == 0).float().mean().item())
+        out["amax_448"] &= bool((block_fp8.block_amax(q.float()) == 448).all())
+        out["std"].append(block_fp8.dequantize_block_fp8(q, s).std().item())
+    return out
+
+
+@pytest.fixture
+def registered():
+    from sglang_snapmla import plugin
+
+    plugin.register()
+
+
+def test_sglang_draw_of_block_fp8_weights_is_not_a_deployment(registered, monkeypatch):
+    """Without the switch, SGLang's draw stands (and is what the measure below flags): most FP8 weights 0, scales
+    of both signs on 0.5.17, so the check in the next test can fail."""
+    monkeypatch.delenv(DUMMY_WEIGHTS_ENV, raising=False)
+    m = tiny_block_fp8_model()
+    sglang_dummy_init(m)
+    seen = fp8_weights_as_deployed(m)
+    assert seen["zero_share"] > 0.9 and not seen["amax_448"]
+
+
+def test_deployment_dummy_weights_through_sglangs_loader(registered, monkeypatch, caplog):
+    """With SNAPMLA_DUMMY_WEIGHTS=deployment, SGLang's dummy draw (wrapped by the plugin) gives block-FP8 weights
+    distributed as the BF16 dummy's U(+-1e-3) with positive amax / 448 scales, k_scale = v_scale = 1.0 after SGLang's
+    own processing, a zero router bias and unit norms; the same seed gives the same weights."""
+    monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "deployment")
+    m = tiny_block_fp8_model()
+    with caplog.at_level(logging.INFO, logger="sglang_snapmla.dummy_weights"):
+        sglang_dummy_init(m)
+    seen = fp8_weights_as_deployed(m)
+    assert seen["scales_positive"] and seen["amax_448"] and seen["zero_share"] < 0.02
+    for std in seen["std"]:  # U(-a, a) has std a / sqrt(3)
+        assert std == pytest.approx(1e-3 / 3**0.5, rel=0.05)
+    process_kv_scales(m)
+    assert m.attn.k_scale_float == m.attn.v_scale_float == 1.0
+    assert dummy_weights.check_loaded_model(m) == 1
+    assert (m.gate.e_score_correction_bias == 0).all() and (m.norm.weight == 1).all()
+    assert "'block_fp8_weights': 3" in caplog.text and "'kv_scales': 1" in caplog.text
+    again = tiny_block_fp8_model()
+    sglang_dummy_init(again)
+    assert torch.equal(again.experts.w2_weight.float(), m.experts.w2_weight.float())
+
+
+def test_block_fp8_dummy_load_without_the_switch_warns(registered, monkeypatch, caplog):
+    monkeypatch.delenv(DUMMY_WEIGHTS_ENV, raising=False)
+    with caplog.at_level(logging.WARNING, logger="sglang_snapmla.dummy_weights"):
+        sglang_dummy_init(tiny_block_fp8_model())
+    assert f"set {DUMMY_WEIGHTS_ENV}=deployment" in caplog.text
+
+
+def test_loaded_model_check_names_a_kv_scale_that_is_not_one():
+    m = tiny_block_fp8_model()
+    m.attn.k_scale_float, m.attn.v_scale_float = 1.0, 0.00042
+    with pytest.raises(RuntimeError, match=r"attn: k_scale 1.0, v_scale 0.00042"):
+        dummy_weights.check_loaded_model(m)
+
+
+def test_an_unknown_switch_value_is_refused(monkeypatch):
+    monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "real")
+    with pytest.raises(ValueError, match="'deployment'"):
+        dummy_weights.requested()
+
+
+@pytest.mark.parametrize("name", FP8_CONFIGS)
+def test_harness_asks_fp8_configs_for_deployment_dummy_weights(name):
+    from harness.server import dummy_weights_env
+
+    model = str(ROOT / "configs/models" / name)
+    assert dummy_weights_env(model, "dummy") == {DUMMY_WEIGHTS_ENV: "deployment"}
+    assert dummy_weights_env(model, "auto") == {}
+    assert dummy_weights_env(str(ROOT / "configs/models/deepseek-v3-shape"), "dummy") == {}
+
+
+@pytest.mark.parametrize("name", FP8_CONFIGS)
+def test_fp8_configs_are_the_released_quantization(name):
+    """The per-GPU configs carry the released checkpoints' quantization_config and attention shape."""
+    cfg = json.loads((ROOT / "configs/models" / name / "config.json").read_text())
+    assert cfg["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                          "weight_block_size": [128, 128]}
+    assert (cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg["num_nextn_predict_layers"]) == (61, 3, 1)
+    assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["q_lora_rank"]) == (512, 64, 1536)
+    assert cfg["num_attention_heads"] in (16, 128)
