@@ -1,0 +1,80 @@
+"""The block-FP8 serving run the README and docs/BENCHMARKS.md quote (results/serve/v3_fp8_tp8_h200_long) gives
+the figures they print: ratios recomputed from the saved JSON and the server-log excerpts."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks.server_log_stats import log_stats
+from harness.results import read_json
+from harness.server_log import decode_lines, read_log
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = ROOT / "results/serve/v3_fp8_tp8_h200_long"
+SECTION = "## Block-FP8 weights: DeepSeek-V3/R1 per GPU at TP 8 (H200)"
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {r["run"]: r for r in read_json(RUN / "serve_bench.json")}
+
+
+def section_text() -> str:
+    docs = (ROOT / "docs/BENCHMARKS.md").read_text()
+    start = docs.index(SECTION)
+    end = docs.index("\n## ", start + len(SECTION))
+    return docs[start:end]
+
+
+def step_at_peak_ms(log_text: str) -> float:
+    """Median of running requests / generation rate over the decode lines within 5 % of the peak batch that follow no
+    prefill batch (the interval decoded alone)."""
+    import statistics
+
+    rows = [ln for ln in decode_lines(log_text) if ln["rate"]]
+    peak = max(ln["running"] for ln in rows)
+    return statistics.median(1000 * ln["running"] / ln["rate"] for ln in rows
+                             if ln["running"] >= 0.95 * peak and not ln["prefill_tokens"])
+
+
+def test_one_workload_three_backends(runs):
+    assert set(runs) == {"snapmla", "flashmla", "flashmla-fp8"}
+    workloads = {repr(r["workload"]) for r in runs.values()}
+    assert len(workloads) == 1 and "deepseek-v3-fp8-tp8" in workloads.pop()
+    assert all(r["completed"] == 120 and "error" not in r for r in runs.values())
+
+
+def test_docs_quote_the_ratios_of_the_saved_run(runs):
+    snap, bf16, fp8 = runs["snapmla"], runs["flashmla"], runs["flashmla-fp8"]
+    ratios = {"out_bf16": snap["output_tok_s"] / bf16["output_tok_s"],
+              "ttft_bf16": snap["median_ttft_ms"] / bf16["median_ttft_ms"],
+              "out_fp8": snap["output_tok_s"] / fp8["output_tok_s"],
+              "ttft_fp8": snap["median_ttft_ms"] / fp8["median_ttft_ms"]}
+    quoted = f"{ratios['out_bf16']:.2f}x", f"{ratios['ttft_bf16']:.2f}x", f"{ratios['out_fp8']:.2f}x", \
+        f"{ratios['ttft_fp8']:.2f}x"
+    assert quoted == ("1.33x", "0.75x", "1.10x", "0.62x"), ratios
+    readme = (ROOT / "README.md").read_text()
+    row = next(ln for ln in readme.splitlines() if "deepseek-v3-fp8-tp8" in ln)
+    section = section_text()
+    for figure in quoted:
+        assert figure in row and figure in section, figure
+    for r in runs.values():  # the table's pool and peak columns
+        assert f"{r['pool_tokens']:,}".replace(",", " ") in section
+        assert f"| {r['peak_running_req']} |" in section
+
+
+@pytest.mark.parametrize("run, step", [("flashmla", "32.5"), ("snapmla", "35.7"), ("flashmla-fp8", "26.0")])
+def test_decode_step_at_the_peak_is_the_logs(run, step):
+    text = read_log(RUN / f"server_{run}.log.xz")
+    assert f"{step_at_peak_ms(text):.1f}" == step
+    assert f"{step} ms" in section_text()
+    stats = log_stats(text, min_queue=32)
+    assert f"{stats['decode_tok_s_near_peak']:,.0f}".replace(",", " ") in section_text()
+
+
+def test_the_dummy_weight_fix_is_in_every_servers_log():
+    for log in RUN.glob("server_*.log.xz"):
+        text = read_log(log)
+        assert re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text), log.name
+        assert "'block_fp8_weights': 482" in text, log.name
