@@ -49,16 +49,34 @@ class StepPlan:
 class ExtendPlan:
     """A prefill step (extend or mixed) as each of its layers runs it (`SnapMLAForward.plan_step`).
 
-    lengths: (new tokens per request, keys per request), the batch's `extend_seq_lens_cpu` and `seq_lens_cpu`, which a
-    layer's batch must match; absorbed: the route of a batch over a cached prefix (`extend.prefers_absorbed`), which
-    the plugin's dispatch handler applies to every layer; req_pool_indices [B]: each request's row of req_to_token;
-    launches: per head count, the absorbed-MLA launches and their decode plans, made with the plan where the route is
-    absorbed, else at the step's first layer that runs absorbed MLA (SGLang's choice; a batch the route sends to MHA
-    needs none), and read by the step's other layers."""
+    lengths: (new tokens per request, keys per request), the batch's `extend_seq_lens_cpu` and `seq_lens_cpu`;
+    absorbed: the route of a batch over a cached prefix (`extend.prefers_absorbed`), which the plugin's dispatch
+    handler applies to every layer; req_pool_indices [B]: each request's row of req_to_token, the batch's own tensor;
+    requests_version: that tensor's version counter when the plan was made (an in-place write, as into a static
+    buffer, moves it); launches: per head count, the absorbed-MLA launches and their decode plans, made with the plan
+    where the route is absorbed, else at the step's first layer that runs absorbed MLA (SGLang's choice; a batch the
+    route sends to MHA needs none), and read by the step's other layers. A layer's batch is this plan's when
+    `fits` (the lengths and the very requests)."""
     lengths: tuple
     absorbed: bool
     req_pool_indices: torch.Tensor
+    requests_version: Optional[int]
     launches: dict = dataclasses.field(default_factory=dict)
+
+    def fits(self, forward_batch) -> bool:
+        """Whether `forward_batch` is the batch this plan was made for: the same lengths and the same requests. The
+        requests are compared as the req_pool_indices tensor object and its version counter (no device sync): a new
+        batch carries a new tensor, and one written in place (a reused or static buffer) a new version. Tensors made
+        under torch.inference_mode (SGLANG_ENABLE_TORCH_INFERENCE_MODE=1) keep no version counter; for them the
+        object and the lengths are compared."""
+        rows = forward_batch.req_pool_indices
+        return (rows is self.req_pool_indices and _version(rows) == self.requests_version
+                and _extend_lengths(forward_batch) == self.lengths)
+
+
+def _version(t: torch.Tensor) -> Optional[int]:
+    """A tensor's version counter (moved by every in-place write), None for an inference tensor (it keeps none)."""
+    return None if t.is_inference() else t._version
 
 
 def _extend_lengths(forward_batch) -> tuple:
@@ -68,8 +86,8 @@ def _extend_lengths(forward_batch) -> tuple:
 @functools.lru_cache(maxsize=1)
 def _log_extend_replanned() -> None:
     logger.warning("snapmla: a prefill layer got a batch that its step's plan does not cover (no prefill plan, or one "
-                   "for other lengths: the forward metadata was not built for this batch, or on another view of it); "
-                   "the step is planned again from the layer's batch (logged once)")
+                   "for other requests or lengths: the forward metadata was not built for this batch, or on another "
+                   "view of it); the step is planned again from the layer's batch (logged once)")
 
 
 class SnapMLAForward:
@@ -147,9 +165,9 @@ class SnapMLAForward:
         """The route, and where it is absorbed MLA (then every layer of the step runs it), the launches too."""
         extend_lens, seq_lens = _extend_lengths(forward_batch)
         prefix_lens = [t - e for t, e in zip(seq_lens, extend_lens)]
+        rows = forward_batch.req_pool_indices
         plan = ExtendPlan((extend_lens, seq_lens), extend.prefers_absorbed(prefix_lens, list(extend_lens),
-                                                                           self.num_q_heads),
-                          forward_batch.req_pool_indices)
+                                                                           self.num_q_heads), rows, _version(rows))
         if plan.absorbed:
             self._plan_launches(plan, self.num_q_heads, plan.req_pool_indices.device)
         return plan
@@ -170,10 +188,11 @@ class SnapMLAForward:
         return plan.launches[heads]
 
     def extend_plan(self, forward_batch) -> ExtendPlan:
-        """The step's prefill plan for a layer's batch: the one `plan_step` made, or, where the layer's batch has other
-        lengths (forward metadata built on another view of the batch), a new one for it (logged once)."""
+        """The step's prefill plan for a layer's batch: the one `plan_step` made, or, where the layer's batch is not the
+        one it was made for (`ExtendPlan.fits`: other requests or lengths; forward metadata not built for this batch,
+        or built on another view of it), a new one for it (logged once)."""
         plan = self.step_plan
-        if not isinstance(plan, ExtendPlan) or plan.lengths != _extend_lengths(forward_batch):
+        if not isinstance(plan, ExtendPlan) or not plan.fits(forward_batch):
             _log_extend_replanned()
             plan = self.step_plan = self._plan_extend(forward_batch)
         return plan

@@ -237,6 +237,92 @@ def test_a_batch_object_extended_again_with_other_lengths_is_planned_again(setup
     assert len(replanned) == 1, "the two steps without their hook are planned again, and that is logged once"
 
 
+def _four_requests(backend, pool, layer, gen, seq):
+    """req_to_token with 4 requests of 2 whole pages each (the setup's 8 shuffled pages), keys up to max(seq)
+    written: two steps of the same lengths over requests (0, 1) and (2, 3) attend over different pages."""
+    pages = backend.forward_metadata.block_kv_indices.reshape(4, 2)
+    backend.req_to_token = (pages[:, :, None] * 64 + torch.arange(64)).reshape(4, -1).to(torch.int32)
+    for r in range(4):
+        fill(pool, layer, backend.req_to_token[r, : max(seq)], gen)
+    return pages
+
+
+def _absorbed_step(backend, layer, gen, fb, pages, heads):
+    """One absorbed-extend layer over `fb`'s requests; FlashMLA's block table set to their pages (the spec reads it)."""
+    backend.forward_metadata.block_kv_indices = pages[fb.req_pool_indices.long()].to(torch.int32)
+    q = torch.randn(sum(fb.extend_seq_lens_cpu), heads, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(q.shape[0], heads, 64, generator=gen).to(torch.bfloat16)
+    return backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr), q, qr
+
+
+@pytest.mark.parametrize("hooked", [True, False], ids=["both-hooked", "second-unhooked"])
+def test_steps_of_equal_lengths_over_other_requests_attend_their_own_pages(setup, gen, heads, monkeypatch, caplog,
+                                                                           hooked):
+    """Two prefill steps with the same lengths over different requests: each attends over its own requests' pages
+    (output against the spec), whether the second step's forward-metadata hook ran (`plan_step` plans it for its
+    batch, and no layer plans again) or not (the layer finds that the held plan is for other requests and plans
+    again, logged)."""
+    import logging
+
+    from sglang_snapmla import backend as backend_module
+
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
+    backend, pool, layer = setup
+    prefix, ext = [100, 3], [5, 61]
+    seq = [p + e for p, e in zip(prefix, ext)]
+    pages = _four_requests(backend, pool, layer, gen, seq)
+    backend_module._log_extend_replanned.cache_clear()
+    for step, rows in enumerate(([0, 1], [2, 3])):
+        fb = extend_batch(prefix, ext)
+        fb.req_pool_indices = torch.tensor(rows)
+        if step == 0 or hooked:
+            backend.plan_step(fb)
+            assert backend.step_plan.fits(fb), "the hook planned this step's own batch"
+        with caplog.at_level(logging.WARNING, logger=backend_module.__name__):
+            out, q, qr = _absorbed_step(backend, layer, gen, fb, pages, heads)
+        assert_extend_matches_spec(backend, pool, out, q, qr, ext, fb.seq_lens_cpu)
+    replanned = [r for r in caplog.records if "planned again" in r.getMessage()]
+    assert len(replanned) == (0 if hooked else 1)
+
+
+def test_a_plan_fits_only_its_own_batch():
+    """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
+    (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
+    from sglang_snapmla.backend import SnapMLAForward
+
+    backend = SnapMLAForward()
+    backend.num_q_heads = 8
+    fb = extend_batch([0, 0], [5, 7])  # no prefix: the route needs no launches
+    plan = backend._plan_extend(fb)
+    assert plan.fits(fb)
+    assert not plan.fits(extend_batch([0, 0], [5, 7])), "another batch's requests"
+    fb.req_pool_indices.add_(2)
+    assert not plan.fits(fb), "the same tensor written in place"
+    with torch.inference_mode():
+        fb = extend_batch([0, 0], [5, 7])
+        plan = backend._plan_extend(fb)
+        assert plan.requests_version is None and plan.fits(fb)
+        assert not plan.fits(extend_batch([0, 0], [5, 7]))
+        fb.extend_seq_lens_cpu = [5, 6]
+        assert not plan.fits(fb), "other lengths"
+
+
+def test_a_request_buffer_rewritten_in_place_is_planned_again(setup, gen, heads, monkeypatch):
+    """The same req_pool_indices tensor written in place with other requests (a reused or static buffer) and the same
+    lengths, without the hook: the layer plans again (the tensor's version moved) and attends the new requests."""
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
+    backend, pool, layer = setup
+    prefix, ext = [100, 3], [5, 61]
+    pages = _four_requests(backend, pool, layer, gen, [p + e for p, e in zip(prefix, ext)])
+    fb = extend_batch(prefix, ext)
+    fb.req_pool_indices = torch.tensor([0, 1])
+    backend.plan_step(fb)
+    _absorbed_step(backend, layer, gen, fb, pages, heads)
+    fb.req_pool_indices.copy_(torch.tensor([3, 2]))
+    out, q, qr = _absorbed_step(backend, layer, gen, fb, pages, heads)
+    assert_extend_matches_spec(backend, pool, out, q, qr, ext, fb.seq_lens_cpu)
+
+
 def test_absorbed_extend_batches_requests_of_unequal_spans(gen, heads):
     """Five requests, one launch per group of similar new spans (61 and 48 share a 61-token window, 5 and 4 a 5-token
     one; a request without new tokens takes none): every real token matches its own request's reference, whatever
