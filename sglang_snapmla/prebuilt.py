@@ -110,6 +110,14 @@ class PrebuiltDecode:
                                   "16-byte aligned)" if err == 1 else ""))
 
 
+# The check's bound on rel-L2 against the spec. The sm_90a decode's own error on small cases like the check's (2-16
+# heads, 1-2 query tokens, lengths across page edges) is at most MEASURED_MAX_REL_L2 over 1 200 seeded draws, median
+# 4-6e-3 (`python3 -m tools.kernel_dev.decode_seed_sweep`: results/bench/decode_seed_sweep_small_cases.json.xz, its
+# four cases without outliers); twice that keeps a right library passing and names one off by 5 % (rel-L2 0.05).
+MEASURED_MAX_REL_L2 = 1.56e-2
+SELF_CHECK_REL_L2 = 2 * MEASURED_MAX_REL_L2
+
+
 def self_check(module, device: str = "cuda") -> str | None:
     """One small decode (2 sequences over page edges, 16 heads, 2 query tokens, one split and three) through `module`
     against the executable spec (`numerics`: the decode, and the combine of its split partials) on `device` -> None,
@@ -138,8 +146,8 @@ def self_check(module, device: str = "cuda") -> str | None:
             torch.cuda.synchronize()
         got = out.float() if splits == 1 else nx.merge_splits(o_part, lse_part, splits).view(B, s_q, H, 512)
         rel = float((got - ref.float()).norm() / ref.float().norm())
-        if not rel <= 2e-2:
-            return f"{splits} split(s): rel-L2 {rel:.3g} against the spec"
+        if not rel <= SELF_CHECK_REL_L2:
+            return f"{splits} split(s): rel-L2 {rel:.3g} against the spec (at most {SELF_CHECK_REL_L2:.3g})"
     return None
 
 

@@ -117,8 +117,8 @@ class _TritonAsLibrary:
     correct library would decode; `garbage` makes it write random outputs instead, as a library that loads but
     computes wrong would; `skewed_partials` scales its split partials, as one whose multi-split path is wrong would."""
 
-    def __init__(self, garbage: bool = False, skewed_partials: bool = False):
-        self.garbage, self.skewed_partials = garbage, skewed_partials
+    def __init__(self, garbage: bool = False, skewed_partials: bool = False, scale: float = 1.0):
+        self.garbage, self.skewed_partials, self.scale = garbage, skewed_partials, scale
 
     def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                      out, lse, R, H, S_Q, qk_scale_log2, splits, bt_entries, launch_flags):
@@ -132,6 +132,8 @@ class _TritonAsLibrary:
                                  lse_part, out, lse, qk_scale_log2 / 1.4426950408889634, splits)
         if self.skewed_partials:
             o_part.mul_(1.5)
+        for t in (o_part, out):  # a decode off by a constant factor (a wrong scale folded in)
+            t.mul_(self.scale)
 
 
 @pytest.mark.cpu_interpreter
@@ -145,3 +147,19 @@ def test_start_up_check_passes_a_right_decode_and_names_a_wrong_one():
     assert problem is not None and problem.startswith("1 split(s): rel-L2") and "against the spec" in problem
     problem = prebuilt.self_check(_TritonAsLibrary(skewed_partials=True), device="cpu")
     assert problem is not None and problem.startswith("3 split(s): rel-L2")
+    # within the band between a right decode and garbage: outputs 5 % off are named
+    problem = prebuilt.self_check(_TritonAsLibrary(scale=1.05), device="cpu")
+    assert problem is not None and problem.startswith("1 split(s): rel-L2 0.05")
+
+
+def test_start_up_check_bound_is_twice_the_measured_kernel_error():
+    """SELF_CHECK_REL_L2 comes from the CUDA decode's error against the spec measured over the seed sweep's small
+    cases (results/bench), with the stated margin of 2: the constant is that sweep's maximum, not a loosened guess."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    sweep = read_json(Path(__file__).resolve().parents[2] / "results/bench/decode_seed_sweep_small_cases.json")
+    measured = max(d["cuda_rel_l2"] for case in sweep if case["outlier"] is None for d in case["draws"])
+    assert measured <= prebuilt.MEASURED_MAX_REL_L2 <= measured * 1.01
+    assert prebuilt.SELF_CHECK_REL_L2 == 2 * prebuilt.MEASURED_MAX_REL_L2 < 0.05
