@@ -30,11 +30,13 @@ def plugin():
     return p
 
 
-def device_pool(pages=8):
+def device_pool(pages=8, start_layer=None):
+    """A snapmla pool of LAYERS layers; `start_layer`: a pipeline stage's first (global) layer."""
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
     return SnapMLATokenToKVPool(size=PAGE * pages, page_size=PAGE, dtype=torch.bfloat16, kv_lora_rank=512,
-                                qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", enable_memory_saver=False)
+                                qk_rope_head_dim=64, layer_num=LAYERS, device="cpu", enable_memory_saver=False,
+                                start_layer=start_layer)
 
 
 def host_pool(device, layout):
@@ -192,3 +194,110 @@ def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin
     monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernel")
     with pytest.raises(ValueError, match="SNAPMLA_HICACHE_COPIES=kernel: use kernels \\(the default\\) or torch"):
         host_pool(device_pool(), "layer_first")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the layer protocol: HiCache loads a prefix layer by layer on its own stream while the forward runs; each layer's
+# attention waits (layer_transfer_counter.wait_until(local layer)) before it reads, the loading itself never waits
+# ---------------------------------------------------------------------------------------------------------------
+class RecordingCounter:
+    """SGLang's LayerDoneCounter as the pool sees it (`register_layer_transfer_counter`), recording each wait."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def wait_until(self, layer):
+        self.events.append(("wait", layer))
+
+
+def recording(pool, monkeypatch) -> list:
+    """Events of `pool` from here on: ("wait", local layer) from its counter, ("arrays", local layer) at every access
+    to a layer's arrays."""
+    events = []
+    pool.register_layer_transfer_counter(RecordingCounter(events))
+    arrays = pool.layer_arrays
+    monkeypatch.setattr(pool, "layer_arrays", lambda i: events.append(("arrays", i)) or arrays(i))
+    return events
+
+
+STAGE_START = 2  # a pipeline stage whose first layer is global layer 2 (the pool's local layer 0)
+
+
+@pytest.mark.cpu_interpreter
+def test_loading_a_stages_layers_never_waits_and_lands_in_its_local_layers(plugin, monkeypatch):
+    """A stage with start_layer 2: SGLang's cache controller loads local layers 0..2 (`load_to_device_per_layer(...,
+    i, ...)`); each lands in that local layer's arrays, byte for byte, and no load waits on the counter (it is what
+    the counter waits for)."""
+    gen = torch.Generator().manual_seed(10)
+    device = device_pool(start_layer=STAGE_START)
+    fill_random(device, gen)
+    host = host_pool(device, "layer_first")
+    written = slots([5, 2])
+    host_loc = host.alloc(len(written))
+    host.backup_from_device_all_layer(device, host_loc, written, "kernel")
+    before = device_pool(start_layer=STAGE_START)
+    for name in ("kv_buffer", "kv_scale_buffer", "kv_rope_buffer"):
+        for layer in range(LAYERS):
+            getattr(before, name)[layer].copy_(getattr(device, name)[layer])
+    fill_random(device, gen)
+    events = recording(device, monkeypatch)
+    loaded = slots([1, 6])
+    for layer in range(LAYERS):
+        host.load_to_device_per_layer(device, host_loc, loaded, layer, "kernel")
+    assert not [e for e in events if e[0] == "wait"], events
+    assert [i for kind, i in events if kind == "arrays"] == list(range(LAYERS))
+    assert_same_rows(before, written, device, loaded)
+
+
+@pytest.mark.cpu_interpreter
+def test_each_layers_attention_waits_for_that_layer_before_reading(plugin, monkeypatch):
+    """A stage with start_layer 2 under HiCache: for each of its layers (global ids 2..4), the decode, the absorbed
+    extend, the MHA prefill's prefix fetch and the K-append wait for that layer (local index) before they touch its
+    arrays; the decode reads that layer (its output against the spec on that layer's rows)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from helpers import assert_close
+    from sglang_snapmla import numerics as nx
+    from sglang_snapmla.backend import SnapMLAForward
+
+    gen = torch.Generator().manual_seed(11)
+    heads, scale = 8, 576 ** -0.5
+    device = device_pool(start_layer=STAGE_START)
+    backend = SnapMLAForward()
+    backend.token_to_kv_pool, backend.max_pages, backend.num_q_heads = device, 4, heads
+    table = torch.tensor([[3, 1]], dtype=torch.int32)
+    backend.req_to_token = (table.long()[:, :, None] * PAGE + torch.arange(PAGE)).reshape(1, -1).to(torch.int32)
+    backend.forward_metadata = SimpleNamespace(block_kv_indices=table, seq_lens_k=None)
+    rows = backend.req_to_token[0, :100].long()
+    for g in range(STAGE_START, STAGE_START + LAYERS):  # each layer its own latents
+        device.set_mla_kv_buffer(SimpleNamespace(layer_id=g), rows,
+                                 torch.randn(100, 1, 512, generator=gen).to(torch.bfloat16),
+                                 torch.randn(100, 1, 64, generator=gen).to(torch.bfloat16))
+    events = recording(device, monkeypatch)
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=1, seq_lens=torch.tensor([100]),
+                             out_cache_loc=None)
+    extend = SimpleNamespace(forward_mode=ForwardMode.EXTEND, out_cache_loc=rows[96:], extend_seq_lens_cpu=[4],
+                             seq_lens_cpu=torch.tensor([100]), req_pool_indices=torch.tensor([0]))
+    for g in range(STAGE_START, STAGE_START + LAYERS):
+        local, layer = g - STAGE_START, SimpleNamespace(layer_id=g, tp_q_head_num=heads, scaling=scale)
+        start = len(events)
+        q = torch.randn(1, heads, 512, generator=gen).to(torch.bfloat16)
+        qr = torch.randn(1, heads, 64, generator=gen).to(torch.bfloat16)
+        backend.plan_step(decode)
+        out = backend.forward_decode(q, None, None, layer, decode, save_kv_cache=False, q_rope=qr)
+        ref, _ = nx.snapmla_decode_reference(nx.quantize_q(q.unsqueeze(0), qr.unsqueeze(0)),
+                                             nx.LatentCache(*device.kv_buffer[local:local + 1],
+                                                            *device.kv_scale_buffer[local:local + 1],
+                                                            *device.kv_rope_buffer[local:local + 1]),
+                                             table, torch.tensor([100], dtype=torch.int32), scale)
+        assert_close(out.float().view(1, 1, heads, 512), ref, rel_l2=1e-2, what=f"layer {g}")
+        backend.plan_step(extend)
+        backend.forward_extend(q.expand(4, -1, -1), torch.randn(4, 1, 512, generator=gen).to(torch.bfloat16),
+                               None, layer, extend, save_kv_cache=True, q_rope=qr.expand(4, -1, -1),
+                               k_rope=torch.randn(4, 1, 64, generator=gen).to(torch.bfloat16))
+        device.get_mla_kv_buffer(layer, rows[:64])
+        touched = events[start:]
+        assert {i for kind, i in touched if kind == "arrays"} == {local}, touched
+        for n, (kind, i) in enumerate(touched):
+            if kind == "arrays":
+                assert ("wait", local) in touched[:n], f"layer {g}: its arrays read before waiting ({touched})"
