@@ -352,6 +352,26 @@ def test_decode_impl_choice_is_explicit(monkeypatch):
     assert decode_plan.decode_impl() == "triton"
 
 
+@pytest.mark.parametrize("sms", [8, 132], ids=["interpreter", "h200"])
+def test_split_counts_stay_within_the_pages_and_the_limit(monkeypatch, sms):
+    """Both split policies (`choose_num_splits` for the Triton decode, `cuda_num_splits` for the sm_90a one) give a
+    count of at least 1 and at most MAX_SPLITS and the page bound they are planned with, for batches 1-4096, 1-512
+    query rows per sequence and page bounds 1-8192. The backend plans with a static page bound (its context length)
+    under CUDA graphs: the count then depends on no sequence's length, and every split has a page to read when the
+    longest sequence reaches the bound."""
+    monkeypatch.setattr(decode_plan, "_num_sms", lambda index: sms)
+    dev = torch.device("cpu")
+    for batch in (1, 2, 7, 33, 64, 128, 513, 4096):
+        for rows in (1, 3, 16, 17, 64, 65, 128, 384, 512):
+            for pages in (1, 2, 3, 10, 64, 65, 257, 1024, 8192):
+                tiles = math.ceil(rows / decode_plan.decode_tiling(rows)[0])
+                triton = decode_plan.choose_num_splits(batch, tiles, pages, dev)
+                cuda = decode_plan.cuda_num_splits(batch, rows, pages, dev)
+                for name, splits in (("choose_num_splits", triton), ("cuda_num_splits", cuda)):
+                    assert isinstance(splits, int) and 1 <= splits <= min(decode_plan.MAX_SPLITS, pages), \
+                        (name, batch, rows, pages, splits)
+
+
 def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
     """The sm_90a split count (shapes only) on an H100/H200 (132 SMs, one CTA per 64-row tile): at batch 1 a short
     cache still gets one page per split, a longer one fewer, longer splits (measured: h128 b1 s_k 4096 16.2 us with 16

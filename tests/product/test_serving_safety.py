@@ -66,6 +66,29 @@ def test_stale_slots_and_table_tails_change_no_output(gen, seq_lens, heads, s_q,
     assert_close(out.float().cpu(), ref, rel_l2=4e-2, what=f"{impl} vs reference over a stale pool")
 
 
+@pytest.mark.skipif(DEV != "cpu", reason="reads are recorded by Triton's CPU interpreter")
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_the_decode_reads_no_table_entry_past_a_sequences_pages(gen, splits):
+    """The Triton decode reads block-table entries 0 .. ceil(seq_len / 64) - 1 of each row and no other, also where a
+    sequence's last page is full and is the table's last column: the table is a narrowed view (as under CUDA graphs)
+    whose storage goes on with live page ids of other sequences, so a read past a row's pages would not crash but
+    is seen here (the reads are recorded by the interpreter)."""
+    from triton_cpu import elements_read, recorded_loads
+
+    seq_lens, heads = [128, 64, 1, 65], 3
+    q8, qs, qr, kv, bt, lens = _problem(gen, seq_lens, heads, 1)
+    B, P = bt.shape  # P = 2: the longest sequences' pages; the 128-token one fills both
+    storage = torch.empty(B, P + 2, dtype=torch.int32)
+    storage[:] = int(bt.max())  # live pages of other sequences past every row's end
+    storage[:, :P] = bt
+    view = storage[:, :P]
+    with recorded_loads() as loads:
+        ops.decode_quantized(q8, qs, qr, *kv, view, lens, SCALE, num_splits=splits, impl="triton")
+    read = {(i // storage.stride(0), i % storage.stride(0)) for i in elements_read(loads, storage)}
+    allowed = {(b, c) for b, n in enumerate(seq_lens) for c in range(math.ceil(n / 64))}
+    assert read == allowed, f"entries read past a sequence's pages: {sorted(read - allowed)}"
+
+
 def test_fetch_dequant_reads_only_the_requested_rows(gen):
     p = paged_problem(gen, [130], 1)
     kv = list(ops.pool_from_rows(p["c_kv"].to(torch.bfloat16).to(DEV), p["k_rope"].to(torch.bfloat16).to(DEV)))

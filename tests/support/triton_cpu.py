@@ -12,6 +12,7 @@ cvt.rn.satfinite). Only active under the interpreter; a no-op otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -131,3 +132,36 @@ def install() -> None:
     Builder.create_fma = create_fma
     Builder.create_dot = create_dot
     _INSTALLED = True
+
+
+@contextlib.contextmanager
+def recorded_loads():
+    """Under the interpreter: every address a Triton kernel loads from inside the block (its mask's true lanes), as
+    one list of numpy uint64 arrays, so that a test can say which elements of a tensor a kernel read (`elements_read`)
+    -- a read past a tensor's end then fails an assertion instead of crashing the process, or passing unseen."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_masked_load
+    loads: list[np.ndarray] = []
+
+    def create_masked_load(self, ptrs, mask, other, *args):
+        loads.append(np.asarray(ptrs.data)[np.asarray(mask.data, dtype=bool)].astype(np.uint64).ravel())
+        return original(self, ptrs, mask, other, *args)
+
+    builder.create_masked_load = create_masked_load
+    try:
+        yield loads
+    finally:
+        builder.create_masked_load = original
+
+
+def elements_read(loads: list[np.ndarray], t: torch.Tensor) -> set[int]:
+    """Indices into `t`'s storage (element offsets from its storage's start) that `recorded_loads` saw loaded."""
+    storage = t.untyped_storage()
+    base, size, item = storage.data_ptr(), storage.nbytes(), t.element_size()
+    out: set[int] = set()
+    for addrs in loads:
+        inside = addrs[(addrs >= base) & (addrs < base + size)]
+        out.update(((inside - base) // item).tolist())
+    return out
