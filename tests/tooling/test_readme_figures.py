@@ -1,0 +1,91 @@
+"""Every figure the README quotes in "Why use it" and its measurement table is in the docs section it cites, and that
+section names its data in results/ (a missing file, a section renamed away, a figure that is not the section's fail)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+DOCS = {name: (ROOT / "docs" / name).read_text() for name in ("BENCHMARKS.md", "ACCURACY.md")}
+KERNEL_SECTION = "Decode kernel (H200)"  # the section of the kernel rows, which cite their command
+
+
+def sections(doc: str) -> dict[str, str]:
+    """Heading text (## or ###) -> the section's text up to the next heading of its level or above."""
+    heads = [(m.start(), len(m.group(1)), m.group(2).strip()) for m in re.finditer(r"^(#{2,3}) (.+)$", doc, re.M)]
+    out = {}
+    for i, (start, level, title) in enumerate(heads):
+        end = next((s for s, lv, _ in heads[i + 1:] if lv <= level), len(doc))
+        out[title] = doc[start:end]
+    return out
+
+
+BENCH_SECTIONS = sections(DOCS["BENCHMARKS.md"])
+
+
+def cited_section(name: str) -> str:
+    """The BENCHMARKS.md section a README citation names (its heading, or the heading it begins)."""
+    found = [text for title, text in BENCH_SECTIONS.items() if title == name or title.startswith(name)]
+    assert found, f'README cites docs/BENCHMARKS.md "{name}", which has no such section'
+    return found[0]
+
+
+def figures(text: str) -> list[str]:
+    """The ratios a text quotes: every number of "1.33x", "0.76-0.80x", "1.73x / 1.31x"."""
+    out = []
+    for low, high in re.findall(r"(\d+\.\d+)(?:-(\d+\.\d+))?x", text):
+        out += [low] + ([high] if high else [])
+    return out
+
+
+def data_files(section: str) -> tuple[list[str], list[str]]:
+    """(the results/ paths a section names that exist, those that do not); a JSON kept as NAME.json.xz counts, a
+    glob counts where it matches."""
+    found, missing = [], []
+    for p in {p.rstrip(".,;:)`'") for p in re.findall(r"results/[\w./*-]+", section)}:
+        exists = any(ROOT.glob(p)) if "*" in p else (ROOT / p).exists() or (ROOT / f"{p}.xz").exists()
+        (found if exists else missing).append(p)
+    return found, missing
+
+
+def measurement_rows() -> list[list[str]]:
+    table = README[README.index("## Measurements"):]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| what")]
+    return [[c.strip() for c in row.split("|")[1:-1]] for row in rows]
+
+
+@pytest.mark.parametrize("row", measurement_rows(), ids=lambda r: r[0][:40])
+def test_each_measurement_row_is_in_the_section_it_cites_with_its_data(row):
+    what, figures_text, where = row
+    names = re.findall(r'"([^"]+)"', where) or ([KERNEL_SECTION] if "bench_kernels" in where or where == "same"
+                                                else [])
+    if not names:  # capacity: arithmetic on the layout (644 vs 1 152 B), no run
+        assert "644" in figures_text and "1 152" in figures_text, row
+        return
+    cited = "".join(cited_section(name) for name in names)
+    missing = [f for f in figures(figures_text) if f not in cited]
+    assert not missing, f"{what}: {missing} not in {names}"
+    found, missing = data_files(cited)
+    assert found and not missing, f"{what}: {names} names data in results/ that is not there: {missing or 'none'}"
+
+
+def why_use_it_bullets() -> list[str]:
+    part = README[README.index("## Why use it"):README.index("## Set up")]
+    return ["- " + b for b in part.split("\n- ")[1:]]
+
+
+@pytest.mark.parametrize("bullet", why_use_it_bullets(), ids=lambda b: b[4:20])
+def test_each_why_use_it_figure_is_in_what_it_cites(bullet):
+    bullet_text = re.sub(r"\s+", " ", bullet)
+    names = re.findall(r'"([^"]+)"', bullet_text)
+    cited = "".join(cited_section(name) for name in names if name != "Measurements")
+    if "Measurements" in names:
+        cited += README[README.index("## Measurements"):]
+    for doc in re.findall(r"docs/(\w+\.md)\)", bullet):  # a whole doc linked without a section
+        if doc != "BENCHMARKS.md":
+            cited += DOCS[doc]
+    assert cited, f"this bullet cites nothing: {bullet[:80]}"
+    missing = [f for f in figures(bullet_text) if f not in cited]
+    assert not missing, f"{missing} not in what the bullet cites ({names})"
