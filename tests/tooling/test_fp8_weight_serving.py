@@ -78,3 +78,33 @@ def test_the_dummy_weight_fix_is_in_every_servers_log():
         text = read_log(log)
         assert re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text), log.name
         assert "'block_fp8_weights': 482" in text, log.name
+
+
+def weight_gib(config: dict) -> float:
+    """One GPU's weights of a block-FP8 DeepSeek-V3 config, counted from its shapes: FP8 linears (1 B), their fp32
+    block scales, BF16 embedding, LM head and routers, and the BF16 w_kc / w_vc SGLang dequantizes kv_b_proj into."""
+    c = config
+    H, h, L, dense = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"], c["first_k_dense_replace"]
+    ql, kl, r, nope, v = (c[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                         "v_head_dim"))
+    attn = H * ql + H * (kl + r) + ql * h * (nope + r) + kl * h * (nope + v) + h * v * H
+    moe = (c["n_routed_experts"] + c["n_shared_experts"]) * 3 * c["moe_intermediate_size"] * H
+    fp8 = L * attn + (L - dense) * moe + dense * 3 * c["intermediate_size"] * H
+    bf16 = 2 * (2 * c["vocab_size"] * H + (L - dense) * c["n_routed_experts"] * H + L * kl * h * (nope + v))
+    return (fp8 * (1 + 4 / 128**2) + bf16) / 2**30
+
+
+def test_the_tp8_config_is_the_model_the_h200_loaded():
+    """The per-GPU config's weights, counted from its shapes, are what SGLang loaded on the H200 (within 2 %), and
+    each backend's pool holds its KV bytes per token x 61 layers: 644 B for snapmla (the plugin's budget in the
+    memory planner), 1 152 for BF16 and 576 for SGLang's FP8 cache, in the same 39.63 GB."""
+    import json
+
+    config = json.loads((ROOT / "configs/models/deepseek-v3-fp8-tp8/config.json").read_text())
+    expected = weight_gib(config)
+    for run, per_token in (("snapmla", 644), ("flashmla", 1152), ("flashmla-fp8", 576)):
+        text = read_log(RUN / f"server_{run}.log.xz")
+        loaded = float(re.search(r"Load weight end\..*?mem usage=([\d.]+) GB", text).group(1))
+        assert loaded == pytest.approx(expected, rel=0.02), (run, loaded, expected)
+        tokens = int(re.search(r"max_total_num_tokens=(\d+)", text).group(1))
+        assert tokens * per_token * config["num_hidden_layers"] / 2**30 == pytest.approx(39.63, abs=0.01), run
