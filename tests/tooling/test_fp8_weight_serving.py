@@ -95,7 +95,8 @@ def weight_gib(config: dict) -> float:
 
 
 def test_the_tp8_config_is_the_model_the_h200_loaded():
-    """The per-GPU config's weights, counted from its shapes, are what SGLang loaded on the H200 (within 2 %), and
+    """The per-GPU config's weights, counted from its shapes, are what SGLang loaded on the H200 (within 1.5 %: one
+    expert more per layer is 1.7 % more), and
     each backend's pool holds its KV bytes per token x 61 layers: 644 B for snapmla (the plugin's budget in the
     memory planner), 1 152 for BF16 and 576 for SGLang's FP8 cache, in the same 39.63 GB."""
     import json
@@ -105,6 +106,6 @@ def test_the_tp8_config_is_the_model_the_h200_loaded():
     for run, per_token in (("snapmla", 644), ("flashmla", 1152), ("flashmla-fp8", 576)):
         text = read_log(RUN / f"server_{run}.log.xz")
         loaded = float(re.search(r"Load weight end\..*?mem usage=([\d.]+) GB", text).group(1))
-        assert loaded == pytest.approx(expected, rel=0.02), (run, loaded, expected)
+        assert loaded == pytest.approx(expected, rel=0.015), (run, loaded, expected)
         tokens = int(re.search(r"max_total_num_tokens=(\d+)", text).group(1))
         assert tokens * per_token * config["num_hidden_layers"] / 2**30 == pytest.approx(39.63, abs=0.01), run
