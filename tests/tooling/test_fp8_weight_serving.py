@@ -96,9 +96,9 @@ def weight_gib(config: dict) -> float:
 
 def test_the_tp8_config_is_the_model_the_h200_loaded():
     """The per-GPU config's weights, counted from its shapes, are what SGLang loaded on the H200 (within 1.5 %: one
-    expert more per layer is 1.7 % more), and
-    each backend's pool holds its KV bytes per token x 61 layers: 644 B for snapmla (the plugin's budget in the
-    memory planner), 1 152 for BF16 and 576 for SGLang's FP8 cache, in the same 39.63 GB."""
+    expert more per layer is 1.7 % more), and each backend's pool holds its KV bytes per token x 61 layers: 644 B for
+    snapmla (the plugin's budget in the memory planner), 1 152 for BF16 and 576 for SGLang's FP8 cache, in the same
+    39.63 GB."""
     import json
 
     config = json.loads((ROOT / "configs/models/deepseek-v3-fp8-tp8/config.json").read_text())
