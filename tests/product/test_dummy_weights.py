@@ -13,7 +13,7 @@ from sglang_snapmla import block_fp8, dummy_weights
 from sglang_snapmla.dummy_weights import DUMMY_WEIGHTS_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
-FP8_CONFIGS = ["deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention"]
+FP8_CONFIGS = ["deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention", "kimi-k2-fp8-tp8", "kimi-k2-fp8-dp-attention"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -209,10 +209,14 @@ def test_harness_asks_fp8_configs_for_deployment_dummy_weights(name):
 
 @pytest.mark.parametrize("name", FP8_CONFIGS)
 def test_fp8_configs_are_the_released_quantization(name):
-    """The per-GPU configs carry the released checkpoints' quantization_config and attention shape."""
+    """The per-GPU configs carry the released checkpoints' quantization_config and attention shape: DeepSeek-V3's 61
+    layers (3 dense) and MTP layer at 16 or 128 heads, Kimi-K2's 41 of 61 layers (1 dense, no MTP) at 8 or 64."""
     cfg = json.loads((ROOT / "configs/models" / name / "config.json").read_text())
     assert cfg["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                           "weight_block_size": [128, 128]}
-    assert (cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg["num_nextn_predict_layers"]) == (61, 3, 1)
+    layers = (cfg["num_hidden_layers"], cfg["first_k_dense_replace"], cfg.get("num_nextn_predict_layers", 0))
     assert (cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["q_lora_rank"]) == (512, 64, 1536)
-    assert cfg["num_attention_heads"] in (16, 128)
+    if name.startswith("deepseek-v3"):
+        assert layers == (61, 3, 1) and cfg["num_attention_heads"] in (16, 128)
+    else:
+        assert layers == (41, 1, 0) and cfg["num_attention_heads"] in (8, 64)

@@ -119,7 +119,8 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
 
 @pytest.mark.cpu_interpreter
 @pytest.mark.parametrize("name", ["deepseek-v2-lite-shape", "deepseek-v3-shape", "longcat-flash-shape", "kimi-k2-shape",
-                                  "deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention"])
+                                  "deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention", "kimi-k2-fp8-tp8",
+                                  "kimi-k2-fp8-dp-attention"])
 def test_bundled_configs_are_accepted(plugin, name):
     """Every bundled model config parses with snapmla (LongCat's rope is set to 64, SGLang defaults it to 128)."""
     args = parse("--model-path", str(ROOT / "configs/models" / name), "--attention-backend", "snapmla",

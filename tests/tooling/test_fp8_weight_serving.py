@@ -109,3 +109,21 @@ def test_the_tp8_config_is_the_model_the_h200_loaded():
         assert loaded == pytest.approx(expected, rel=0.015), (run, loaded, expected)
         tokens = int(re.search(r"max_total_num_tokens=(\d+)", text).group(1))
         assert tokens * per_token * config["num_hidden_layers"] / 2**30 == pytest.approx(39.63, abs=0.01), run
+
+
+@pytest.mark.parametrize("name, measured", [("deepseek-v3-fp8-dp-attention", "v3_fp8_dp_attention_h200_start"),
+                                            ("deepseek-v3-fp8-tp8", None), ("kimi-k2-fp8-tp8", None),
+                                            ("kimi-k2-fp8-dp-attention", None)])
+def test_each_per_gpu_config_fits_one_h200_beside_a_pool_that_binds(name, measured):
+    """Every block-FP8 per-GPU config's weights (counted; where an H200 loaded it, as loaded, within 1.5 %) leave
+    25-45 GiB of pool in --mem-fraction-static 0.88 of the 139.13 GiB SGLang sees on an H200, ~1.5 GiB going to
+    other buffers (the H200 runs: 39.6 GiB predicted 39.1 at TP 8, 29.0 predicted 28.9 under DP attention): room to
+    serve, and a pool that binds under the paper's workloads (8k-32k prompts, more requests than BF16's pool holds)."""
+    import json
+
+    weights = weight_gib(json.loads((ROOT / "configs/models" / name / "config.json").read_text()))
+    if measured:
+        text = read_log(ROOT / "results/serve" / measured / "server_snapmla.log.xz")
+        loaded = float(re.search(r"Load weight end\..*?mem usage=([\d.]+) GB", text).group(1))
+        assert loaded == pytest.approx(weights, rel=0.015), (loaded, weights)
+    assert 25 <= 0.88 * 139.13 - weights - 1.5 <= 45, weights
