@@ -24,7 +24,10 @@ from sglang_snapmla import layout
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
-SHAPES = [(1, 640), (32, 8192), (128, 4096), (128, 16384), (64, 65536)]
+# (batch, s_k): batch 1; the serving batches of chat and agent traffic at short contexts (64-256 requests at 640-2 048
+# tokens, where DeepSeek-V3 under DP attention decodes 128 heads a GPU); mid and long contexts
+SHAPES = [(1, 640), (64, 640), (128, 640), (256, 1280), (128, 2048), (32, 8192), (128, 4096), (128, 16384),
+          (64, 65536)]
 
 
 def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False, per_token: bool = False):
