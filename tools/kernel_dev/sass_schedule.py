@@ -3,7 +3,7 @@ a machine without a GPU (nvcc, and cuobjdump from the CUDA toolkit or the copy T
 
     python -m tools.kernel_dev.sass_schedule [--source-dir kernels/cuda] [-D NAME=VALUE ...] [--cubin FILE]
 
-The softmax warpgroup issues QK of page c+1 in two parts (docs/KERNEL.md, "The schedule"): part 1 before page c's
+The softmax warpgroup issues QK of page c+1 in two parts (docs/KERNEL.md, "What is in the schedule, and why"): part 1 before page c's
 softmax, part 2 meant to go between its two passes (pass 1: 16 LG2 per thread for log2 sigma_k and the row max;
 pass 2: the row-max shuffles, 32 EX2 and 16 RCP). Source order does not bind ptxas, so this prints, per kernel
 function, the address-ordered run-length sequence of the instructions that tell the schedule (QGMMA / HGMMA,
