@@ -1,4 +1,4 @@
-"""benchmarks/gpu/eager_layer.py on the CPU: the committed H200 run redraws into the table docs/BENCHMARKS.md quotes."""
+"""benchmarks/gpu/eager_layer.py on the CPU: the committed H200 run redraws into the table docs/DESIGN.md quotes."""
 
 from pathlib import Path
 
@@ -22,6 +22,6 @@ def test_saved_run_reports_what_the_docs_quote(tmp_path, capsys, name, lines, co
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith(("| 16 ", "| 128 "))]
     assert len(rows) == lines and all(r.count("|") == columns + 1 for r in rows)
-    docs = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    docs = (ROOT / "docs" / "DESIGN.md").read_text()
     for line in [out[0], *rows]:
         assert line in docs, line
