@@ -49,11 +49,14 @@ def test_docs_quote_the_ratios_of_the_saved_run(runs):
     snap, bf16, fp8 = runs["snapmla"], runs["flashmla"], runs["flashmla-fp8"]
     ratios = {"out_bf16": snap["output_tok_s"] / bf16["output_tok_s"],
               "ttft_bf16": snap["median_ttft_ms"] / bf16["median_ttft_ms"],
-              "out_fp8": snap["output_tok_s"] / fp8["output_tok_s"],
-              "ttft_fp8": snap["median_ttft_ms"] / fp8["median_ttft_ms"]}
-    quoted = f"{ratios['out_bf16']:.2f}x", f"{ratios['ttft_bf16']:.2f}x", f"{ratios['out_fp8']:.2f}x", \
-        f"{ratios['ttft_fp8']:.2f}x"
-    assert quoted == ("1.33x", "0.75x", "1.10x", "0.62x"), ratios
+              "out_fp8": snap["output_tok_s"] / fp8["output_tok_s"]}
+    quoted = tuple(f"{r:.2f}x" for r in ratios.values())
+    assert quoted == ("1.33x", "0.75x", "1.10x"), ratios
+    # a streamed TTFT is only bench_serving's where the outputs decode to text from the first tokens: the docs
+    # compare snapmla's and BF16's, not the FP8 cache's, whose outputs decode to almost none in this run
+    for r in (snap, bf16):
+        assert r["retokenized_output_tokens"] > 0.9 * r["output_tokens"], r["run"]
+    assert fp8["retokenized_output_tokens"] < 0.01 * fp8["output_tokens"]
     readme = (ROOT / "README.md").read_text()
     row = next(ln for ln in readme.splitlines() if "deepseek-v3-fp8-tp8" in ln)
     section = section_text()
