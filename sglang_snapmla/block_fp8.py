@@ -9,15 +9,17 @@ the checkpoints').
 A block's scale is its amax / 448 (e4m3's largest finite value), so its largest element maps to +-448 and no element
 saturates; an all-zero block gets the smallest normal fp32 scale (its values quantize to 0). The round trip's error
 is e4m3's rounding: at most 2^-4 of an element's magnitude for normal values, plus 2^-9 x the block scale for the
-subnormal ones (test_block_fp8.py).
+subnormal ones (tests/product/test_dummy_weights.py). The scale and the cast are the spec's (`numerics.amax_scale`,
+`numerics.to_fp8`), with float32's smallest normal as the floor.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .numerics import amax_scale, to_fp8
+
 BLOCK = (128, 128)
-E4M3_MAX = 448.0
 
 
 def _check_block(block: tuple[int, int]) -> tuple[int, int]:
@@ -48,9 +50,8 @@ def quantize_block_fp8(w: torch.Tensor, block: tuple[int, int] = BLOCK) -> tuple
         raise TypeError(f"quantize_block_fp8 takes a float weight, got {w.dtype}")
     if w.dim() < 2:
         raise ValueError(f"quantize_block_fp8 takes a weight of at least 2 dims, got shape {tuple(w.shape)}")
-    scale_inv = (block_amax(w, block) / E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    q = (w.float() / expand_blocks(scale_inv, w.shape, block)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, scale_inv
+    scale_inv = amax_scale(block_amax(w, block), floor=torch.finfo(torch.float32).tiny)
+    return to_fp8(w.float() / expand_blocks(scale_inv, w.shape, block)), scale_inv
 
 
 def dequantize_block_fp8(q: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int] = BLOCK) -> torch.Tensor:

@@ -80,8 +80,7 @@ def _block_size(weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
 def redraw_block_fp8(weight: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
     """weight (e4m3) and scale (fp32) in place: a U(+-WEIGHT_RANGE) weight quantized with amax / 448 block scales."""
     block = _block_size(weight, scale)
-    w2 = weight.view(-1, *weight.shape[-2:]) if weight.dim() > 2 else weight.unsqueeze(0)
-    s2 = scale.view(-1, *scale.shape[-2:]) if scale.dim() > 2 else scale.unsqueeze(0)
+    w2, s2 = weight.view(-1, *weight.shape[-2:]), scale.view(-1, *scale.shape[-2:])  # [experts or 1, N, K]
     rows = max(block[0], ROW_CHUNK // block[0] * block[0])
     for e in range(w2.shape[0]):
         for r0 in range(0, w2.shape[1], rows):
