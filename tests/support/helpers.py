@@ -29,3 +29,16 @@ def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, wh
     return m
 
 
+
+
+def doc_sections(doc: str) -> dict[str, str]:
+    """A markdown doc's sections: heading text (## or ###) -> its text, from the heading to the next heading of its
+    level or above (subsections included)."""
+    import re
+
+    heads = [(m.start(), len(m.group(1)), m.group(2).strip()) for m in re.finditer(r"^(#{2,3}) (.+)$", doc, re.M)]
+    out = {}
+    for i, (start, level, title) in enumerate(heads):
+        end = next((s for s, lv, _ in heads[i + 1:] if lv <= level), len(doc))
+        out[title] = doc[start:end]
+    return out

@@ -53,11 +53,6 @@ def test_the_committed_h200_kernel_table_is_what_the_readme_quotes():
         assert ratios == text and text in readme, (shape, ratios, text)
 
 
-def _section(doc: str, title: str) -> str:
-    start = doc.index(title)
-    return doc[start:doc.index("\n## ", start + len(title))]
-
-
 def test_other_fp8_decodes_section_quotes_its_committed_runs():
     """docs/BENCHMARKS.md "Other FP8 MLA decodes": each H200 row of the paper's grid and of FlashInfer's per-token
     table is the committed run's (µs, ratios against FlashMLA BF16 and FP8, rel-L2), recomputed here."""
@@ -66,7 +61,9 @@ def test_other_fp8_decodes_section_quotes_its_committed_runs():
     from harness.results import read_json
 
     root = Path(__file__).resolve().parents[2]
-    section = _section((root / "docs" / "BENCHMARKS.md").read_text(), "## Other FP8 MLA decodes (H200)")
+    from helpers import doc_sections
+
+    section = doc_sections((root / "docs" / "BENCHMARKS.md").read_text())["Other FP8 MLA decodes (H200)"]
     lines = section.splitlines()
 
     def keyed(name):

@@ -9,10 +9,11 @@ import pytest
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
 from harness.server_log import decode_lines, read_log
+from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results/serve/v3_fp8_tp8_h200_long"
-SECTION = "## Block-FP8 weights: DeepSeek-V3/R1 per GPU at TP 8 (H200)"
+SECTION = "Block-FP8 weights: DeepSeek-V3/R1 per GPU at TP 8 (H200)"
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +22,7 @@ def runs():
 
 
 def section_text() -> str:
-    docs = (ROOT / "docs/BENCHMARKS.md").read_text()
-    start = docs.index(SECTION)
-    end = docs.index("\n## ", start + len(SECTION))
-    return docs[start:end]
+    return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION]
 
 
 def step_at_peak_ms(log_text: str) -> float:

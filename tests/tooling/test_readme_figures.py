@@ -6,23 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from helpers import doc_sections
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = {name: (ROOT / "docs" / name).read_text() for name in ("BENCHMARKS.md", "ACCURACY.md")}
 KERNEL_SECTION = "Decode kernel (H200)"  # the section of the kernel rows, which cite their command
 
 
-def sections(doc: str) -> dict[str, str]:
-    """Heading text (## or ###) -> the section's text up to the next heading of its level or above."""
-    heads = [(m.start(), len(m.group(1)), m.group(2).strip()) for m in re.finditer(r"^(#{2,3}) (.+)$", doc, re.M)]
-    out = {}
-    for i, (start, level, title) in enumerate(heads):
-        end = next((s for s, lv, _ in heads[i + 1:] if lv <= level), len(doc))
-        out[title] = doc[start:end]
-    return out
-
-
-BENCH_SECTIONS = sections(DOCS["BENCHMARKS.md"])
+BENCH_SECTIONS = doc_sections(DOCS["BENCHMARKS.md"])
 
 
 def cited_section(name: str) -> str:
