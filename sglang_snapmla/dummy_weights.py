@@ -7,20 +7,26 @@ With a block-FP8 `quantization_config` (DeepSeek-V3/R1, Kimi-K2, LongCat-Flash-F
 * the attention layers' `k_scale` / `v_scale`: random, and SGLang's FP8 KV cache (`--kv-cache-dtype fp8_e4m3`)
   divides K and V by them, so that baseline can be silently wrong (SGLang uses 1.0 where a checkpoint has none);
 * DeepSeek's router correction bias: U(+-1e-3) is ~30x the spread of the router logits on dummy weights, so every
-  token picks the same experts (a trained bias balances the load).
+  token picks the same experts (a trained bias balances the load);
+* every projection at U(+-1e-3) shrinks what it outputs ~20-50x (a trained one keeps activations O(1)): the queries
+  reach the attention at ~1e-4, where SGLang's per-tensor FP8 cache flushes them to zero, the logits are flat to a
+  few bf16 steps, and greedy outputs repeat one token that decodes to no text.
 
 With `SNAPMLA_DUMMY_WEIGHTS=deployment` the plugin wraps SGLang's draw (`dummy_weights_hook`) and then, for every
 model on that server (any attention backend: the fix is the benchmark's, not snapmla's):
-* draws each block-FP8 weight as U(-1e-3, 1e-3) -- the BF16 dummy's weights -- and quantizes it with positive
-  per-block scales amax / 448 (`block_fp8.quantize_block_fp8`);
+* draws each block-FP8 weight [..., N, K] as U(+-sqrt(3 / K)) -- standard deviation 1 / sqrt(fan-in), the spread
+  that keeps a layer's outputs at its inputs' scale -- and quantizes it with positive per-block scales amax / 448
+  (`block_fp8.quantize_block_fp8`);
+* draws the MoE router's and the LM head's weights (BF16) the same way, so that router logits and output logits
+  spread over O(1) as a trained model's do (routing follows the tokens; greedy outputs are not ties);
 * sets `k_scale` = `v_scale` = 1.0;
 * zeroes the router correction bias, so that routing follows the tokens;
-* sets RMSNorm weights to 1.0, so that normalized activations (the MLA latent among them) have unit scale, as in a
-  trained model, not 1e-3.
-Weights stay seeded (the same model for every backend of a comparison), and one log line says what was set; after
-the load, `check_loaded_model` confirms k_scale = v_scale = 1.0 on every attention layer that has them and raises if
-not. Without the variable, a dummy load of a block-FP8 model logs a warning naming it. `benchmarks` / `tools` set it
-for every dummy-weight server of a block-FP8 config (`harness.server.dummy_weights_env`).
+* sets RMSNorm weights to 1.0, so that normalized activations (the MLA latent among them) have unit scale.
+The embedding keeps SGLang's draw (the first RMSNorm gives it unit scale). Weights stay seeded (the same model for
+every backend of a comparison), and one log line says what was set; after the load, `check_loaded_model` confirms
+k_scale = v_scale = 1.0 on every attention layer that has them and raises if not. Without the variable, a dummy load
+of a block-FP8 model logs a warning naming it. `benchmarks` / `tools` set it for every dummy-weight server of a
+block-FP8 config (`harness.server.dummy_weights_env`).
 """
 
 from __future__ import annotations
@@ -37,7 +43,6 @@ logger = logging.getLogger(__name__)
 DUMMY_WEIGHTS_ENV = "SNAPMLA_DUMMY_WEIGHTS"  # deployment: the fix below; unset or "sglang": SGLang's own draw
 HOOK_TARGET = "sglang.srt.model_loader.loader.initialize_dummy_weights"
 CHECK_TARGET = "sglang.srt.model_loader.loader.DummyModelLoader.load_model"
-WEIGHT_RANGE = 1e-3  # SGLang's dummy range: the dequantized FP8 weights are distributed as the BF16 dummy's
 SEED = 4321
 ROW_CHUNK = 4096  # rows (or experts) quantized at once: bounds the float32 temporaries on a 1.4 GB expert weight
 
@@ -49,6 +54,11 @@ def requested() -> bool:
         raise ValueError(f"{DUMMY_WEIGHTS_ENV}={value!r}: set it to 'deployment' (block-FP8 dummy weights as a "
                          "deployment's, docs/DEPLOY.md) or 'sglang' (SGLang's own draw), or unset it")
     return value == "deployment"
+
+
+def fan_in_bound(weight: torch.Tensor) -> float:
+    """The half-width of the uniform draw for a weight [..., N, K]: U(+-sqrt(3 / K)) has std 1 / sqrt(K)."""
+    return (3.0 / weight.shape[-1]) ** 0.5
 
 
 def block_fp8_pairs(model: torch.nn.Module):
@@ -78,18 +88,36 @@ def _block_size(weight: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
 
 @torch.no_grad()
 def redraw_block_fp8(weight: torch.Tensor, scale: torch.Tensor, generator: torch.Generator) -> None:
-    """weight (e4m3) and scale (fp32) in place: a U(+-WEIGHT_RANGE) weight quantized with amax / 448 block scales."""
+    """weight (e4m3) and scale (fp32) in place: a U(+-sqrt(3 / K)) weight quantized with amax / 448 block scales."""
     block = _block_size(weight, scale)
     w2, s2 = weight.view(-1, *weight.shape[-2:]), scale.view(-1, *scale.shape[-2:])  # [experts or 1, N, K]
     rows = max(block[0], ROW_CHUNK // block[0] * block[0])
+    bound = fan_in_bound(weight)
     for e in range(w2.shape[0]):
         for r0 in range(0, w2.shape[1], rows):
             part = w2[e, r0:r0 + rows]
             w = torch.empty(part.shape, dtype=torch.float32, device=part.device)
-            w.uniform_(-WEIGHT_RANGE, WEIGHT_RANGE, generator=generator)
+            w.uniform_(-bound, bound, generator=generator)
             q, s = quantize_block_fp8(w, block)
             part.copy_(q)
             s2[e, r0 // block[0]:r0 // block[0] + s.shape[0]].copy_(s)
+
+
+@torch.no_grad()
+def redraw_fan_in(weight: torch.Tensor, generator: torch.Generator) -> None:
+    """A BF16 / fp32 weight [..., K] in place: U(+-sqrt(3 / K)), drawn in float32 (the generator's stream does not
+    depend on the weight's dtype)."""
+    bound = fan_in_bound(weight)
+    flat = weight.view(-1, weight.shape[-1])
+    for r0 in range(0, flat.shape[0], ROW_CHUNK):
+        w = torch.empty(flat[r0:r0 + ROW_CHUNK].shape, dtype=torch.float32, device=weight.device)
+        flat[r0:r0 + ROW_CHUNK].copy_(w.uniform_(-bound, bound, generator=generator))
+
+
+def _is_router(module: torch.nn.Module) -> bool:
+    """DeepSeek's MoEGate: its weight [experts, hidden] beside the correction bias (V3 / R1 / Kimi-K2)."""
+    return (isinstance(getattr(module, "e_score_correction_bias", None), torch.Tensor)
+            and isinstance(getattr(module, "weight", None), torch.Tensor))
 
 
 def _is_rms_norm(module: torch.nn.Module) -> bool:
@@ -102,14 +130,15 @@ def make_deployment_like(model: torch.nn.Module) -> dict:
     device = next(model.parameters()).device
     generator = torch.Generator(device=device)
     generator.manual_seed(SEED)
-    counts = {"block_fp8_weights": 0, "kv_scales": 0, "correction_biases": 0, "rms_norms": 0}
+    counts = {"block_fp8_weights": 0, "kv_scales": 0, "correction_biases": 0, "routers": 0, "lm_heads": 0,
+              "rms_norms": 0}
     scale_range = [float("inf"), 0.0]
     for module, weight_name, scale_name in block_fp8_pairs(model):
         scale = getattr(module, scale_name)
         redraw_block_fp8(getattr(module, weight_name), scale, generator)
         scale_range = [min(scale_range[0], scale.min().item()), max(scale_range[1], scale.max().item())]
         counts["block_fp8_weights"] += 1
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(getattr(module, "k_scale", None), torch.nn.Parameter):
             module.k_scale.fill_(1.0)
             module.v_scale.fill_(1.0)
@@ -117,6 +146,9 @@ def make_deployment_like(model: torch.nn.Module) -> dict:
         if isinstance(getattr(module, "e_score_correction_bias", None), torch.Tensor):
             module.e_score_correction_bias.zero_()
             counts["correction_biases"] += 1
+        if _is_router(module) or name.rsplit(".", 1)[-1] == "lm_head":
+            redraw_fan_in(module.weight, generator)
+            counts["routers" if _is_router(module) else "lm_heads"] += 1
         if _is_rms_norm(module):
             module.weight.fill_(1.0)
             counts["rms_norms"] += 1

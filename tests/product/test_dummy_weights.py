@@ -100,7 +100,8 @@ class Gate(nn.Module):
 def tiny_block_fp8_model():
     m = nn.Module()
     m.norm = RMSNorm(256)
-    m.q_b_proj = BlockFp8Linear(300, 256)  # a partial edge block
+    m.q_b_proj = BlockFp8Linear(300, 384)  # a partial edge block; a fan-in unlike the experts'
+    m.lm_head = nn.Linear(256, 64, bias=False, dtype=torch.bfloat16)
     m.experts = FusedMoE(experts=3, hidden=256, inter=256)
     m.attn = Attention()
     m.gate = Gate(experts=3, hidden=256)
@@ -128,13 +129,14 @@ def process_kv_scales(model):
 def fp8_weights_as_deployed(model) -> dict:
     """What a deployment's block-FP8 weights look like, measured: scale signs, the share of zero FP8 values, each
     block's largest FP8 value (448 when the scale is amax / 448), the dequantized weights' spread."""
-    out = {"scales_positive": True, "zero_share": 0.0, "amax_448": True, "std": []}
+    out = {"scales_positive": True, "zero_share": 0.0, "amax_448": True, "std": [], "fan_in": []}
     for module, w_name, s_name in dummy_weights.block_fp8_pairs(model):
         q, s = getattr(module, w_name), getattr(module, s_name)
         out["scales_positive"] &= bool((s > 0).all())
         out["zero_share"] = max(out["zero_share"], (q.float() == 0).float().mean().item())
         out["amax_448"] &= bool((block_fp8.block_amax(q.float()) == 448).all())
         out["std"].append(block_fp8.dequantize_block_fp8(q, s).std().item())
+        out["fan_in"].append(q.shape[-1])
     return out
 
 
@@ -157,24 +159,31 @@ def test_sglang_draw_of_block_fp8_weights_is_not_a_deployment(registered, monkey
 
 def test_deployment_dummy_weights_through_sglangs_loader(registered, monkeypatch, caplog):
     """With SNAPMLA_DUMMY_WEIGHTS=deployment, SGLang's dummy draw (wrapped by the plugin) gives block-FP8 weights
-    distributed as the BF16 dummy's U(+-1e-3) with positive amax / 448 scales, k_scale = v_scale = 1.0 after SGLang's
-    own processing, a zero router bias and unit norms; the same seed gives the same weights."""
+    with a spread of 1 / sqrt(fan-in) and positive amax / 448 scales, router and LM head drawn at the same spread,
+    k_scale = v_scale = 1.0 after SGLang's own processing, a zero router bias and unit norms; the same seed gives the
+    same weights."""
     monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "deployment")
     m = tiny_block_fp8_model()
     with caplog.at_level(logging.INFO, logger="sglang_snapmla.dummy_weights"):
         sglang_dummy_init(m)
     seen = fp8_weights_as_deployed(m)
     assert seen["scales_positive"] and seen["amax_448"] and seen["zero_share"] < 0.02
-    for std in seen["std"]:  # U(-a, a) has std a / sqrt(3)
-        assert std == pytest.approx(1e-3 / 3**0.5, rel=0.05)
+    assert sorted(set(seen["fan_in"])) == [256, 384]
+    for std, k in zip(seen["std"], seen["fan_in"]):  # U(+-sqrt(3 / K)) has std 1 / sqrt(K)
+        assert std == pytest.approx(k**-0.5, rel=0.05)
+    for w in (m.gate.weight, m.lm_head.weight):
+        assert w.float().std().item() == pytest.approx(256**-0.5, rel=0.05)
+    assert m.embed.float().abs().max().item() <= 1e-3  # SGLang's draw: the first norm gives it unit scale
     process_kv_scales(m)
     assert m.attn.k_scale_float == m.attn.v_scale_float == 1.0
     assert dummy_weights.check_loaded_model(m) == 1
     assert (m.gate.e_score_correction_bias == 0).all() and (m.norm.weight == 1).all()
     assert "'block_fp8_weights': 3" in caplog.text and "'kv_scales': 1" in caplog.text
+    assert "'routers': 1, 'lm_heads': 1" in caplog.text
     again = tiny_block_fp8_model()
     sglang_dummy_init(again)
     assert torch.equal(again.experts.w2_weight.float(), m.experts.w2_weight.float())
+    assert torch.equal(again.lm_head.weight, m.lm_head.weight)
 
 
 def test_block_fp8_dummy_load_without_the_switch_warns(registered, monkeypatch, caplog):
