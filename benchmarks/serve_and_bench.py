@@ -188,11 +188,13 @@ def main():
     ap.add_argument("--min-queue", type=int, default=0, help="with --reprint or --merge (see --reprint)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
                     help="runs of one workload saved in these folders (e.g. one backend per GPU at once) into one "
-                         "folder --out, then its table as --reprint prints it")
+                         "folder --out, then its table as --reprint prints it and its plot")
     args = ap.parse_args()
     if args.merge:
         merge_folders(args.merge, args.out)
-        args.reprint = args.out
+        print(table(reprint(args.out, args.min_queue)))
+        print("plot:", plot(read_json(args.out / "serve_bench.json"), args.out / "serve_bench.png"))
+        return
     if args.reprint:
         print(table(reprint(args.reprint, args.min_queue)))
         return

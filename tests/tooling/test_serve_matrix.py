@@ -427,8 +427,8 @@ def test_saved_serving_runs_reprint_to_what_the_docs_quote(folder, min_queue, qu
 
 def test_serve_and_bench_merges_runs_of_one_workload_from_several_folders(tmp_path, monkeypatch):
     """`serve_and_bench --merge A B --out DIR`: the runs of one workload saved by one process per GPU become one folder
-    (results side by side, each run's server log and bench_serving text, plain or kept as .xz, copied), whose table
-    --reprint prints; another workload or a run in two folders stops with the reason."""
+    (results side by side, each run's server log and bench_serving text, plain or kept as .xz, copied, and the plot
+    drawn), whose table --reprint prints; another workload or a run in two folders stops with the reason."""
     import lzma
     import sys
 
@@ -453,7 +453,7 @@ def test_serve_and_bench_merges_runs_of_one_workload_from_several_folders(tmp_pa
     sb.main()
     assert [r["run"] for r in json.loads((out / "serve_bench.json").read_text())] == ["snapmla", "flashmla"]
     assert {f.name for f in out.iterdir()} == {"serve_bench.json", "server_snapmla.log.xz", "server_flashmla.log",
-                                               "bench_snapmla.txt", "bench_flashmla.txt"}
+                                               "bench_snapmla.txt", "bench_flashmla.txt", "serve_bench.png"}
     assert [r["engine_output_tok_s"] for r in sb.reprint(out, 100)] == [50, 50]  # 1 000 tokens over 20 s
     with pytest.raises(SystemExit, match="more than one folder"):
         sb.merge_folders([tmp_path / "a", tmp_path / "a"], tmp_path / "twice")
