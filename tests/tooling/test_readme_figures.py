@@ -10,17 +10,15 @@ from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-DOCS = {name: (ROOT / "docs" / name).read_text() for name in ("BENCHMARKS.md", "ACCURACY.md")}
+DOCS = {name: (ROOT / "docs" / name).read_text()
+        for name in ("BENCHMARKS.md", "BENCHMARKS-SEVERAL-GPUS.md", "ACCURACY.md")}
 KERNEL_SECTION = "Decode kernel (H200)"  # the section of the kernel rows, which cite their command
 
 
-BENCH_SECTIONS = doc_sections(DOCS["BENCHMARKS.md"])
-
-
-def cited_section(name: str) -> str:
-    """The BENCHMARKS.md section a README citation names (its heading, or the heading it begins)."""
-    found = [text for title, text in BENCH_SECTIONS.items() if title == name or title.startswith(name)]
-    assert found, f'README cites docs/BENCHMARKS.md "{name}", which has no such section'
+def cited_section(name: str, doc: str = "BENCHMARKS.md") -> str:
+    """The section of docs/DOC a README citation names (its heading, or the heading it begins)."""
+    found = [text for title, text in doc_sections(DOCS[doc]).items() if title == name or title.startswith(name)]
+    assert found, f'README cites docs/{doc} "{name}", which has no such section'
     return found[0]
 
 
@@ -56,7 +54,8 @@ def test_each_measurement_row_is_in_the_section_it_cites_with_its_data(row):
     if not names:  # capacity: arithmetic on the layout (644 vs 1 152 B), no run
         assert "644" in figures_text and "1 152" in figures_text, row
         return
-    cited = "".join(cited_section(name) for name in names)
+    doc = next(iter(re.findall(r"docs/([\w-]+\.md)", where)), "BENCHMARKS.md")
+    cited = "".join(cited_section(name, doc) for name in names)
     missing = [f for f in figures(figures_text) if f not in cited]
     assert not missing, f"{what}: {missing} not in {names}"
     found, missing = data_files(cited)
