@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import L2_ROTATE_BYTES, PAGE, make_inputs, time_graph
-from sglang_snapmla import layout
+from sglang_snapmla import decode_plan, layout
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
 
@@ -30,7 +30,11 @@ SHAPES = [(1, 640), (64, 640), (128, 640), (256, 1280), (128, 2048), (32, 8192),
           (64, 65536)]
 
 
-def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False, per_token: bool = False):
+def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False, per_token: bool = False,
+                context_len: int | None = None):
+    """One shape, every kernel timed. snapmla's split count is planned for the block table's width (the sequences'
+    own pages) or, with `context_len`, for the static page bound a server with that context length plans every step
+    with (`decode_plan.static_max_pages`, what CUDA graphs need)."""
     pages = math.ceil(sk / PAGE)
     bf16_bytes = b * sk * 1152
     copies = max(1, min(8, math.ceil(L2_ROTATE_BYTES / bf16_bytes)))
@@ -40,10 +44,14 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     flops = 2 * b * h * s_q * sk * (576 + 512)
     rows = {}
 
+    bound = decode_plan.static_max_pages(context_len) if context_len else inp[0]["bt"].shape[1]
+    splits = {impl: decode_plan.plan_decode(b, s_q, h, bound, dev, impl).splits for impl in ("triton", "cuda")}
+
     def ours(i, impl="triton"):
         x = inp[i]
         qn, qr = x["q"][..., :512], x["q"][..., 512:]
-        return lambda: ops.quantize_and_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale, impl=impl)
+        return lambda: ops.quantize_and_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale,
+                                               num_splits=splits[impl], impl=impl)
 
     rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * layout.BYTES_PER_TOKEN)
     if cuda:  # the sm_90a kernel (SNAPMLA_DECODE_IMPL=cuda), same inputs, same combine
@@ -104,10 +112,12 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     torch.cuda.empty_cache()
     res = []
     base = rows["flashmla_bf16"][0]
+    planned = {"snapmla_triton": splits["triton"], "snapmla_cuda_sm90": splits["cuda"]}
     for name, (us, byts) in rows.items():
         res.append(dict(kernel=name, h=h, s_q=s_q, b=b, sk=sk, us=us, tflops=flops / us / 1e6, gbps=byts / us / 1e3,
                         speedup_vs_flashmla_bf16=base / us,
-                        rel_err_vs_flashmla_bf16=errs.get(name)))
+                        rel_err_vs_flashmla_bf16=errs.get(name), splits=planned.get(name),
+                        context_len=context_len if name in planned else None))
     return res
 
 
@@ -183,6 +193,9 @@ def main():
                     help="also FlashInfer 0.7's FP8 cache with per-token scales (tools/gpu_host/flashinfer_mla.sh)")
     ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
     ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
+    ap.add_argument("--context-len", type=int, default=None,
+                    help="plan snapmla's splits as a server with this --context-length does (its static page bound, "
+                         "e.g. 163840 for DeepSeek-V3) instead of for the table's width")
     args = ap.parse_args()
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +204,7 @@ def main():
         for s_q in args.sq:
             for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
                 rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda,
-                                 per_token=args.flashinfer_per_token)
+                                 per_token=args.flashinfer_per_token, context_len=args.context_len)
                 results.extend(rs)
                 for r in rs:
                     print(json.dumps(r), flush=True)

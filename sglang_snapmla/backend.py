@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import threading
 from typing import Optional
 
@@ -28,7 +27,7 @@ import torch
 
 from . import decode_plan, extend, library, settings
 from . import ops
-from .layout import KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
+from .layout import KV_LORA_RANK, ROPE_DIM
 from .pool import SnapMLATokenToKVPool
 
 logger = logging.getLogger(__name__)
@@ -327,7 +326,7 @@ def backend_class() -> type:
                     f"{type(self.token_to_kv_pool).__name__}: the sglang_snapmla plugin did not load here "
                     "(check SGLANG_PLUGINS and that sglang-snapmla is installed in this environment)")
             # Static page bound for the split heuristic: the same number at capture and at every replay.
-            self.max_pages = math.ceil(self.max_context_len / PAGE_SIZE) + 1
+            self.max_pages = decode_plan.static_max_pages(self.max_context_len)
             # The decode implementation resolved (and logged, once) at startup, outside any CUDA graph capture: the
             # prebuilt library's check and the extension's build run here, not inside the first captured decode.
             decode_plan.decode_impl()

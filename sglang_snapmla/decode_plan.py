@@ -14,7 +14,7 @@ import math
 import torch
 
 from .errors import SnapMLAInputError
-from .layout import KV_LORA_RANK
+from .layout import KV_LORA_RANK, PAGE_SIZE
 from .settings import interpreter_mode, pdl_allowed, requested_decode_impl
 
 MAX_SPLITS = 64
@@ -43,13 +43,13 @@ CTAS_PER_SM = 2  # both tilings above: ~240 registers x 128 threads and <= 112 K
 
 
 def choose_num_splits(batch: int, row_tiles: int, max_pages: int, device: torch.device,
-                      ctas_per_sm: int = CTAS_PER_SM) -> int:
+                      ctas_per_sm: int = CTAS_PER_SM, sms: int | None = None) -> int:
     """Splits over the KV length so that batch * row_tiles * splits fills one wave of resident CTAs.
 
     A partial second wave costs as much as a full one (b128 h16: 3 splits ran 30 % slower than 2), so we round
     down. Depends only on shapes (batch, heads, the page table's width), never on device data: CUDA-graph safe.
-    Each split keeps at least one page."""
-    slots = ctas_per_sm * _num_sms(device.index or 0)
+    Each split keeps at least one page. `sms` stands for the device's SM count (plans for another GPU)."""
+    slots = ctas_per_sm * (sms or _num_sms(device.index or 0))
     want = slots // max(1, batch * row_tiles)
     return max(1, min(want, MAX_SPLITS, max_pages))
 
@@ -67,21 +67,21 @@ CUDA_PAGE_US, CUDA_PARTIAL_US_PER_MB, CUDA_COMBINE_US_PER_SPLIT, CUDA_WAVE_US = 
 SEVERAL_WAVES_PARTIAL_BYTES = 64 << 20
 
 
-def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device) -> int:
+def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device, sms: int | None = None) -> int:
     """Split count for the sm_90a decode: the cheapest under the cost model above. Sequences of two or more 64-row
     tiles (s_q x H > 64, e.g. 128 heads) weigh counts over several waves of CTAs (one per SM and tile): every page is
     read by several CTAs, so a CTA's page time is its own tensor and softmax work, and a batch between waves that
     leaves SMs idle at one split runs faster over more, shorter waves (h128 b40 s_k 16k: 371 us at 1 split, 284 at 3
     in 2 waves), within a budget of partials (SEVERAL_WAVES_PARTIAL_BYTES). One tile per sequence keeps the counts
     of one wave: its CTAs read a page each, bound by DRAM (H100, 16 heads), which fewer SMs still saturate. Shapes
-    only: CUDA-graph safe."""
+    only: CUDA-graph safe. `sms` stands for the device's SM count (plans for another GPU)."""
     tiles = math.ceil(rows / CUDA_ROWS)
     if tiles == 1:
-        most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1)
+        most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1, sms=sms)
         return _cheapest_split_count(batch, rows, max_pages, most, 0)
     within_budget = SEVERAL_WAVES_PARTIAL_BYTES // (batch * rows * KV_LORA_RANK * 4)
     return _cheapest_split_count(batch, rows, max_pages, max(1, min(MAX_SPLITS, max_pages, within_budget)),
-                                 _num_sms(device.index or 0))
+                                 sms or _num_sms(device.index or 0))
 
 
 # Memoized (~30 us of Python per ask for 64 candidates): the backend asks once per step and per absorbed-extend
@@ -120,6 +120,14 @@ def partial_slots(batch: int, rows: int, splits: int, impl: str) -> int:
             or padded > PARTIAL_PAD_MAX_BYTES):
         return splits
     return PARTIAL_MIN_SLOTS
+
+
+def static_max_pages(context_len: int) -> int:
+    """The page bound a server plans every decode step with (the backend: its context length): the same at CUDA-graph
+    capture and at every replay, so it covers the longest sequence the server admits, plus one page for a window of
+    draft tokens. The split count is chosen for this bound; the kernel divides each sequence's own pages among the
+    splits (`split_pages`), so sequences far shorter than the bound leave later splits without pages."""
+    return math.ceil(context_len / PAGE_SIZE) + 1
 
 
 @dataclasses.dataclass(frozen=True)
