@@ -31,8 +31,8 @@ from pathlib import Path
 from harness.bench_serving import bench_serving
 from harness.results import read_json, stored
 from harness.server_log import engine_span, peak_running_requests, pool_tokens, read_log
-from harness.server import (LAUNCHERS, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, start_server,
-                            stop_server, wait_healthy)
+from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, post,
+                            start_server, stop_server, wait_healthy)
 
 def check_endpoints(port: int, model: str) -> dict:
     gen = post(port, "/generate", {"text": "def fibonacci(n):", "sampling_params": {"max_new_tokens": 16,
@@ -49,12 +49,16 @@ def check_endpoints(port: int, model: str) -> dict:
 
 
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
-    """A fixed greedy batch (seeded token ids, sent concurrently) generated twice: the outputs must be identical
-    between the two runs (CUDA graphs, batching and, on several GPUs, the collectives are deterministic)."""
+    """A fixed greedy batch (seeded token ids, sent concurrently) generated twice, the radix cache flushed before
+    each pass: the outputs must be identical between the two (CUDA graphs, batching and, on several GPUs, the
+    collectives are deterministic). Without the flush the second pass would be a prefix hit, whose last page is
+    prefilled over the cached prefix (another route, and for an FP8 cache the quantized keys): a different
+    computation, which can flip a near-tie."""
     rng = random.Random(0)
     batch = [[rng.randrange(100, 20000) for _ in range(rng.randrange(50, 600))] for _ in range(prompts)]
     runs = []
     for _ in range(2):
+        flush_cache(port)
         with ThreadPoolExecutor(prompts) as ex:
             runs.append([r["output_ids"] for r in ex.map(lambda ids: greedy_generate(port, ids, new_tokens), batch)])
     return {"identical": runs[0] == runs[1], "outputs": runs[0]}

@@ -461,3 +461,30 @@ def test_serve_and_bench_merges_runs_of_one_workload_from_several_folders(tmp_pa
                                                                   "workload": {**workload, "num_prompts": 64}}]))
     with pytest.raises(SystemExit, match="another workload"):
         sb.merge_folders([tmp_path / "a", tmp_path / "b"], tmp_path / "other")
+
+
+def test_greedy_repeat_generates_both_passes_from_an_empty_radix_cache(monkeypatch):
+    """--greedy-repeat compares two passes of the same seeded batch, each after a cache flush (a second pass over a
+    warm cache would prefill the prompts' last page over a cached prefix, another computation); a difference in any
+    output is reported."""
+    from benchmarks import serve_and_bench as sb
+
+    events, cached = [], set()
+
+    def generate(port, ids, new_tokens):
+        events.append("hit" if tuple(ids) in cached else "fresh")
+        cached.add(tuple(ids))
+        return {"output_ids": [len(ids) % 7] * new_tokens}
+
+    def flush(port):
+        events.append("flush")
+        cached.clear()
+
+    monkeypatch.setattr(sb, "greedy_generate", generate)
+    monkeypatch.setattr(sb, "flush_cache", flush)
+    res = sb.greedy_repeat(30000, prompts=3, new_tokens=4)
+    assert res["identical"] and len(res["outputs"]) == 3
+    assert events == ["flush", "fresh", "fresh", "fresh", "flush", "fresh", "fresh", "fresh"]
+    outputs = iter([[1], [2], [3], [1], [2], [4]])
+    monkeypatch.setattr(sb, "greedy_generate", lambda port, ids, n: {"output_ids": next(outputs)})
+    assert not sb.greedy_repeat(30000, prompts=3, new_tokens=1)["identical"]
