@@ -91,7 +91,19 @@ def assert_extend_matches_spec(backend, pool, out, q, qr, ext, seq):
         start += e
 
 
-def test_decode_and_target_verify(setup, gen, heads):
+def absorbed_q_nope(tokens: int, heads: int, gen, layout: str) -> torch.Tensor:
+    """q_nope [T, H, 512] as the model hands it to the attention: "contiguous", or "head_major" as SGLang 0.5.17's
+    absorbed path makes it (the per-head BMM's [H, T, 512] output, transposed) -- with SGL_USE_DEEPGEMM_BMM=1 from
+    DeepGEMM's masked GEMM, whose output holds an aligned number of rows per head (here T + 5), cut to T."""
+    if layout == "contiguous":
+        return torch.randn(tokens, heads, 512, generator=gen).to(torch.bfloat16)
+    out = torch.randn(heads, tokens + 5, 512, generator=gen).to(torch.bfloat16)[:, :tokens, :].transpose(0, 1)
+    assert out.stride() == (512, (tokens + 5) * 512, 1)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "head_major"])
+def test_decode_and_target_verify(setup, gen, heads, layout):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     H = heads
@@ -101,7 +113,7 @@ def test_decode_and_target_verify(setup, gen, heads):
     for b in range(2):
         fill(pool, layer, backend.req_to_token[b, : lens[b] + 2], gen)
     for mode, s_q in ((ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 2)):
-        q = torch.randn(2 * s_q, H, 512, generator=gen).to(torch.bfloat16)
+        q = absorbed_q_nope(2 * s_q, H, gen, layout)
         qr = torch.randn(2 * s_q, H, 64, generator=gen).to(torch.bfloat16)
         fb = SimpleNamespace(forward_mode=mode, batch_size=2, seq_lens=lens, out_cache_loc=None)
         backend.plan_step(fb)  # as the backend's init_forward_metadata does after FlashMLA's
@@ -111,7 +123,7 @@ def test_decode_and_target_verify(setup, gen, heads):
         else:
             out = backend.forward_extend(q, None, None, layer, fb, save_kv_cache=False, q_rope=qr)
             seq = lens + 2  # verify: the draft tokens follow the committed ones
-        ref = reference(pool, q.view(2, s_q, H, 512), qr.view(2, s_q, H, 64), backend.forward_metadata.block_kv_indices,
+        ref = reference(pool, q.reshape(2, s_q, H, 512), qr.view(2, s_q, H, 64), backend.forward_metadata.block_kv_indices,
                         seq)
         assert out.shape == (2 * s_q, H * 512)
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
