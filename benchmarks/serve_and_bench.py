@@ -35,8 +35,11 @@ from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_genera
                             start_server, stop_server, wait_healthy)
 
 def check_endpoints(port: int, model: str) -> dict:
-    gen = post(port, "/generate", {"text": "def fibonacci(n):", "sampling_params": {"max_new_tokens": 16,
-                                                                                   "temperature": 0}})
+    """One greedy request to each of /generate, /v1/completions and /v1/chat/completions: their texts, and the
+    /generate request's token ids and logprobs (None where the server sent a non-finite one), which show whether a
+    backend's outputs are one repeated token or NaN where their text is empty."""
+    gen = post(port, "/generate", {"text": "def fibonacci(n):", "return_logprob": True,
+                                   "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
     comp = post(port, "/v1/completions", {"model": model, "prompt": "import os\n", "max_tokens": 16,
                                           "temperature": 0})
     chat = post(port, "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": "hello"}],
@@ -45,6 +48,9 @@ def check_endpoints(port: int, model: str) -> dict:
            "chat": chat["choices"][0]["message"]["content"]}
     assert all(isinstance(v, str) for v in out.values()), out
     assert gen["meta_info"]["completion_tokens"] == 16, gen["meta_info"]
+    tokens = gen["meta_info"].get("output_token_logprobs") or []  # [logprob, token id, text] per token
+    out["generate_ids"] = [t[1] for t in tokens]
+    out["generate_logprobs"] = [t[0] if t[0] is None else round(t[0], 4) for t in tokens]
     return out
 
 

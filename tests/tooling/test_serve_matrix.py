@@ -488,3 +488,26 @@ def test_greedy_repeat_generates_both_passes_from_an_empty_radix_cache(monkeypat
     outputs = iter([[1], [2], [3], [1], [2], [4]])
     monkeypatch.setattr(sb, "greedy_generate", lambda port, ids, n: {"output_ids": next(outputs)})
     assert not sb.greedy_repeat(30000, prompts=3, new_tokens=1)["identical"]
+
+
+def test_endpoint_check_keeps_the_greedy_tokens_and_their_logprobs(monkeypatch):
+    """The /generate request of the endpoint check asks for logprobs, and the run's JSON keeps its token ids and
+    logprobs (a NaN one arrives as null) beside the three texts."""
+    from benchmarks import serve_and_bench as sb
+
+    sent = {}
+
+    def post(port, path, body):
+        sent[path] = body
+        if path == "/generate":
+            tokens = [[-0.5, 7, None]] * 15 + [[None, 0, None]]
+            return {"text": "", "meta_info": {"completion_tokens": 16, "output_token_logprobs": tokens}}
+        if path == "/v1/completions":
+            return {"choices": [{"text": "x"}]}
+        return {"choices": [{"message": {"content": "y"}}]}
+
+    monkeypatch.setattr(sb, "post", post)
+    out = sb.check_endpoints(30000, "m")
+    assert sent["/generate"]["return_logprob"] is True
+    assert out["generate_ids"] == [7] * 15 + [0] and out["generate_logprobs"] == [-0.5] * 15 + [None]
+    assert (out["generate"], out["completions"], out["chat"]) == ("", "x", "y")
