@@ -9,8 +9,8 @@ With a block-FP8 `quantization_config` (DeepSeek-V3/R1, Kimi-K2, LongCat-Flash-F
 * DeepSeek's router correction bias: U(+-1e-3) is ~30x the spread of the router logits on dummy weights, so every
   token picks the same experts (a trained bias balances the load);
 * every projection at U(+-1e-3) shrinks what it outputs ~20-50x (a trained one keeps activations O(1)): the queries
-  reach the attention at ~1e-4, where SGLang's per-tensor FP8 cache flushes them to zero, the logits are flat to a
-  few bf16 steps, and greedy outputs repeat one token that decodes to no text.
+  reach the attention at ~1e-4, below e4m3's smallest subnormal (2^-9) for a per-tensor cast at scale 1, and the
+  logits are flat to a few bf16 steps.
 
 With `SNAPMLA_DUMMY_WEIGHTS=deployment` the plugin wraps SGLang's draw (`dummy_weights_hook`) and then, for every
 model on that server (any attention backend: the fix is the benchmark's, not snapmla's):
