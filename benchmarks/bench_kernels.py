@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import L2_ROTATE_BYTES, PAGE, make_inputs, time_graph
+from harness.results import read_json
 from sglang_snapmla import decode_plan, layout
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
@@ -193,10 +194,18 @@ def main():
                     help="also FlashInfer 0.7's FP8 cache with per-token scales (tools/gpu_host/flashinfer_mla.sh)")
     ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
     ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
+    ap.add_argument("--redraw", type=Path, metavar="JSON",
+                    help="print the table of a saved run (its bench_kernels JSON, plain or .xz) and draw its plot "
+                         "beside it (NAME.png); no GPU needed")
     ap.add_argument("--context-len", type=int, default=None,
                     help="plan snapmla's splits as a server with this --context-length does (its static page bound, "
                          "e.g. 163840 for DeepSeek-V3) instead of for the table's width")
     args = ap.parse_args()
+    if args.redraw:
+        results = read_json(args.redraw)["results"]
+        print_table(results)
+        plot(results, args.redraw.parent / (args.redraw.name.split(".")[0] + ".png"))
+        return
     dev = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []

@@ -194,7 +194,8 @@ def main():
     ap.add_argument("--reprint", type=Path, metavar="DIR",
                     help="print the table of a saved run (DIR/serve_bench.json), the engine's rate recomputed from the "
                          "server logs in DIR (server_RUN.log[.xz]) from the first prefill batch with --min-queue "
-                         "requests waiting (a measured burst's intake; its warm-up sends fewer)")
+                         "requests waiting (a measured burst's intake; its warm-up sends fewer), and draw its plot "
+                         "(DIR/serve_bench.png)")
     ap.add_argument("--min-queue", type=int, default=0, help="with --reprint or --merge (see --reprint)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="DIR",
                     help="runs of one workload saved in these folders (e.g. one backend per GPU at once) into one "
@@ -207,6 +208,7 @@ def main():
         return
     if args.reprint:
         print(table(reprint(args.reprint, args.min_queue)))
+        print("plot:", plot(read_json(args.reprint / "serve_bench.json"), args.reprint / "serve_bench.png"))
         return
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()

@@ -90,3 +90,20 @@ def test_other_fp8_decodes_section_quotes_its_committed_runs():
         assert f"({fi['speedup_vs_flashmla_bf16']:.2f}x)" in row and f"({ours['speedup_vs_flashmla_bf16']:.2f}x)" in row
         assert f"{fi['us'] / ours['us']:.1f}x" in row
         assert f"{fi['rel_err_vs_flashmla_bf16']:.4f} / {ours['rel_err_vs_flashmla_bf16']:.4f}" in row
+
+
+def test_redraw_prints_and_plots_a_saved_run_without_a_gpu(tmp_path, monkeypatch, capsys):
+    """`bench_kernels --redraw JSON`: the table of a committed run and its plot beside the JSON, on the CPU."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from benchmarks import bench_kernels
+
+    saved = Path(__file__).resolve().parents[2] / "results/bench/kernels_h200_paper_grid_h128.json"
+    copy = tmp_path / saved.name
+    shutil.copy(saved, copy)
+    monkeypatch.setattr(sys, "argv", ["bench_kernels", "--redraw", str(copy)])
+    bench_kernels.main()
+    assert "| 128 | 1 | 128 | 640 |" in capsys.readouterr().out
+    assert (tmp_path / "kernels_h200_paper_grid_h128.png").stat().st_size > 0

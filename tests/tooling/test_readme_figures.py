@@ -10,8 +10,7 @@ from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
-DOCS = {name: (ROOT / "docs" / name).read_text()
-        for name in ("BENCHMARKS.md", "BENCHMARKS-SEVERAL-GPUS.md", "ACCURACY.md")}
+DOCS = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
 KERNEL_SECTION = "Decode kernel (H200)"  # the section of the kernel rows, which cite their command
 
 

@@ -455,6 +455,10 @@ def test_serve_and_bench_merges_runs_of_one_workload_from_several_folders(tmp_pa
     assert {f.name for f in out.iterdir()} == {"serve_bench.json", "server_snapmla.log.xz", "server_flashmla.log",
                                                "bench_snapmla.txt", "bench_flashmla.txt", "serve_bench.png"}
     assert [r["engine_output_tok_s"] for r in sb.reprint(out, 100)] == [50, 50]  # 1 000 tokens over 20 s
+    (out / "serve_bench.png").unlink()
+    monkeypatch.setattr(sys, "argv", ["sb", "--reprint", str(out), "--min-queue", "100"])
+    sb.main()  # --reprint prints the table again and draws the plot
+    assert (out / "serve_bench.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="more than one folder"):
         sb.merge_folders([tmp_path / "a", tmp_path / "a"], tmp_path / "twice")
     (tmp_path / "b" / "serve_bench.json").write_text(json.dumps([{"run": "flashmla",
