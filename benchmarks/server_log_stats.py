@@ -4,7 +4,9 @@ serve_and_bench.py keep next to each benchmark), for telling the engine's rate f
     python -m benchmarks.server_log_stats results/serve/v2lite_h100_in4096/server_*.log.xz   (plain or xz-compressed)
 
 Per log: the peak number of running requests, the decode rate near that peak (the fifth-highest `gen throughput`
-line: the top few are short bursts at the end of a run), the largest KV-pool usage, and the measured run's prefill
+line: the top few are short bursts at the end of a run), the decode step at the peak (the median of running requests
+/ generation rate over the decode lines within 5 % of the peak batch that follow no prefill batch: the intervals
+decoded alone), the largest KV-pool usage, and the measured run's prefill
 phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
 their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
 log's resolution). Prints a markdown table.
@@ -20,21 +22,36 @@ Under DP attention every rank logs its own batches, tagged `DPn` (`decode_lines`
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 from harness.server_log import (BATCH_LINE, decode_lines, field, peak_running_requests, prefill_intake, read_log,
                                 startup_report)
 
 
+def decode_step_ms_at_peak(decodes: list[dict]) -> float | None:
+    """Median of 1000 x running requests / generation rate over `decode_lines` within 5 % of the peak batch that follow
+    no prefill batch; None for a log without a rated decode line."""
+    rated = [d for d in decodes if d["rate"]]
+    if not rated:
+        return None
+    peak = max(d["running"] for d in rated)
+    alone = [1000 * d["running"] / d["rate"] for d in rated if d["running"] >= 0.95 * peak and not d["prefill_tokens"]]
+    return statistics.median(alone) if alone else None
+
+
 def log_stats(text: str, min_queue: int = 32) -> dict:
-    """-> {"peak_running", "decode_tok_s_near_peak", "max_token_usage", "prefill_span_s", "prefill_batches"}."""
-    decode_rates = sorted(d["rate"] for d in decode_lines(text) if d["rate"] is not None)
+    """-> {"peak_running", "decode_tok_s_near_peak", "decode_step_ms_at_peak", "max_token_usage", "prefill_span_s",
+    "prefill_batches"}."""
+    decodes = decode_lines(text)
+    decode_rates = sorted(d["rate"] for d in decodes if d["rate"] is not None)
     usage = [u for line in text.splitlines() if BATCH_LINE.match(line)
              for u in [field(line, "token usage")] if u is not None]
     intake = prefill_intake(text, min_queue)
     return {
         "peak_running": peak_running_requests(text),  # None for a server that never decoded
         "decode_tok_s_near_peak": decode_rates[-min(5, len(decode_rates))] if decode_rates else None,
+        "decode_step_ms_at_peak": decode_step_ms_at_peak(decodes),
         "max_token_usage": max(usage, default=None),
         "prefill_span_s": intake["prefill_span_s"],
         "prefill_batches": intake["prefill_batches"],
@@ -59,12 +76,14 @@ def main(argv: list[str] | None = None):
                   f"{e.get('cuda_graph.decode', '-')} | {e.get('scheduler_e2e', '-')} | {e.get('tokenizer_e2e', '-')} "
                   f"| {quiet} |")
         return
-    print("| log | peak running | decode tok/s near the peak | max token usage | prefill phase s | prefill batches |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| log | peak running | decode tok/s near the peak | max token usage | prefill phase s | prefill batches | "
+          "decode step at the peak ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for path in args.logs:
         s = log_stats(read_log(path), args.min_queue)
+        step = s["decode_step_ms_at_peak"]
         print(f"| {path.name} | {s['peak_running']} | {s['decode_tok_s_near_peak']} | {s['max_token_usage']} "
-              f"| {s['prefill_span_s']} | {s['prefill_batches']} |")
+              f"| {s['prefill_span_s']} | {s['prefill_batches']} | {'-' if step is None else f'{step:.1f}'} |")
 
 
 if __name__ == "__main__":

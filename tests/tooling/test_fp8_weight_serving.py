@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
-from harness.server_log import decode_lines, read_log
+from harness.server_log import read_log
 from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,17 +27,6 @@ def load(draw: str) -> dict:
 
 def section_text() -> str:
     return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION]
-
-
-def step_at_peak_ms(log_text: str) -> float:
-    """Median of running requests / generation rate over the decode lines within 5 % of the peak batch that follow no
-    prefill batch (the interval decoded alone)."""
-    import statistics
-
-    rows = [ln for ln in decode_lines(log_text) if ln["rate"]]
-    peak = max(ln["running"] for ln in rows)
-    return statistics.median(1000 * ln["running"] / ln["rate"] for ln in rows
-                             if ln["running"] >= 0.95 * peak and not ln["prefill_tokens"])
 
 
 def test_one_workload_three_backends_per_draw():
@@ -88,12 +77,11 @@ def test_readme_row_gives_the_range_of_both_runs():
                                              ("fan-in", "flashmla-fp8", "26.3"), ("U(+-1e-3)", "flashmla", "32.5"),
                                              ("U(+-1e-3)", "snapmla", "35.7"), ("U(+-1e-3)", "flashmla-fp8", "26.0")])
 def test_decode_step_at_the_peak_is_the_logs(draw, run, step):
-    text = read_log(RUNS[draw] / f"server_{run}.log.xz")
-    assert f"{step_at_peak_ms(text):.1f}" == step
+    stats = log_stats(read_log(RUNS[draw] / f"server_{run}.log.xz"), min_queue=32)
+    assert f"{stats['decode_step_ms_at_peak']:.1f}" == step
     row = next(ln for ln in section_text().splitlines()
                if ln.startswith(f"| {draw} | {dict(flashmla='flashmla BF16', snapmla='snapmla').get(run, 'SGLang')}"))
     assert f"{step} ms" in row
-    stats = log_stats(text, min_queue=32)
     assert f"{stats['decode_tok_s_near_peak']:,.0f}".replace(",", " ") in row
 
 

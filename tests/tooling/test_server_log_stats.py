@@ -27,6 +27,8 @@ def test_stats_of_the_measured_run():
     s = sls.log_stats(_log())
     assert s["peak_running"] == 320
     assert s["decode_tok_s_near_peak"] == 1030.0  # fifth-highest of 1000..1070 and the warm-up's 50
+    # 313-320 running are within 5 % of the peak; the first of them follows the run's prefills: median of the 7 others
+    assert s["decode_step_ms_at_peak"] == 1000 * 316 / 1040
     assert s["max_token_usage"] == 0.9
     # from the first batch with >= 32 waiting (10:00:11; the warm-up's 13 and the run's first 3 do not count)
     assert s["prefill_span_s"] == 9.0 and s["prefill_batches"] == 3
@@ -39,6 +41,7 @@ def test_cli_reads_xz(tmp_path, capsys):
     sls.main([str(path)])
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("| server_x.log.xz | 320 | 1030.0 | 0.9 | 9.0 | 3 |")
+    assert row.endswith("| 303.8 |")
 
 
 STARTUP = """/tmp/sglang-runtime/sglang/launch_server.py:56: UserWarning: a warning before the first stamped line
