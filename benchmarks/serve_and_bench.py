@@ -203,9 +203,7 @@ def main():
     args = ap.parse_args()
     if args.merge:
         merge_folders(args.merge, args.out)
-        print(table(reprint(args.out, args.min_queue)))
-        print("plot:", plot(read_json(args.out / "serve_bench.json"), args.out / "serve_bench.png"))
-        return
+        args.reprint = args.out
     if args.reprint:
         print(table(reprint(args.reprint, args.min_queue)))
         print("plot:", plot(read_json(args.reprint / "serve_bench.json"), args.reprint / "serve_bench.png"))

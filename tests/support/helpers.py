@@ -29,8 +29,6 @@ def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, wh
     return m
 
 
-
-
 def doc_sections(doc: str) -> dict[str, str]:
     """A markdown doc's sections: heading text (## or ###) -> its text, from the heading to the next heading of its
     level or above (subsections included)."""
