@@ -11,14 +11,27 @@ from helpers import doc_sections
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 DOCS = {p.name: p.read_text() for p in (ROOT / "docs").glob("*.md")}
+SECTIONS = {name: doc_sections(text) for name, text in DOCS.items()}
 KERNEL_SECTION = "Decode kernel (H200)"  # the section of the kernel rows, which cite their command
 
 
 def cited_section(name: str, doc: str = "BENCHMARKS.md") -> str:
     """The section of docs/DOC a README citation names (its heading, or the heading it begins)."""
-    found = [text for title, text in doc_sections(DOCS[doc]).items() if title == name or title.startswith(name)]
+    found = [text for title, text in SECTIONS[doc].items() if title == name or title.startswith(name)]
     assert found, f'README cites docs/{doc} "{name}", which has no such section'
     return found[0]
+
+
+def citations(text: str) -> list[tuple[str, str]]:
+    """(doc, section name) for each quoted name in `text`: the doc is the last `docs/NAME.md` before the name,
+    BENCHMARKS.md where none is."""
+    out, doc = [], "BENCHMARKS.md"
+    for m in re.finditer(r'docs/([\w-]+\.md)|"([^"]+)"', text):
+        if m.group(1):
+            doc = m.group(1)
+        else:
+            out.append((doc, m.group(2)))
+    return out
 
 
 def figures(text: str) -> list[str]:
@@ -48,13 +61,13 @@ def measurement_rows() -> list[list[str]]:
 @pytest.mark.parametrize("row", measurement_rows(), ids=lambda r: r[0][:40])
 def test_each_measurement_row_is_in_the_section_it_cites_with_its_data(row):
     what, figures_text, where = row
-    names = re.findall(r'"([^"]+)"', where) or ([KERNEL_SECTION] if "bench_kernels" in where or where == "same"
-                                                else [])
-    if not names:  # capacity: arithmetic on the layout (644 vs 1 152 B), no run
+    cited_names = citations(where) or ([("BENCHMARKS.md", KERNEL_SECTION)]
+                                       if "bench_kernels" in where or where == "same" else [])
+    if not cited_names:  # capacity: arithmetic on the layout (644 vs 1 152 B), no run
         assert "644" in figures_text and "1 152" in figures_text, row
         return
-    doc = next(iter(re.findall(r"docs/([\w-]+\.md)", where)), "BENCHMARKS.md")
-    cited = "".join(cited_section(name, doc) for name in names)
+    names = [name for _, name in cited_names]
+    cited = "".join(cited_section(name, doc) for doc, name in cited_names)
     missing = [f for f in figures(figures_text) if f not in cited]
     assert not missing, f"{what}: {missing} not in {names}"
     found, missing = data_files(cited)
@@ -69,8 +82,9 @@ def why_use_it_bullets() -> list[str]:
 @pytest.mark.parametrize("bullet", why_use_it_bullets(), ids=lambda b: b[4:20])
 def test_each_why_use_it_figure_is_in_what_it_cites(bullet):
     bullet_text = re.sub(r"\s+", " ", bullet)
-    names = re.findall(r'"([^"]+)"', bullet_text)
-    cited = "".join(cited_section(name) for name in names if name != "Measurements")
+    cited_names = citations(bullet_text)
+    names = [name for _, name in cited_names]
+    cited = "".join(cited_section(name, doc) for doc, name in cited_names if name != "Measurements")
     if "Measurements" in names:
         cited += README[README.index("## Measurements"):]
     for doc in re.findall(r"docs/(\w+\.md)\)", bullet):  # a whole doc linked without a section
