@@ -146,9 +146,10 @@ def make_deployment_like(model: torch.nn.Module) -> dict:
         if isinstance(getattr(module, "e_score_correction_bias", None), torch.Tensor):
             module.e_score_correction_bias.zero_()
             counts["correction_biases"] += 1
-        if _is_router(module) or name.rsplit(".", 1)[-1] == "lm_head":
+        router = _is_router(module)
+        if router or name.rsplit(".", 1)[-1] == "lm_head":
             redraw_fan_in(module.weight, generator)
-            counts["routers" if _is_router(module) else "lm_heads"] += 1
+            counts["routers" if router else "lm_heads"] += 1
         if _is_rms_norm(module):
             module.weight.fill_(1.0)
             counts["rms_norms"] += 1
