@@ -24,6 +24,7 @@ import argparse
 import json
 import random
 import shutil
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +55,30 @@ def check_endpoints(port: int, model: str) -> dict:
     return out
 
 
+def non_finite_probe(endpoints: dict | None) -> str:
+    """'n/16' where n of the endpoint probe's greedy logprobs are not finite (null in the JSON), '-' where the run
+    kept none."""
+    logprobs = (endpoints or {}).get("generate_logprobs")
+    return f"{sum(lp is None for lp in logprobs)}/{len(logprobs)}" if logprobs else "-"
+
+
+def text_share(r: dict) -> str:
+    """The output tokens that decode to text: bench_serving's retokenized count over its output tokens. Near 1 for
+    a model whose outputs are tokens; a NaN output is token 0, which decodes to no text."""
+    tokens, text = r.get("output_tokens"), r.get("retokenized_output_tokens")
+    return f"{text / tokens:.2f}" if tokens and text is not None else "-"
+
+
+def warn_non_finite(name: str, endpoints: dict) -> None:
+    """One loud line where the endpoint probe's greedy logprobs are not finite: such a run's outputs are NaN, so
+    bench_serving's TTFT and TPOT (timed from the first streamed chunk with text) are not a request's, and its rate
+    is that of a model that may skip work (a NaN token's routing) -- not a deployment's."""
+    probe = non_finite_probe(endpoints)
+    if probe != "-" and not probe.startswith("0/"):
+        print(f"serve_and_bench: {name}: {probe} of the endpoint probe's greedy logprobs are not finite (NaN "
+              "outputs): its TTFT / TPOT are not comparable and its rate may not be a deployment's", file=sys.stderr)
+
+
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     """A fixed greedy batch (seeded token ids, sent concurrently) generated twice, the radix cache flushed before
     each pass: the outputs must be identical between the two (CUDA graphs, batching and, on several GPUs, the
@@ -82,6 +107,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         wait_healthy(port, proc, args.startup_timeout)
         res["startup_s"] = round(time.time() - t0, 1)
         res["endpoints"] = check_endpoints(port, args.model)
+        warn_non_finite(name, res["endpoints"])
         if args.greedy_repeat:
             res["greedy_repeat"] = greedy_repeat(port)
         if args.num_prompts:
@@ -254,13 +280,14 @@ def table(results: list[dict]) -> str:
 
     lines = ["| run | total tok/s | output tok/s | median TPOT ms | median ITL ms | median TTFT ms | pool tokens | "
              "peak running req | output vs flashmla BF16 | TTFT vs flashmla BF16 | pool vs flashmla BF16 | "
-             "engine output tok/s | engine vs flashmla BF16 |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "engine output tok/s | engine vs flashmla BF16 | outputs with text | probe logprobs not finite |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
                      f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
                      f"{r.get('peak_running_req')} | {ratio(r, 'output_tok_s')} | {ratio(r, 'median_ttft_ms')} | "
-                     f"{ratio(r, 'pool_tokens')} | {r.get('engine_output_tok_s')} | {ratio(r, 'engine_output_tok_s')} |"
+                     f"{ratio(r, 'pool_tokens')} | {r.get('engine_output_tok_s')} | {ratio(r, 'engine_output_tok_s')} | "
+                     f"{text_share(r)} | {non_finite_probe(r.get('endpoints'))} |"
                      + (f" error: {r['error']}" if "error" in r else ""))
     return "\n".join(lines)
 

@@ -285,9 +285,9 @@ def test_serve_and_bench_table_divides_by_the_bf16_run_of_the_same_call():
             {"run": "flashmla", "total_tok_s": 20.0, "output_tok_s": 10.0, "median_ttft_ms": 1000.0,
              "pool_tokens": 1000, "peak_running_req": 5, "engine_output_tok_s": 20}]
     row = sb.table(runs).splitlines()[2]
-    assert row.endswith("| 9 | 1.20x | 0.50x | 1.79x | 26 | 1.30x |"), row
+    assert row.endswith("| 9 | 1.20x | 0.50x | 1.79x | 26 | 1.30x | - | - |"), row
     alone = sb.table([runs[0], {"run": "flashmla", "error": "x"}]).splitlines()[2]
-    assert alone.endswith("| - | - | - | 26 | - |"), alone
+    assert alone.endswith("| - | - | - | 26 | - | - | - |"), alone
 
 
 def _batch_line(t: str, kind: str, queue: int) -> str:
@@ -492,6 +492,26 @@ def test_greedy_repeat_generates_both_passes_from_an_empty_radix_cache(monkeypat
     outputs = iter([[1], [2], [3], [1], [2], [4]])
     monkeypatch.setattr(sb, "greedy_generate", lambda port, ids, n: {"output_ids": next(outputs)})
     assert not sb.greedy_repeat(30000, prompts=3, new_tokens=1)["identical"]
+
+
+def test_a_run_with_nan_outputs_says_so_in_its_row_and_its_log(capsys):
+    """A run whose endpoint probe returned non-finite greedy logprobs (NaN outputs) is flagged: one line on stderr
+    while it runs, and its table row gives the probe's count and the share of its output tokens that decode to text
+    (NaN outputs are token 0, no text); a finite probe prints nothing and reads 0/16."""
+    from benchmarks import serve_and_bench as sb
+
+    nan = {"generate_logprobs": [None] * 16}
+    sb.warn_non_finite("flashmla", nan)
+    assert "flashmla: 16/16 of the endpoint probe's greedy logprobs are not finite" in capsys.readouterr().err
+    sb.warn_non_finite("snapmla", {"generate_logprobs": [-0.5] * 16})
+    sb.warn_non_finite("snapmla", {"generate": ""})  # a run saved before the probe kept its logprobs
+    assert capsys.readouterr().err == ""
+    runs = [{"run": "flashmla", "total_tok_s": 1.0, "output_tok_s": 1.0, "output_tokens": 92160.0,
+             "retokenized_output_tokens": 12772.0, "endpoints": nan},
+            {"run": "snapmla", "output_tokens": 100.0, "retokenized_output_tokens": 99.0,
+             "endpoints": {"generate_logprobs": [-0.5] * 16}}]
+    rows = sb.table(runs).splitlines()
+    assert rows[2].endswith("| 0.14 | 16/16 |") and rows[3].endswith("| 0.99 | 0/16 |"), rows
 
 
 def test_endpoint_check_keeps_the_greedy_tokens_and_their_logprobs(monkeypatch):
