@@ -9,7 +9,7 @@ line: the top few are short bursts at the end of a run), the decode step at the 
 decoded alone), the largest KV-pool usage, and the measured run's prefill
 phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
 their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
-log's resolution). Prints a markdown table.
+log's resolution), and the median rate of its prefill batches (each batch's new tokens over its own forward). Prints a markdown table.
 
     python -m benchmarks.server_log_stats --startup LOG...
 
@@ -42,7 +42,7 @@ def decode_step_ms_at_peak(decodes: list[dict]) -> float | None:
 
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "decode_step_ms_at_peak", "max_token_usage", "prefill_span_s",
-    "prefill_batches"}."""
+    "prefill_batches", "prefill_tok_s_median"}."""
     decodes = decode_lines(text)
     decode_rates = sorted(d["rate"] for d in decodes if d["rate"] is not None)
     usage = [u for line in text.splitlines() if BATCH_LINE.match(line)
@@ -55,6 +55,7 @@ def log_stats(text: str, min_queue: int = 32) -> dict:
         "max_token_usage": max(usage, default=None),
         "prefill_span_s": intake["prefill_span_s"],
         "prefill_batches": intake["prefill_batches"],
+        "prefill_tok_s_median": intake["prefill_tok_s_median"],
     }
 
 
@@ -77,13 +78,14 @@ def main(argv: list[str] | None = None):
                   f"| {quiet} |")
         return
     print("| log | peak running | decode tok/s near the peak | max token usage | prefill phase s | prefill batches | "
-          "decode step at the peak ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "decode step at the peak ms | prefill batch tok/s, median |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.logs:
         s = log_stats(read_log(path), args.min_queue)
         step = s["decode_step_ms_at_peak"]
         print(f"| {path.name} | {s['peak_running']} | {s['decode_tok_s_near_peak']} | {s['max_token_usage']} "
-              f"| {s['prefill_span_s']} | {s['prefill_batches']} | {'-' if step is None else f'{step:.1f}'} |")
+              f"| {s['prefill_span_s']} | {s['prefill_batches']} | {'-' if step is None else f'{step:.1f}'} "
+              f"| {'-' if s['prefill_tok_s_median'] is None else round(s['prefill_tok_s_median'])} |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import lzma
 import re
+import statistics
 from datetime import datetime
 from pathlib import Path
 
@@ -67,18 +68,24 @@ def peak_running_requests(server_log: str) -> int | None:
 
 def prefill_intake(text: str, min_queue: int = 0) -> dict:
     """The prefill batches of a log (or of the slice a run wrote), from the first one with at least `min_queue`
-    requests waiting (`#queue-req`) -> {"prefill_batches", "prefill_requests", "prefill_span_s"}: how many, the
-    requests they admitted (`#new-seq`), and the seconds from the first to the last (1 s resolution; None without
-    one). With all of a workload's requests sent at once, the span is how long the server took to take them in, and a
-    TTFT near it says the intake, not the engine, set the TTFT."""
-    times, requests = [], 0
+    requests waiting (`#queue-req`) -> {"prefill_batches", "prefill_requests", "prefill_span_s",
+    "prefill_tok_s_median"}: how many, the requests they admitted (`#new-seq`), the seconds from the first to the last
+    (1 s resolution; None without one) and the median of their `input throughput` (a batch's new tokens over its own
+    forward: the prefill's speed, free of the decode steps between batches). With all of a workload's requests sent at
+    once, the span is how long the server took to take them in, and a TTFT near it says the intake, not the engine,
+    set the TTFT."""
+    times, requests, rates = [], 0, []
     for line in text.splitlines():
         m = BATCH_LINE.match(line)
         if m and m.group(3) == "Prefill" and (times or (field(line, "#queue-req") or 0) >= min_queue):
             times.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
             requests += int(field(line, "#new-seq") or 0)
+            rate = field(line, "input throughput (token/s)")
+            if rate is not None:
+                rates.append(rate)
     return {"prefill_batches": len(times), "prefill_requests": requests,
-            "prefill_span_s": (times[-1] - times[0]).total_seconds() if times else None}
+            "prefill_span_s": (times[-1] - times[0]).total_seconds() if times else None,
+            "prefill_tok_s_median": statistics.median(rates) if rates else None}
 
 
 def engine_span(text: str, min_queue: int = 0) -> float | None:

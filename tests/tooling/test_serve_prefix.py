@@ -66,14 +66,19 @@ def test_redraw_reads_the_saved_outputs_again(tmp_path: Path):
 
 
 def test_the_intake_is_read_from_the_measured_runs_log_lines():
-    """prefill_intake: the prefill batches of a log slice, the requests they admitted and the seconds they span."""
+    """prefill_intake: the prefill batches of a log slice, the requests they admitted, the seconds they span and the
+    median of their own input rates (a line without one does not count)."""
     from harness.server_log import prefill_intake
 
     log = "\n".join([
         "[2026-11-27 09:15:31] Prefill batch, #new-seq: 1, #new-token: 1792, #cached-token: 0, #running-req: 0",
         "[2026-11-27 09:15:40] Decode batch, #running-req: 5, #token: 91968, token usage: 0.01, cuda graph: True",
-        "[2026-11-27 09:15:52 DP1] Prefill batch, #new-seq: 3, #new-token: 768, #cached-token: 49152, #running-req: 5",
-        "[2026-11-27 09:15:54] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 32768, #running-req: 8",
+        "[2026-11-27 09:15:52 DP1] Prefill batch, #new-seq: 3, #new-token: 768, #cached-token: 49152, #running-req: 5, "
+        "input throughput (token/s): 9000.5",
+        "[2026-11-27 09:15:54] Prefill batch, #new-seq: 2, #new-token: 512, #cached-token: 32768, #running-req: 8, "
+        "input throughput (token/s): 4000.0",
     ])
-    assert prefill_intake(log) == {"prefill_batches": 3, "prefill_requests": 6, "prefill_span_s": 23.0}
-    assert prefill_intake("no batches") == {"prefill_batches": 0, "prefill_requests": 0, "prefill_span_s": None}
+    assert prefill_intake(log) == {"prefill_batches": 3, "prefill_requests": 6, "prefill_span_s": 23.0,
+                                   "prefill_tok_s_median": 6500.25}
+    assert prefill_intake("no batches") == {"prefill_batches": 0, "prefill_requests": 0, "prefill_span_s": None,
+                                            "prefill_tok_s_median": None}

@@ -8,7 +8,8 @@ from harness import server_log
 
 def _prefill(t, queued, usage=0.01):
     return (f"[2026-11-22 10:00:{t:02d}] Prefill batch, #new-seq: 2, #new-token: 8192, #cached-token: 0, token usage: "
-            f"{usage:.2f}, #running-req: 0, #queue-req: {queued}, #pending-token: 0, cuda graph: False")
+            f"{usage:.2f}, #running-req: 0, #queue-req: {queued}, #pending-token: 0, cuda graph: False, "
+            f"input throughput (token/s): {1000.0 * t:.2f}")
 
 
 def _decode(t, running, rate, usage=0.5):
@@ -32,6 +33,7 @@ def test_stats_of_the_measured_run():
     assert s["max_token_usage"] == 0.9
     # from the first batch with >= 32 waiting (10:00:11; the warm-up's 13 and the run's first 3 do not count)
     assert s["prefill_span_s"] == 9.0 and s["prefill_batches"] == 3
+    assert s["prefill_tok_s_median"] == 15000.0  # the run's batches at 10:00:11, :15, :20
     assert sls.log_stats(_log(), min_queue=2)["prefill_span_s"] == 18.0  # the warm-up's 13 counts then
 
 
@@ -41,7 +43,7 @@ def test_cli_reads_xz(tmp_path, capsys):
     sls.main([str(path)])
     row = capsys.readouterr().out.splitlines()[-1]
     assert row.startswith("| server_x.log.xz | 320 | 1030.0 | 0.9 | 9.0 | 3 |")
-    assert row.endswith("| 303.8 |")
+    assert row.endswith("| 303.8 | 15000 |")
 
 
 STARTUP = """/tmp/sglang-runtime/sglang/launch_server.py:56: UserWarning: a warning before the first stamped line
