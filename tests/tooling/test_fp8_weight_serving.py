@@ -1,7 +1,8 @@
 """The block-FP8 serving runs the README and docs/BENCHMARKS.md quote (results/serve/v3_fp8_tp8_h200_long_fanin:
 weights with a spread of 1 / sqrt(fan-in), what SNAPMLA_DUMMY_WEIGHTS=deployment draws; results/serve/
-v3_fp8_tp8_h200_long: FP8 weights drawn U(+-1e-3)) give the figures they print: ratios recomputed from the saved JSON
-and the server-log excerpts."""
+v3_fp8_tp8_h200_long: FP8 weights drawn U(+-1e-3); results/serve/v3_fp8_dp_attention_h200_long: the 128-head
+shape under DP attention) give the figures they print: ratios recomputed from the saved JSON and the server-log
+excerpts."""
 
 import re
 from pathlib import Path
@@ -142,3 +143,51 @@ def test_each_per_gpu_config_fits_one_h200_beside_a_pool_that_binds(name, measur
         loaded = float(re.search(r"Load weight end\..*?mem usage=([\d.]+) GB", text).group(1))
         assert loaded == pytest.approx(weights, rel=0.015), (loaded, weights)
     assert 25 <= 0.88 * 139.13 - weights - 1.5 <= 45, weights
+
+
+DP_RUN = ROOT / "results/serve/v3_fp8_dp_attention_h200_long"
+DP_SECTION = "Block-FP8 weights: DeepSeek-V3/R1 per GPU under DP attention (H200)"
+DP_LOGS = {"snapmla": DP_RUN / "server_snapmla.log.xz", "flashmla": DP_RUN / "server_flashmla.log.xz",
+           "flashmla_cut": DP_RUN / "flashmla_cut/server_flashmla.log.xz"}
+
+
+def test_the_dp_attention_run_gives_the_figures_its_section_and_the_readme_quote():
+    """Under DP attention (128 heads): the output-rate ratio from the saved JSON, the decode steps, the near-peak
+    decode rates and the prefill-batch rates from the server logs (BF16's client-stopped run included), the share of
+    outputs with text and the NaN probe, each in the section's table and the README's row."""
+    from benchmarks.serve_and_bench import non_finite_probe, text_share
+
+    runs = {r["run"]: r for r in read_json(DP_RUN / "serve_bench.json")}
+    assert set(runs) == {"snapmla", "flashmla"} and len({repr(r["workload"]) for r in runs.values()}) == 1
+    assert all(r["completed"] == 120 and "error" not in r for r in runs.values())
+    assert "deepseek-v3-fp8-dp-attention" in runs["snapmla"]["workload"]["model"]
+    stats = {name: log_stats(read_log(log), min_queue=32) for name, log in DP_LOGS.items()}
+    snap, bf16 = stats["snapmla"], stats["flashmla"]
+    figures = {"output": f"{runs['snapmla']['output_tok_s'] / runs['flashmla']['output_tok_s']:.2f}x",
+               "decode": f"{snap['decode_tok_s_near_peak'] / bf16['decode_tok_s_near_peak']:.2f}x",
+               "prefill": f"{snap['prefill_tok_s_median'] / bf16['prefill_tok_s_median']:.2f}x",
+               "running": f"{snap['peak_running'] / bf16['peak_running']:.2f}x"}
+    assert figures == {"output": "1.60x", "decode": "0.90x", "prefill": "2.08x", "running": "1.82x"}, figures
+    section = doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[DP_SECTION]
+    readme_row = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "deepseek-v3-fp8-dp-attention" in ln)
+    for figure in figures.values():
+        assert figure in section and figure in readme_row, figure
+    rows = {"snapmla": "| snapmla |", "flashmla": "| flashmla BF16 |", "flashmla_cut": "| flashmla BF16, client"}
+    for name, start in rows.items():
+        row = next(ln for ln in section.splitlines() if ln.startswith(start))
+        s = stats[name]
+        assert f"| {s['decode_step_ms_at_peak']:.1f} ms |" in row, (name, row)
+        assert f"| {s['decode_tok_s_near_peak']:,.0f}".replace(",", " ") in row, (name, row)
+        assert f"| {s['prefill_tok_s_median']:,.0f}".replace(",", " ") in row, (name, row)
+        if name in runs:
+            assert f"| {text_share(runs[name])} | {non_finite_probe(runs[name]['endpoints'])} |" in row, (name, row)
+    nan_share = {name: f"{100 * (1 - float(text_share(r))):.0f} %" for name, r in runs.items()}
+    assert nan_share == {"snapmla": "26 %", "flashmla": "86 %"}
+    assert "BF16 86 %, snapmla 26 %" in readme_row and "(86 %\nof its output tokens NaN)" in section
+
+
+def test_the_dp_attention_servers_drew_the_fan_in_weights():
+    for log in DP_LOGS.values():
+        text = read_log(log)
+        assert "'block_fp8_weights': 482" in text and "'routers': 58, 'lm_heads': 1" in text, log
+        assert re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text), log
