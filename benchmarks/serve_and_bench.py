@@ -286,7 +286,8 @@ def table(results: list[dict]) -> str:
         lines.append(f"| {r['run']} | {r.get('total_tok_s')} | {r.get('output_tok_s')} | {r.get('median_tpot_ms')} | "
                      f"{r.get('median_itl_ms')} | {r.get('median_ttft_ms')} | {r.get('pool_tokens')} | "
                      f"{r.get('peak_running_req')} | {ratio(r, 'output_tok_s')} | {ratio(r, 'median_ttft_ms')} | "
-                     f"{ratio(r, 'pool_tokens')} | {r.get('engine_output_tok_s')} | {ratio(r, 'engine_output_tok_s')} | "
+                     f"{ratio(r, 'pool_tokens')} | {r.get('engine_output_tok_s')} | "
+                     f"{ratio(r, 'engine_output_tok_s')} | "
                      f"{text_share(r)} | {non_finite_probe(r.get('endpoints'))} |"
                      + (f" error: {r['error']}" if "error" in r else ""))
     return "\n".join(lines)

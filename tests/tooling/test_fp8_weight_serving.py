@@ -169,7 +169,8 @@ def test_the_dp_attention_run_gives_the_figures_its_section_and_the_readme_quote
                "running": f"{snap['peak_running'] / bf16['peak_running']:.2f}x"}
     assert figures == {"output": "1.60x", "decode": "0.90x", "prefill": "2.08x", "running": "1.82x"}, figures
     section = doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[DP_SECTION]
-    readme_row = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "deepseek-v3-fp8-dp-attention" in ln)
+    readme = (ROOT / "README.md").read_text()
+    readme_row = next(ln for ln in readme.splitlines() if "deepseek-v3-fp8-dp-attention" in ln)
     for figure in figures.values():
         assert figure in section and figure in readme_row, figure
     rows = {"snapmla": "| snapmla |", "flashmla": "| flashmla BF16 |", "flashmla_cut": "| flashmla BF16, client"}
