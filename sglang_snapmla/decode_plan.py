@@ -112,11 +112,13 @@ PARTIAL_PAD_MAX_BYTES = 16 << 20  # the padded partials' allocation (no traffic:
 
 def partial_slots(batch: int, rows: int, splits: int, impl: str) -> int:
     """Slots per query row in the fp32 split partials o_part [B, R, slots, 512] / lse_part [B, R, slots] (split s in
-    slot s, later slots never written nor read): `splits`, or PARTIAL_MIN_SLOTS for the sm_90a decode with full
-    64-row tiles (`rows` = s_q x H >= 64) where that costs at most PARTIAL_PAD_MAX_BYTES. Shapes only: CUDA-graph
-    safe."""
+    slot s, later slots never written nor read): 0 with one split (the decode writes the outputs itself), else
+    `splits`, or PARTIAL_MIN_SLOTS for the sm_90a decode with full 64-row tiles (`rows` = s_q x H >= 64) where that
+    costs at most PARTIAL_PAD_MAX_BYTES. Shapes only: CUDA-graph safe."""
+    if splits == 1:
+        return 0
     padded = batch * rows * PARTIAL_MIN_SLOTS * KV_LORA_RANK * 4
-    if (impl != "cuda" or splits == 1 or splits >= PARTIAL_MIN_SLOTS or rows < CUDA_ROWS
+    if (impl != "cuda" or splits >= PARTIAL_MIN_SLOTS or rows < CUDA_ROWS
             or padded > PARTIAL_PAD_MAX_BYTES):
         return splits
     return PARTIAL_MIN_SLOTS
@@ -163,8 +165,8 @@ def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.
         splits = cuda_num_splits(batch, rows, max_pages, device)
     else:
         splits = choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
-    return DecodePlan(batch, s_q, heads, impl, splits, 0 if splits == 1 else partial_slots(batch, rows, splits, impl),
-                      pdl_enabled(device), tiling)
+    return DecodePlan(batch, s_q, heads, impl, splits, partial_slots(batch, rows, splits, impl), pdl_enabled(device),
+                      tiling)
 
 
 @functools.lru_cache(maxsize=8)

@@ -184,11 +184,12 @@ def test_one_split_writes_what_the_combine_would(gen):
 
 def test_partial_slots():
     """The partials' slots per row: padded to PARTIAL_MIN_SLOTS only for the sm_90a decode, only with several
-    splits and full 64-row tiles, never below the split count and never past PARTIAL_PAD_MAX_BYTES of allocation."""
+    splits and full 64-row tiles, never below the split count and never past PARTIAL_PAD_MAX_BYTES of allocation;
+    none with one split (the decode writes its outputs itself)."""
     pad = decode_plan.PARTIAL_MIN_SLOTS
     assert decode_plan.partial_slots(1, 128, 10, "cuda") == pad  # h128 b1 s_k 640: rows 32 KB apart instead of 20
     assert decode_plan.partial_slots(1, 128, 10, "triton") == 10
-    assert decode_plan.partial_slots(1, 128, 1, "cuda") == 1
+    assert decode_plan.partial_slots(1, 128, 1, "cuda") == decode_plan.partial_slots(8, 16, 1, "triton") == 0
     assert decode_plan.partial_slots(1, 128, pad + 7, "cuda") == pad + 7
     assert decode_plan.partial_slots(8, 16, 10, "cuda") == 10  # 16 heads: one partial tile per sequence
     assert decode_plan.partial_slots(1, 64, 3, "cuda") == pad

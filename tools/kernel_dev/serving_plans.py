@@ -35,7 +35,7 @@ def plan_row(heads: int, batch: int, s_k: int, max_pages: int, sms: int, s_q: in
     """What the sm_90a decode runs for `batch` sequences of `s_k` tokens planned over `max_pages` pages."""
     rows = s_q * heads
     splits = decode_plan.cuda_num_splits(batch, rows, max_pages, torch.device("cpu"), sms=sms)
-    slots = decode_plan.partial_slots(batch, rows, splits, "cuda") if splits > 1 else 0
+    slots = decode_plan.partial_slots(batch, rows, splits, "cuda")
     ctas = batch * math.ceil(rows / decode_plan.CUDA_ROWS) * splits  # one CTA per 64-row tile (narrow: one)
     per_split = pages_per_split(s_k, splits)
     return {"splits": splits, "ctas": ctas, "waves": math.ceil(ctas / sms),
