@@ -35,11 +35,14 @@ from harness.server_log import engine_span, peak_running_requests, pool_tokens, 
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, post,
                             start_server, stop_server, wait_healthy)
 
+PROBE_TEXT = "def fibonacci(n):"  # the endpoint probe's /generate prompt (tools/nan_origin.py sends it too)
+
+
 def check_endpoints(port: int, model: str) -> dict:
     """One greedy request to each of /generate, /v1/completions and /v1/chat/completions: their texts, and the
     /generate request's token ids and logprobs (None where the server sent a non-finite one), which show whether a
     backend's outputs are one repeated token or NaN where their text is empty."""
-    gen = post(port, "/generate", {"text": "def fibonacci(n):", "return_logprob": True,
+    gen = post(port, "/generate", {"text": PROBE_TEXT, "return_logprob": True,
                                    "sampling_params": {"max_new_tokens": 16, "temperature": 0}})
     comp = post(port, "/v1/completions", {"model": model, "prompt": "import os\n", "max_tokens": 16,
                                           "temperature": 0})

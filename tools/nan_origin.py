@@ -1,0 +1,147 @@
+"""Where a served model's outputs first turn non-finite, read from SGLang's own per-operator tensor dump
+(`--debug-tensor-dump-output-folder`: the output of every leaf module in every forward pass, eager: the dump turns
+CUDA graphs and the warm-up off), in the order the forward ran the operators.
+
+    python -m tools.nan_origin report DUMP_DIR
+        the table of a dump (CPU)
+    python -m tools.nan_origin serve --model configs/models/deepseek-v3-fp8-dp-attention --runs snapmla flashmla \\
+        --out DIR
+        per run (harness.server.RUNS): a server with the dump on, the endpoint probe of benchmarks.serve_and_bench
+        (its /generate, a few greedy tokens), the server stopped, the table; DIR keeps each run's log, report JSON
+        and dump (GPU host: tools/gpu_host/nan_origin.sh)
+
+Per forward pass: its tokens, the first operator whose output holds a NaN or an infinity (the module's name as in
+the checkpoint's index, e.g. `model.layers.3.mlp.experts`), how much of that output, how many operators after it,
+and the largest finite magnitude any operator reached before it (an overflow shows as growth up to it; a NaN out of
+finite inputs as none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+BATCH_INFO = ".forward_batch_info."  # the dumper's keys for the pass's input ids, positions and sequence lengths
+
+
+def tensors_of(value) -> list[torch.Tensor]:
+    """The tensors one dump entry holds (an operator's output: a tensor or a list of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+def finite_max(tensors: list[torch.Tensor]) -> float:
+    """The largest finite |value| of floating tensors (0.0 where there is none)."""
+    out = 0.0
+    for t in tensors:
+        if t.is_floating_point() and t.numel():
+            finite = t.float()[torch.isfinite(t.float())]
+            if finite.numel():
+                out = max(out, finite.abs().max().item())
+    return out
+
+
+def non_finite(tensors: list[torch.Tensor]) -> tuple[int, int]:
+    """(non-finite elements, elements) over the floating tensors."""
+    bad = total = 0
+    for t in tensors:
+        if t.is_floating_point():
+            bad += int((~torch.isfinite(t.float())).sum())
+            total += t.numel()
+    return bad, total
+
+
+def pass_report(entries: dict, name: str) -> dict:
+    """One pass file's entries (operator name -> output, in execution order) -> its row. The dumper writes the
+    top-level model's output after it closes a pass, so a pass file opens with the previous pass's `model` entry:
+    skipped here."""
+    keys = list(entries)
+    if keys and keys[0] == "model":
+        keys = keys[1:]
+    ops = [k for k in keys if BATCH_INFO not in k]
+    ids = next((entries[k] for k in keys if k.endswith(BATCH_INFO + "input_ids")), None)
+    row = {"pass": name, "tokens": None if ids is None else int(ids.numel()), "operators": len(ops),
+           "first_non_finite": None, "non_finite_share": None, "non_finite_operators": 0,
+           "largest_before": 0.0, "largest_before_at": None}
+    for k in ops:
+        tensors = tensors_of(entries[k])
+        bad, total = non_finite(tensors)
+        if bad:
+            if row["first_non_finite"] is None:
+                row["first_non_finite"], row["non_finite_share"] = k, bad / total
+            row["non_finite_operators"] += 1
+        elif row["first_non_finite"] is None:
+            largest = finite_max(tensors)
+            if largest > row["largest_before"]:
+                row["largest_before"], row["largest_before_at"] = largest, k
+    return row
+
+
+def report(dump_dir: Path) -> list[dict]:
+    """Every pass file under `dump_dir` (one folder per rank, `PassNNNNN.pt`), in rank and pass order."""
+    files = sorted(Path(dump_dir).glob("**/Pass*.pt"))
+    if not files:
+        raise SystemExit(f"{dump_dir}: no Pass*.pt files (did the server run with --debug-tensor-dump-output-folder "
+                         "and answer a request?)")
+    return [pass_report(torch.load(f, map_location="cpu", weights_only=False), str(f.relative_to(dump_dir)))
+            for f in files]
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| pass | tokens | operators | first non-finite output | its non-finite share | non-finite operators | "
+             "largest finite magnitude before it |", "|---|---:|---:|---|---:|---:|---|"]
+    for r in rows:
+        share = "-" if r["non_finite_share"] is None else f"{r['non_finite_share']:.3f}"
+        lines.append(f"| {r['pass']} | {r['tokens']} | {r['operators']} | {r['first_non_finite'] or 'none'} | {share} "
+                     f"| {r['non_finite_operators']} | {r['largest_before']:.4g} ({r['largest_before_at']}) |")
+    return "\n".join(lines)
+
+
+def serve(model: str, runs: list[str], out: Path, port: int, new_tokens: int, startup_timeout: float) -> dict:
+    """Per run: a server with the dump on, the probe, the report (the server stopped before it is read)."""
+    from benchmarks.serve_and_bench import PROBE_TEXT
+    from harness.server import RUNS, post, serving
+
+    results = {}
+    for run in runs:
+        dump = out / f"dump_{run}"
+        flags = [*RUNS[run], "--debug-tensor-dump-output-folder", str(dump)]
+        with serving(model, port, flags, out / f"server_{run}.log", startup_timeout):
+            answer = post(port, "/generate", {"text": PROBE_TEXT, "return_logprob": True,
+                                              "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}})
+        logprobs = [t[0] for t in answer["meta_info"].get("output_token_logprobs") or []]  # NaN arrives as None
+        rows = report(dump)
+        results[run] = {"probe_logprobs": logprobs, "passes": rows}
+        print(f"## {run}: probe logprobs {logprobs}\n{table(rows)}\n", flush=True)
+    (out / "nan_origin.json").write_text(json.dumps(results, indent=1))
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rep = sub.add_parser("report", help="the table of a dump folder")
+    rep.add_argument("dump_dir", type=Path)
+    srv = sub.add_parser("serve", help="serve each run with the dump on, probe it, report (GPU)")
+    srv.add_argument("--model", required=True)
+    srv.add_argument("--runs", nargs="+", required=True)
+    srv.add_argument("--out", type=Path, required=True)
+    srv.add_argument("--port", type=int, default=30000)
+    srv.add_argument("--new-tokens", type=int, default=3, help="greedy tokens the probe asks for (a pass each)")
+    srv.add_argument("--startup-timeout", type=float, default=330)
+    args = ap.parse_args(argv)
+    if args.cmd == "report":
+        print(table(report(args.dump_dir)))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    serve(args.model, args.runs, args.out, args.port, args.new_tokens, args.startup_timeout)
+
+
+if __name__ == "__main__":
+    main()
