@@ -106,13 +106,13 @@ def table(rows: list[dict]) -> str:
 def serve(model: str, runs: list[str], out: Path, port: int, new_tokens: int, startup_timeout: float) -> dict:
     """Per run: a server with the dump on, the probe, the report (the server stopped before it is read)."""
     from benchmarks.serve_and_bench import PROBE_TEXT
-    from harness.server import RUNS, post, serving
+    from harness.server import RUN_ENV, RUNS, post, serving
 
     results = {}
     for run in runs:
         dump = out / f"dump_{run}"
         flags = [*RUNS[run], "--debug-tensor-dump-output-folder", str(dump)]
-        with serving(model, port, flags, out / f"server_{run}.log", startup_timeout):
+        with serving(model, port, flags, out / f"server_{run}.log", startup_timeout, env=RUN_ENV.get(run)):
             answer = post(port, "/generate", {"text": PROBE_TEXT, "return_logprob": True,
                                               "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}})
         logprobs = [t[0] for t in answer["meta_info"].get("output_token_logprobs") or []]  # NaN arrives as None

@@ -74,11 +74,12 @@ def test_serve_turns_the_dump_on_and_reports_each_run(tmp_path, monkeypatch):
     import harness.server as hs
     from benchmarks.serve_and_bench import PROBE_TEXT
 
-    started, live = [], []
+    started, live, envs = [], [], []
 
     @contextlib.contextmanager
-    def serving(model, port, flags, log_path, startup_timeout):
+    def serving(model, port, flags, log_path, startup_timeout, env=None):
         started.append(flags)
+        envs.append(env)
         live.append(True)
         try:
             yield None
@@ -97,11 +98,11 @@ def test_serve_turns_the_dump_on_and_reports_each_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    res = nan_origin.serve("m", ["snapmla", "flashmla"], out.relative_to(tmp_path), 30000, 3, 10)
-    assert [f[: len(hs.RUNS[r])] for f, r in zip(started, ["snapmla", "flashmla"])] == [hs.RUNS["snapmla"],
-                                                                                          hs.RUNS["flashmla"]]
-    assert all(f[-2:] == ["--debug-tensor-dump-output-folder", f"out/dump_{r}"]
-               for f, r in zip(started, ["snapmla", "flashmla"]))
+    runs = ["snapmla-mha", "flashmla"]
+    res = nan_origin.serve("m", runs, out.relative_to(tmp_path), 30000, 3, 10)
+    assert [f[: len(hs.RUNS[r])] for f, r in zip(started, runs)] == [hs.RUNS[r] for r in runs]
+    assert all(f[-2:] == ["--debug-tensor-dump-output-folder", f"out/dump_{r}"] for f, r in zip(started, runs))
+    assert envs == [{"SNAPMLA_EXTEND_ROUTE": "mha"}, None]  # each run's server environment (harness.server.RUN_ENV)
     assert res["flashmla"]["probe_logprobs"] == [None] * 3
-    assert res["snapmla"]["passes"][0]["first_non_finite"] == "model.layers.0.mlp.experts"
+    assert res["snapmla-mha"]["passes"][0]["first_non_finite"] == "model.layers.0.mlp.experts"
     assert (out / "nan_origin.json").exists()
