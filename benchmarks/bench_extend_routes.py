@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import torch
 
+from harness.results import save_png
 from sglang_snapmla import extend, ops
 from sglang_snapmla import numerics as nx
 
@@ -150,7 +151,7 @@ def plot(results: list[dict], path: Path) -> Path:
     ax.set_xlabel("cost model (us)"), ax.set_ylabel("measured (us)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 

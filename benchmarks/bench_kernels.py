@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import L2_ROTATE_BYTES, PAGE, make_inputs, time_graph
-from harness.results import read_json
+from harness.results import read_json, save_png
 from sglang_snapmla import decode_plan, layout
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import ops
@@ -268,7 +268,7 @@ def plot(results, path):
     ax.set_ylabel("speedup vs FlashMLA BF16")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness.bench_serving import bench_serving
-from harness.results import read_json, stored
+from harness.results import read_json, save_png, stored
 from harness.server_log import engine_span, peak_running_requests, pool_tokens, read_log
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, post,
                             start_server, stop_server, wait_healthy)
@@ -269,7 +269,7 @@ def plot(results: list[dict], path: Path) -> Path:
         ax.set_title(label)
         ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 

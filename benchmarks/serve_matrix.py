@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from harness.bench_serving import CONTEXT_LENGTH, bench_serving, ttft_outliers
-from harness.results import load_results
+from harness.results import load_results, save_png
 from harness.server_log import pool_tokens
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
@@ -219,7 +219,7 @@ def plot(results: dict, out: Path) -> list[Path]:
             ax.legend()
         fig.tight_layout()
         paths.append(out / fname)
-        fig.savefig(paths[-1], dpi=110)
+        save_png(fig, paths[-1], dpi=110)
         plt.close(fig)
     return paths
 

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from harness import gpu_time
 from harness.bench_serving import METRICS, parse_metrics
-from harness.results import load_results, stored
+from harness.results import load_results, save_png, stored
 from harness.server_log import peak_running_requests, pool_tokens, prefill_intake
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
@@ -236,7 +236,7 @@ def plot(results: dict, path: Path) -> Path:
                 ax.set_yscale("log")
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -42,7 +42,7 @@ from harness import gpu_time
 from harness.bench_serving import CONTEXT_LENGTH, bench_serving
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 from harness.server_log import decode_lines, pool_tokens, read_log
-from harness.results import read_json, stored
+from harness.results import read_json, save_png, stored
 
 REFERENCE = "flashmla"
 DEFAULTS = dict(input_len=2048, output_len=2048, range_ratio=0.5)
@@ -332,7 +332,7 @@ def plot(results: dict, path: Path) -> Path:
     ax.set_title(f"{Path(results['model']).name}: decode rate, steady windows shaded")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harness.bench_serving import bench_serving
 from harness.server import RUN_ENV, RUNS, kill_servers_on_exit, serving
-from harness.results import read_json
+from harness.results import read_json, save_png
 
 METRICS = ("median_tpot_ms", "median_itl_ms", "output_tok_s")
 
@@ -78,7 +78,7 @@ def plot(summary: dict[str, dict[str, dict]], title: str, path: Path) -> None:
         ax.set_ylabel("median TPOT (ms)")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from harness.server_log import startup_report
 from harness.server import RUNS, greedy_generate, kill_servers_on_exit, start_server, stop_server, wait_healthy
+from harness.results import save_png
 
 # every compile cache a start fills, by the variable that moves it (docs/DEPLOY.md, "Start-up time")
 # (Python's bytecode is not among them: pip writes it when it installs a package)
@@ -158,7 +159,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.legend()
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

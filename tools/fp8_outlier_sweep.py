@@ -52,7 +52,7 @@ import torch
 from harness.server import PORT_STRIDE, RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, post, serving
 from harness import reparameterize
 from harness.probes import POOL_FLAGS, PROBES, agreement, generate_level, held, token_errors, workload
-from harness.results import read_json
+from harness.results import read_json, save_png
 
 ORIGINAL, CONTROL = "original", "control"
 FORCED_PROMPTS, FORCED_TOKENS = 16, 1024
@@ -315,7 +315,7 @@ def plot(rows: list[dict], kernel: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

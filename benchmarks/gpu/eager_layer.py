@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from harness.kernel_timing import host_us, make_inputs, time_graph
-from harness.results import read_json
+from harness.results import read_json, save_png
 from sglang_snapmla import decode_plan, library, ops
 
 ISSUED = 20  # layers issued back to back per host-time measurement, well inside the GPU's launch queue
@@ -116,7 +116,7 @@ def plot(rows: list[dict], gpu: str, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"one eager attention layer: host issue time and GPU time ({gpu})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from harness.kernel_timing import host_us, make_inputs, time_graph
+from harness.results import save_png
 from sglang_snapmla import decode_plan, ops
 from sglang_snapmla.backend import SnapMLAForward
 
@@ -100,7 +101,7 @@ def plot(rows: list[dict], gpu: str, path: Path) -> None:
                     ha="center", fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
