@@ -40,3 +40,15 @@ def doc_sections(doc: str) -> dict[str, str]:
         end = next((s for s, lv, _ in heads[i + 1:] if lv <= level), len(doc))
         out[title] = doc[start:end]
     return out
+
+
+def ink_share(png) -> float:
+    """The share of a PNG's pixels that are not its background (its most common colour): ~0.02 for a figure with
+    empty axes (spines, ticks, labels), 0.18-0.5 for the benchmarks' plots -- whether a plot was drawn, which its
+    byte size does not tell (a palette PNG of empty axes can outweigh a drawn one of fewer panels)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        rgb = im.convert("RGB")
+    background = max(rgb.getcolors(rgb.size[0] * rgb.size[1]))[0]
+    return 1 - background / (rgb.size[0] * rgb.size[1])

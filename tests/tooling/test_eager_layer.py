@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu import eager_layer
+from helpers import ink_share
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +19,7 @@ def test_saved_run_reports_what_the_docs_quote(tmp_path, capsys, name, lines, co
     copy = tmp_path / saved.name
     copy.write_bytes(saved.read_bytes())
     assert eager_layer.main(["--redraw", str(copy)]) == 0
-    assert copy.with_suffix(".png").stat().st_size > 10_000
+    assert ink_share(copy.with_suffix(".png")) > 0.05
     out = capsys.readouterr().out.splitlines()
     rows = [line for line in out if line.startswith(("| 16 ", "| 128 "))]
     assert len(rows) == lines and all(r.count("|") == columns + 1 for r in rows)

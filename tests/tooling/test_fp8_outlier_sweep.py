@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from tools import fp8_outlier_sweep as sweep
 from harness import reparameterize
 from tools.train_tiny_mla import model_config
+from helpers import ink_share
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,7 +102,7 @@ def test_no_runs_measures_the_kernel_level_only(model, tmp_path, monkeypatch, ca
     saved = json.loads((out / "fp8_outlier_sweep.json").read_text())
     assert list(saved["kernel"]) == [sweep.ORIGINAL, "beta=1/4"] and len(measured) == 2 and saved["runs"] == {}
     assert "| beta=1/4 | 1 | 2 | 3 |" in capsys.readouterr().out
-    assert (out / "fp8_outlier_sweep.png").stat().st_size > 10_000
+    assert ink_share(out / "fp8_outlier_sweep.png") > 0.05
     with pytest.raises(SystemExit):
         sweep.main(["--model", str(model), "--out", str(out), "--runs"])
 
@@ -183,7 +184,7 @@ def test_saved_sweep_reports_what_the_docs_quote(heads, tmp_path, capsys):
     copy.write_bytes(saved.read_bytes())
     sweep.main(["--redraw", str(copy)])
     printed = capsys.readouterr().out
-    assert (tmp_path / f"fp8_outlier_sweep_h{heads}.png").stat().st_size > 10_000
+    assert ink_share(tmp_path / f"fp8_outlier_sweep_h{heads}.png") > 0.05
     docs = (ROOT / "docs" / "ACCURACY.md").read_text()
     rows = [line for line in printed.splitlines() if line.startswith("| alpha=") or line.startswith("| original")]
     assert len(rows) == 5 + 5 * 4

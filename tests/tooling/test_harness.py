@@ -121,3 +121,43 @@ def test_a_server_log_excerpt_keeps_what_the_benchmarks_read_back(tmp_path, monk
     monkeypatch.setattr(sys, "argv", ["results", "excerpt", str(src), str(tmp_path / "plain.log")])
     with pytest.raises(SystemExit):
         results.main()
+
+
+def test_plots_are_kept_as_palette_pngs_that_look_like_the_figure(tmp_path):
+    """harness.results.save_png: the figure rendered at its dpi, stored with at most 256 colours -- under 60 % of
+    matplotlib's own PNG's bytes and within a few levels of its pixels -- and `python -m harness.results png` stores
+    an existing PNG the same way."""
+    import subprocess
+    import sys
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+
+    from harness.results import save_png
+    from helpers import ink_share
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in range(6):
+        ax.plot(np.linspace(0, 10, 200), np.sin(np.linspace(0, 10, 200) + k), label=f"run {k}")
+    ax.legend()
+    ax.set_title("decode step, ms")
+    plain, kept = tmp_path / "plain.png", tmp_path / "kept.png"
+    fig.savefig(plain, dpi=110)
+    assert save_png(fig, kept, dpi=110) == kept
+    plt.close(fig)
+    with Image.open(plain) as a, Image.open(kept) as b:
+        assert b.mode == "P" and a.size == b.size
+        diff = np.abs(np.asarray(a.convert("RGB"), dtype=int) - np.asarray(b.convert("RGB"), dtype=int))
+    assert diff.mean() < 1.0 and kept.stat().st_size < 0.6 * plain.stat().st_size, (diff.mean(), kept.stat().st_size)
+    subprocess.run([sys.executable, "-m", "harness.results", "png", str(plain)], check=True,
+                   cwd=Path(__file__).resolve().parents[2])
+    with Image.open(plain) as again:
+        assert again.mode == "P"
+    # the tests' check that a plot was drawn tells these six lines from empty axes of the same size
+    blank_fig, _ = plt.subplots(figsize=(6, 4))
+    blank = save_png(blank_fig, tmp_path / "blank.png", dpi=110)
+    plt.close(blank_fig)
+    assert ink_share(blank) < 0.05 < ink_share(kept), (ink_share(blank), ink_share(kept))
