@@ -255,16 +255,27 @@ def main():
     print("plot:", plot(results, args.out / "serve_bench.png"))
 
 
+def run_label(r: dict) -> str:
+    """A run's name on the plot, with what its outputs were where they were not all text: the endpoint probe's
+    non-finite logprobs and the share of output tokens with text (`non_finite_probe`, `text_share`)."""
+    probe, share = non_finite_probe(r.get("endpoints")), text_share(r)
+    notes = ([f"probe NaN {probe}"] if probe != "-" and not probe.startswith("0/") else []) + (
+        [f"text {share}"] if share != "-" and float(share) < 0.9 else [])
+    return "\n".join([r["run"], ", ".join(notes)]) if notes else r["run"]
+
+
 def plot(results: list[dict], path: Path) -> Path:
-    """Output tok/s and median TTFT per run, side by side."""
+    """Output tok/s and median TTFT per run, side by side; a run whose outputs are not all text says so under its
+    bars (`run_label`), since bench_serving times TTFT from the first streamed chunk with text."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
-    names = [r["run"] for r in results]
-    for ax, (key, label) in zip(axes, (("output_tok_s", "output tok/s"), ("median_ttft_ms", "median TTFT ms"))):
+    names = [run_label(r) for r in results]
+    for ax, (key, label) in zip(axes, (("output_tok_s", "output tok/s"),
+                                       ("median_ttft_ms", "median TTFT ms (first chunk with text)"))):
         ax.bar(names, [r.get(key) or 0 for r in results], color=[f"C{i}" for i in range(len(names))])
         ax.set_title(label)
         ax.tick_params(axis="x", rotation=20)

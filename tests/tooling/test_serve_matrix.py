@@ -513,6 +513,10 @@ def test_a_run_with_nan_outputs_says_so_in_its_row_and_its_log(capsys):
              "endpoints": {"generate_logprobs": [-0.5] * 16}}]
     rows = sb.table(runs).splitlines()
     assert rows[2].endswith("| 0.14 | 16/16 |") and rows[3].endswith("| 0.99 | 0/16 |"), rows
+    # the plot's labels: the flagged run says what its outputs were, a run of text outputs only its name
+    assert [sb.run_label(r) for r in runs] == ["flashmla\nprobe NaN 16/16, text 0.14", "snapmla"]
+    assert sb.run_label({"run": "x", "output_tokens": 10.0, "retokenized_output_tokens": 5.0}) == "x\ntext 0.50"
+    assert sb.run_label({"run": "y", "endpoints": {"generate_logprobs": [None, -1.0]}}) == "y\nprobe NaN 1/2"
 
 
 def test_endpoint_check_keeps_the_greedy_tokens_and_their_logprobs(monkeypatch):
