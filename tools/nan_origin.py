@@ -36,25 +36,20 @@ def tensors_of(value) -> list[torch.Tensor]:
     return []
 
 
-def finite_max(tensors: list[torch.Tensor]) -> float:
-    """The largest finite |value| of floating tensors (0.0 where there is none)."""
-    out = 0.0
-    for t in tensors:
-        if t.is_floating_point() and t.numel():
-            finite = t.float()[torch.isfinite(t.float())]
-            if finite.numel():
-                out = max(out, finite.abs().max().item())
-    return out
-
-
-def non_finite(tensors: list[torch.Tensor]) -> tuple[int, int]:
-    """(non-finite elements, elements) over the floating tensors."""
+def scan(tensors: list[torch.Tensor]) -> tuple[int, int, float]:
+    """(non-finite elements, elements, the largest finite |value|) over the floating tensors (0.0 where none)."""
     bad = total = 0
+    largest = 0.0
     for t in tensors:
-        if t.is_floating_point():
-            bad += int((~torch.isfinite(t.float())).sum())
-            total += t.numel()
-    return bad, total
+        if not t.is_floating_point() or not t.numel():
+            continue
+        values = t.float()
+        finite = torch.isfinite(values)
+        bad += int((~finite).sum())
+        total += t.numel()
+        if finite.any():
+            largest = max(largest, values[finite].abs().max().item())
+    return bad, total, largest
 
 
 def pass_report(entries: dict, name: str) -> dict:
@@ -70,16 +65,13 @@ def pass_report(entries: dict, name: str) -> dict:
            "first_non_finite": None, "non_finite_share": None, "non_finite_operators": 0,
            "largest_before": 0.0, "largest_before_at": None}
     for k in ops:
-        tensors = tensors_of(entries[k])
-        bad, total = non_finite(tensors)
+        bad, total, largest = scan(tensors_of(entries[k]))
         if bad:
             if row["first_non_finite"] is None:
                 row["first_non_finite"], row["non_finite_share"] = k, bad / total
             row["non_finite_operators"] += 1
-        elif row["first_non_finite"] is None:
-            largest = finite_max(tensors)
-            if largest > row["largest_before"]:
-                row["largest_before"], row["largest_before_at"] = largest, k
+        elif row["first_non_finite"] is None and largest > row["largest_before"]:
+            row["largest_before"], row["largest_before_at"] = largest, k
     return row
 
 
