@@ -72,13 +72,17 @@ def text_share(r: dict) -> str:
     return f"{text / tokens:.2f}" if tokens and text is not None else "-"
 
 
+def probe_non_finite(endpoints: dict | None) -> bool:
+    """Whether any of the endpoint probe's greedy logprobs was not finite (`non_finite_probe` counts them)."""
+    return any(lp is None for lp in (endpoints or {}).get("generate_logprobs") or [])
+
+
 def warn_non_finite(name: str, endpoints: dict) -> None:
     """One loud line where the endpoint probe's greedy logprobs are not finite: such a run's outputs are NaN, so
     bench_serving's TTFT and TPOT (timed from the first streamed chunk with text) are not a request's, and its rate
     is that of a model that may skip work (a NaN token's routing) -- not a deployment's."""
-    probe = non_finite_probe(endpoints)
-    if probe != "-" and not probe.startswith("0/"):
-        print(f"serve_and_bench: {name}: {probe} of the endpoint probe's greedy logprobs are not finite (NaN "
+    if probe_non_finite(endpoints):
+        print(f"serve_and_bench: {name}: {non_finite_probe(endpoints)} of the endpoint probe's greedy logprobs are not finite (NaN "
               "outputs): its TTFT / TPOT are not comparable and its rate may not be a deployment's", file=sys.stderr)
 
 
@@ -258,8 +262,8 @@ def main():
 def run_label(r: dict) -> str:
     """A run's name on the plot, with what its outputs were where they were not all text: the endpoint probe's
     non-finite logprobs and the share of output tokens with text (`non_finite_probe`, `text_share`)."""
-    probe, share = non_finite_probe(r.get("endpoints")), text_share(r)
-    notes = ([f"probe NaN {probe}"] if probe != "-" and not probe.startswith("0/") else []) + (
+    endpoints, share = r.get("endpoints"), text_share(r)
+    notes = ([f"probe NaN {non_finite_probe(endpoints)}"] if probe_non_finite(endpoints) else []) + (
         [f"text {share}"] if share != "-" and float(share) < 0.9 else [])
     return "\n".join([r["run"], ", ".join(notes)]) if notes else r["run"]
 
