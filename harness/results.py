@@ -55,6 +55,13 @@ def load_results(saved: Path, merge: list[Path] | None, resume: bool) -> dict:
 PNG_COLOURS = 256
 
 
+def _palette(image, path: Path) -> None:
+    """`image` (PIL) written to `path` as a PNG with a palette of at most PNG_COLOURS colours."""
+    from PIL import Image
+
+    image.convert("RGB").quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT).save(path, "PNG", optimize=True)
+
+
 def palette_png(path: Path) -> None:
     """Rewrite the PNG at `path` with a palette of at most PNG_COLOURS colours: a plot's lines, text and
     anti-aliasing fit in it (mean pixel change below one level of 255), and the file takes 0.37-1.0x the bytes of
@@ -64,13 +71,21 @@ def palette_png(path: Path) -> None:
 
     with Image.open(path) as im:
         rgb = im.convert("RGB")
-    rgb.quantize(colors=PNG_COLOURS, method=Image.Quantize.MEDIANCUT).save(path, "PNG", optimize=True)
+    _palette(rgb, path)
 
 
 def save_png(fig, path: Path, dpi: int) -> Path:
-    """A matplotlib figure as results/ keeps its plots: rendered at `dpi`, stored by `palette_png`."""
-    fig.savefig(path, dpi=dpi)
-    palette_png(Path(path))
+    """A matplotlib figure as results/ keeps its plots: rendered at `dpi` in memory, written once as `palette_png`
+    stores a PNG."""
+    import io
+
+    from PIL import Image
+
+    rendered = io.BytesIO()
+    fig.savefig(rendered, format="png", dpi=dpi)
+    rendered.seek(0)
+    with Image.open(rendered) as im:
+        _palette(im, Path(path))
     return Path(path)
 
 
