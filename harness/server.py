@@ -198,6 +198,23 @@ def block_fp8_config(model: str) -> bool:
     return bool(quant) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
 
 
+def top1_moe_refusal(model: str, release: str) -> str | None:
+    """Why `model` cannot be served on SGLang `release`, naming the fix, or None. With top-k 1, SGLang 0.5.17's Triton
+    MoE writes the down projection straight into its output and then, for a routed_scaling_factor other than 1,
+    rescales a buffer it never wrote: every MoE output is stale memory, NaN where that memory holds NaN, on every
+    attention backend alike (`python -m tools.fp8_moe_check` shows it on a GPU). 0.5.23 routes such a factor through
+    that buffer. The per-GPU configs' top-1 (one GPU's share of top-8) takes factor 1.0, one multiply of the MoE
+    output that a deployment's top-8 fuses into its reduce."""
+    path = Path(model) / "config.json"
+    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    factor = cfg.get("routed_scaling_factor")
+    if release != "0.5.17" or cfg.get("num_experts_per_tok") != 1 or factor in (None, 1.0):
+        return None
+    return (f"{path}: num_experts_per_tok 1 with routed_scaling_factor {factor}: SGLang 0.5.17's Triton MoE then "
+            "returns a buffer it never wrote (stale memory, NaN outputs); set routed_scaling_factor to 1.0 in that "
+            "config (harness.server.top1_moe_refusal)")
+
+
 def dummy_weights_env(model: str, load_format: str) -> dict:
     """The server environment that makes a dummy load of a block-FP8 config draw weights as a deployment's, for every
     backend alike (sglang_snapmla.dummy_weights); empty otherwise."""
@@ -212,6 +229,11 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
     weights (load_format "dummy"); a trained checkpoint passes "auto". env: added to the server's environment
     (RUN_ENV[run]), after `dummy_weights_env`."""
     check_port_free(port)
+    from sglang_snapmla.sglang_release import installed
+
+    refused = top1_moe_refusal(model, installed())
+    if refused:
+        raise ValueError(refused)
     env = {**dummy_weights_env(model, load_format), **(env or {})}
     log = open(log_path, "w")
     cmd = server_command(model, port, flags, load_format, context_length, launcher)

@@ -7,8 +7,10 @@ CUDA graphs and the warm-up off), in the order the forward ran the operators.
     python -m tools.nan_origin serve --model configs/models/deepseek-v3-fp8-dp-attention --runs snapmla flashmla \\
         --out DIR
         per run (harness.server.RUNS): a server with the dump on, the endpoint probe of benchmarks.serve_and_bench
-        (its /generate, a few greedy tokens), the server stopped, the table; DIR keeps each run's log, report JSON
-        and dump (GPU host: tools/gpu_host/nan_origin.sh)
+        (its /generate, a few greedy tokens), the server stopped, the table; DIR keeps each run's log, the report
+        JSON (with every operator's scan of the first non-finite pass), the dump, and an excerpt of that pass
+        (first_non_finite_RUN.pt: the operators up to the first non-finite output; GPU host:
+        tools/gpu_host/nan_origin.sh carries back all but the dump)
 
 Per forward pass: its tokens, the first operator whose output holds a NaN or an infinity (the module's name as in
 the checkpoint's index, e.g. `model.layers.3.mlp.experts`), how much of that output, how many operators after it,
@@ -52,13 +54,21 @@ def scan(tensors: list[torch.Tensor]) -> tuple[int, int, float]:
     return bad, total, largest
 
 
-def pass_report(entries: dict, name: str) -> dict:
-    """One pass file's entries (operator name -> output, in execution order) -> its row. The dumper writes the
-    top-level model's output after it closes a pass, so a pass file opens with the previous pass's `model` entry:
-    skipped here."""
+PREVIOUS_PASS = ("model", "logits_processor")  # outputs the dumper records after it has written their pass
+
+
+def pass_keys(entries: dict) -> list[str]:
+    """A pass file's entry names in execution order. The dumper writes a pass's file when the top-level model
+    returns, so the model's own output and the logits computed from it open the next pass's file: left out."""
     keys = list(entries)
-    if keys and keys[0] == "model":
+    while keys and keys[0] in PREVIOUS_PASS:
         keys = keys[1:]
+    return keys
+
+
+def pass_report(entries: dict, name: str) -> dict:
+    """One pass file's entries (operator name -> output, in execution order) -> its row."""
+    keys = pass_keys(entries)
     ops = [k for k in keys if BATCH_INFO not in k]
     ids = next((entries[k] for k in keys if k.endswith(BATCH_INFO + "input_ids")), None)
     row = {"pass": name, "tokens": None if ids is None else int(ids.numel()), "operators": len(ops),
@@ -85,6 +95,28 @@ def report(dump_dir: Path) -> list[dict]:
             for f in files]
 
 
+def excerpt(dump_dir: Path, dest: Path, before: int = 24) -> dict | None:
+    """The first pass with a non-finite output, small enough to carry back and read on a CPU: its forward-batch
+    info, the outputs of the `before` operators ahead of the first non-finite one, that one and the next, saved to
+    `dest` (name -> output, in execution order); returns that pass's per-operator scan (name, non-finite elements,
+    largest finite |value|) for every operator of the pass, or None where every pass is finite. The full dump of a
+    61-layer model is hundreds of MB a pass; this is what locating the cause needs."""
+    for f in sorted(Path(dump_dir).glob("**/Pass*.pt")):
+        entries = torch.load(f, map_location="cpu", weights_only=False)
+        keys = pass_keys(entries)
+        ops = [k for k in keys if BATCH_INFO not in k]
+        scans = [(k, *scan(tensors_of(entries[k]))) for k in ops]
+        first = next((i for i, s in enumerate(scans) if s[1]), None)
+        if first is None:
+            continue
+        kept = [k for k in keys if BATCH_INFO in k] + ops[max(0, first - before): first + 2]
+        torch.save({k: entries[k] for k in kept}, dest)
+        return {"pass": str(f.relative_to(dump_dir)), "first_non_finite": ops[first],
+                "operators": [{"name": k, "non_finite": bad, "elements": n, "largest": big}
+                              for k, bad, n, big in scans]}
+    return None
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| pass | tokens | operators | first non-finite output | its non-finite share | non-finite operators | "
              "largest finite magnitude before it |", "|---|---:|---:|---|---:|---:|---|"]
@@ -109,7 +141,8 @@ def serve(model: str, runs: list[str], out: Path, port: int, new_tokens: int, st
                                               "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0}})
         logprobs = [t[0] for t in answer["meta_info"].get("output_token_logprobs") or []]  # NaN arrives as None
         rows = report(dump)
-        results[run] = {"probe_logprobs": logprobs, "passes": rows}
+        results[run] = {"probe_logprobs": logprobs, "passes": rows,
+                        "first_non_finite_pass": excerpt(dump, out / f"first_non_finite_{run}.pt")}
         print(f"## {run}: probe logprobs {logprobs}\n{table(rows)}\n", flush=True)
     (out / "nan_origin.json").write_text(json.dumps(results, indent=1))
     return results

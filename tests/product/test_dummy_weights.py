@@ -229,3 +229,38 @@ def test_fp8_configs_are_the_released_quantization(name):
         assert layers == (61, 3, 1) and cfg["num_attention_heads"] in (16, 128)
     else:
         assert layers == (41, 1, 0) and cfg["num_attention_heads"] in (8, 64)
+
+
+@pytest.mark.parametrize("name", FP8_CONFIGS)
+def test_per_gpu_top1_configs_serve_on_the_gpu_release(name):
+    """The per-GPU configs route each token to 1 of a GPU's experts; on SGLang 0.5.17 that needs routed scaling 1.0
+    (harness.server.top1_moe_refusal), or the MoE returns a buffer it never wrote."""
+    from harness.server import top1_moe_refusal
+
+    cfg = json.loads((ROOT / "configs/models" / name / "config.json").read_text())
+    assert cfg["num_experts_per_tok"] == 1 and top1_moe_refusal(str(ROOT / "configs/models" / name), "0.5.17") is None
+
+
+def test_top1_moe_with_a_routed_scale_is_refused_on_0_5_17_only(tmp_path):
+    from harness.server import top1_moe_refusal
+
+    cfg = json.loads((ROOT / "configs/models/deepseek-v3-fp8-tp8/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "routed_scaling_factor": 2.5}))
+    refused = top1_moe_refusal(str(tmp_path), "0.5.17")
+    assert "routed_scaling_factor 2.5" in refused and "set routed_scaling_factor to 1.0" in refused
+    assert top1_moe_refusal(str(tmp_path), "0.5.23") is None  # that release routes the factor through its buffer
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "routed_scaling_factor": 2.5, "num_experts_per_tok": 8}))
+    assert top1_moe_refusal(str(tmp_path), "0.5.17") is None  # top-8 reduces through the buffer: the released shape
+    assert top1_moe_refusal(str(ROOT / "configs/models/deepseek-v3-shape"), "0.5.17") is None  # BF16, top-4
+
+
+def test_the_harness_refuses_such_a_config_before_it_starts_a_server(tmp_path, monkeypatch):
+    import harness.server as hs
+    from sglang_snapmla import sglang_release
+
+    cfg = json.loads((ROOT / "configs/models/kimi-k2-fp8-tp8/config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "routed_scaling_factor": 2.827}))
+    monkeypatch.setattr(sglang_release, "installed", lambda: "0.5.17")
+    monkeypatch.setattr(hs.subprocess, "Popen", lambda *a, **k: pytest.fail("a server was started"))
+    with pytest.raises(ValueError, match="routed_scaling_factor 2.827"):
+        hs.start_server(str(tmp_path), 1, [], tmp_path / "log")

@@ -13,10 +13,14 @@ from tools import nan_origin
 
 def _pass(prev_model_out, first_bad: str | None, tokens: int = 6) -> dict:
     """A pass of a two-layer model: embedding, per layer attention and MoE outputs, the final norm; NaN from
-    `first_bad` on (everything after it computed from it)."""
+    `first_bad` on (everything after it computed from it). It opens with the previous pass's model output and the
+    logits computed from it (NaN where that output is), as the dumper writes them."""
     names = ["model.embed_tokens", "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.experts",
              "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.experts", "model.norm"]
-    entries = {} if prev_model_out is None else {"model": prev_model_out}
+    entries = {}
+    if prev_model_out is not None:
+        entries["model"] = prev_model_out
+        entries["logits_processor"] = torch.full((prev_model_out.shape[0], 32), prev_model_out.sum().item())
     bad = False
     for i, name in enumerate(names):
         out = torch.full((tokens, 8), float(i + 1), dtype=torch.bfloat16)
@@ -34,8 +38,9 @@ def dump(tmp_path):
     rank = tmp_path / "TP0_PP0_Rank0_pid1"
     rank.mkdir()
     torch.save(_pass(None, None, tokens=6), rank / "Pass00000.pt")
-    # the next pass opens with the previous pass's (finite, but huge) model output: not this pass's first operator
-    torch.save(_pass(torch.full((6, 8), 1e30), "model.layers.1.self_attn.o_proj", tokens=1), rank / "Pass00001.pt")
+    # the next pass opens with the previous pass's (finite, but huge) model output and its logits (inf: the sum
+    # overflows): not this pass's operators
+    torch.save(_pass(torch.full((6, 8), 1e38), "model.layers.1.self_attn.o_proj", tokens=1), rank / "Pass00001.pt")
     torch.save(_pass(torch.full((1, 8), float("nan")), "model.embed_tokens", tokens=1), rank / "Pass00002.pt")
     return tmp_path
 
@@ -106,3 +111,23 @@ def test_serve_turns_the_dump_on_and_reports_each_run(tmp_path, monkeypatch):
     assert res["flashmla"]["probe_logprobs"] == [None] * 3
     assert res["snapmla-mha"]["passes"][0]["first_non_finite"] == "model.layers.0.mlp.experts"
     assert (out / "nan_origin.json").exists()
+    assert res["flashmla"]["first_non_finite_pass"]["first_non_finite"] == "model.layers.0.mlp.experts"
+    assert (out / "first_non_finite_flashmla.pt").exists()
+
+
+def test_the_excerpt_keeps_the_first_non_finite_pass_up_to_its_first_bad_operator(dump, tmp_path):
+    dest = tmp_path / "first.pt"
+    found = nan_origin.excerpt(dump, dest, before=2)
+    assert found["pass"] == "TP0_PP0_Rank0_pid1/Pass00001.pt"  # the first pass holding one, not Pass00000
+    assert found["first_non_finite"] == "model.layers.1.self_attn.o_proj"
+    assert [o["name"] for o in found["operators"]][0] == "model.embed_tokens"  # the previous pass's entries skipped
+    assert [o["non_finite"] > 0 for o in found["operators"]] == [False] * 3 + [True] * 3
+    kept = torch.load(dest, weights_only=False)
+    assert list(kept) == ["model.forward_batch_info.input_ids", "model.forward_batch_info.positions",
+                          "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.experts",
+                          "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.experts"]
+    assert nan_origin.excerpt(dump, tmp_path / "none.pt", before=2) is not None
+    clean = tmp_path / "clean" / "r"
+    clean.mkdir(parents=True)
+    torch.save(_pass(None, None), clean / "Pass00000.pt")
+    assert nan_origin.excerpt(clean.parent, tmp_path / "clean.pt") is None and not (tmp_path / "clean.pt").exists()
