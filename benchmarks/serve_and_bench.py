@@ -77,6 +77,13 @@ def probe_non_finite(endpoints: dict | None) -> bool:
     return any(lp is None for lp in (endpoints or {}).get("generate_logprobs") or [])
 
 
+def probe_line(name: str, res: dict) -> str:
+    """The line a run prints as soon as its server answers and its endpoint probe returns, so that a run stopped
+    later (a call's time limit) still says how it started and whether its outputs are finite."""
+    return (f"serve_and_bench: {name}: answered in {res['startup_s']} s; endpoint probe: "
+            f"{non_finite_probe(res['endpoints'])} greedy logprobs not finite")
+
+
 def warn_non_finite(name: str, endpoints: dict) -> None:
     """One loud line where the endpoint probe's greedy logprobs are not finite: such a run's outputs are NaN, so
     bench_serving's TTFT and TPOT (timed from the first streamed chunk with text) are not a request's, and its rate
@@ -114,6 +121,7 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
         wait_healthy(port, proc, args.startup_timeout)
         res["startup_s"] = round(time.time() - t0, 1)
         res["endpoints"] = check_endpoints(port, args.model)
+        print(probe_line(name, res), flush=True)
         warn_non_finite(name, res["endpoints"])
         if args.greedy_repeat:
             res["greedy_repeat"] = greedy_repeat(port)

@@ -4,6 +4,7 @@ v3_fp8_tp8_h200_long: FP8 weights drawn U(+-1e-3); results/serve/v3_fp8_dp_atten
 shape under DP attention) give the figures they print: ratios recomputed from the saved JSON and the server-log
 excerpts."""
 
+import json
 import re
 from pathlib import Path
 
@@ -184,7 +185,46 @@ def test_the_dp_attention_run_gives_the_figures_its_section_and_the_readme_quote
             assert f"| {text_share(runs[name])} | {non_finite_probe(runs[name]['endpoints'])} |" in row, (name, row)
     nan_share = {name: f"{100 * (1 - float(text_share(r))):.0f} %" for name, r in runs.items()}
     assert nan_share == {"snapmla": "26 %", "flashmla": "86 %"}
-    assert "BF16 86 %, snapmla 26 %" in readme_row and "(86 % of its output tokens NaN)" in " ".join(section.split())
+    assert "BF16 86 %, snapmla 26 %" in readme_row
+    assert "86 % of BF16's output tokens and 26 % of snapmla's" in " ".join(section.split())
+
+
+def test_the_dp_run_with_routed_scaling_one_gives_its_row():
+    """The config as it is now (routed scaling 1.0): snapmla's server log of a run stopped in its bench, its step,
+    near-peak rate and prefill median in the section's row and the README's row; the fan-in draw in its log."""
+    log = read_log(DP_RUN / "snapmla_factor1_cut/server_snapmla.log.xz")
+    s = log_stats(log, min_queue=32)
+    section = doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[DP_SECTION]
+    row = next(ln for ln in section.splitlines() if ln.startswith("| snapmla, routed scaling 1.0"))
+    assert f"| {s['decode_step_ms_at_peak']:.1f} ms |" in row and s["peak_running"] == 82
+    for figure in (f"{s['decode_tok_s_near_peak']:,.0f}", f"{s['prefill_tok_s_median']:,.0f}"):
+        assert f"| {figure.replace(',', ' ')} |" in row, (figure, row)
+    readme_row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+                      if "deepseek-v3-fp8-dp-attention" in ln)
+    assert f"was {s['decode_step_ms_at_peak']:.1f} ms" in readme_row
+    assert "'block_fp8_weights': 482" in log and "k_scale = v_scale = 1.0 on 122 attention layers (checked)" in log
+
+
+def test_the_moe_check_table_is_the_saved_run():
+    """The section's SGLang-MoE table from results/moe/top1_routed_scaling_h200.json: at 2.5 every block off, at 1.0
+    none, the largest outputs and non-finite counts as quoted."""
+    rows = json.loads((ROOT / "results/moe/top1_routed_scaling_h200.json").read_text())
+    section = " ".join(doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[DP_SECTION].split())
+    for factor in (2.5, 1.0):
+        out = [r for r in rows if r["routed_scaling_factor"] == factor and not r["inplace"]]
+        assert [r["tokens"] for r in out] == [1, 9, 64]
+        assert all((r["blocks_off"] == r["blocks"]) == (factor == 2.5) for r in out)
+        assert all((r["blocks_off"] == 0) == (factor == 1.0) for r in out)
+        if factor == 2.5:
+            figures = " / ".join(f"{r['max_abs_sglang']:.2e}".replace("e+", "e") for r in out)
+            nonfinite = " / ".join(str(r["non_finite"]) for r in out)
+        else:
+            figures = " / ".join(f"{r['max_abs_sglang']:.2f}" for r in out)
+            nonfinite = "0"
+        assert f"| {factor} | 1 / 9 / 64 | {figures} |" in section, figures
+        assert f"| {nonfinite} |" in section
+    inplace = " / ".join(str(r["non_finite"]) for r in rows if r["routed_scaling_factor"] == 2.5 and r["inplace"])
+    assert f"the same blocks off, {inplace} non-finite" in section
 
 
 def test_the_dp_attention_servers_drew_the_fan_in_weights():

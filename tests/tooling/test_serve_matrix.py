@@ -232,7 +232,7 @@ def test_mhaprefill_run_sets_the_threshold_env(tmp_path, monkeypatch):
     assert seen["env"] is None
 
 
-def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatch, tmp_path):
+def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatch, tmp_path, capsys):
     """serve_and_bench.py --disable-stream: the measured bench_serving call runs without streaming (so that the
     frontend does not set the duration); the warm-up call keeps its default; without the flag both stream.
     --range-ratio reaches the measured call (the burst's lengths), the warm-up keeps fixed lengths;
@@ -271,6 +271,7 @@ def test_disable_stream_and_range_ratio_reach_the_measured_bench_only(monkeypatc
         res = sb.run_one("snapmla", args, tmp_path, 30000)
         assert "error" not in res, res
         assert calls == [(4, 8 if flag else 2, True, 1.0), (64, 8, not flag, 0.5)]
+        assert "serve_and_bench: snapmla: answered in" in capsys.readouterr().out  # before its bench, every run
         graph_flags = [f for f in flags[0] if f.startswith("--cuda-graph")]
         assert graph_flags == (["--cuda-graph-max-bs"] if flag else []), flags
         assert not flag or flags[0][flags[0].index("--cuda-graph-max-bs") + 1] == "8"
@@ -507,6 +508,10 @@ def test_a_run_with_nan_outputs_says_so_in_its_row_and_its_log(capsys):
     sb.warn_non_finite("snapmla", {"generate_logprobs": [-0.5] * 16})
     sb.warn_non_finite("snapmla", {"generate": ""})  # a run saved before the probe kept its logprobs
     assert capsys.readouterr().err == ""
+    # the line every run prints once its probe returns, NaN or not (a run stopped later keeps it in its log)
+    assert sb.probe_line("snapmla", {"startup_s": 41.5, "endpoints": {"generate_logprobs": [-0.5] * 16}}) == (
+        "serve_and_bench: snapmla: answered in 41.5 s; endpoint probe: 0/16 greedy logprobs not finite")
+    assert "probe: 16/16 greedy" in sb.probe_line("flashmla", {"startup_s": 1, "endpoints": nan})
     runs = [{"run": "flashmla", "total_tok_s": 1.0, "output_tok_s": 1.0, "output_tokens": 92160.0,
              "retokenized_output_tokens": 12772.0, "endpoints": nan},
             {"run": "snapmla", "output_tokens": 100.0, "retokenized_output_tokens": 99.0,
