@@ -107,3 +107,36 @@ def test_redraw_prints_and_plots_a_saved_run_without_a_gpu(tmp_path, monkeypatch
     bench_kernels.main()
     assert "| 128 | 1 | 128 | 640 |" in capsys.readouterr().out
     assert (tmp_path / "kernels_h200_paper_grid_h128.png").stat().st_size > 0
+
+
+def test_kernel_doc_quotes_the_serving_plan_run_and_the_short_context_profiles():
+    """docs/KERNEL.md: the serving-plan times (bench_kernels --context-len 163840) are the committed run's, planned at
+    the server's static bound (63 splits at h128 b1 s_k 640); the ncu table's cycles, waves and local-memory requests
+    are the committed ncu reports'."""
+    import lzma
+    import re
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    root = Path(__file__).resolve().parents[2]
+    doc = " ".join((root / "docs" / "KERNEL.md").read_text().split())
+    run = read_json(root / "results/bench/kernels_h200_short_context_serving_plan.json.xz")["results"]
+    us = {(r["h"], r["b"], r["sk"], r["kernel"]): r for r in run}
+    for h, b in ((128, 1), (128, 8), (64, 1), (64, 8)):
+        ours, bf16 = us[h, b, 640, "snapmla_cuda_sm90"], us[h, b, 640, "flashmla_bf16"]
+        assert ours["context_len"] == 163840
+        quoted = f"b{b} {ours['us']:.1f}" if b == 8 else f"h{h} b1 s_k 640 {ours['us']:.1f}" if h == 128 else \
+            f"h{h} b1 {ours['us']:.1f}"
+        assert f"{quoted} µs against FlashMLA BF16's {bf16['us']:.1f}" in doc or \
+            f"{quoted} against {bf16['us']:.1f} ({bf16['us'] / ours['us']:.2f}x)" in doc, (h, b)
+    assert us[128, 1, 640, "snapmla_cuda_sm90"]["splits"] == 63
+    for shape, ctas in (("b64_640", 128), ("b128_640", 256), ("b256_1280", 512)):
+        text = lzma.open(root / f"results/bench/ncu_h128_short_context/wide_h128_{shape}.details.txt.xz", "rt").read()
+        cycles = int(re.search(r"Elapsed Cycles\s+cycle\s+([\d,]+)", text).group(1).replace(",", ""))
+        waves = re.search(r"Waves Per SM\s+([\d.]+)", text).group(1)
+        spills = int(re.search(r"Local Memory Spilling Requests\s+([\d,]+)", text).group(1).replace(",", ""))
+        b, sk = shape.split("_")
+        row = f"| h128 {b} s_k {int(sk):,} | {ctas} | {waves} |".replace(",", " ")
+        assert row in doc and f"| {cycles:,} |".replace(",", " ") in doc, row
+        assert f"| {round(spills / ctas):,} |".replace(",", " ") in doc, shape
