@@ -196,3 +196,22 @@ def test_mtp_draft_steps_plan_without_flashmlas_schedule(gen):
         assert be.unread_schedules == 2, "a draft step computed FlashMLA's schedule"
         assert be.step_plan is not None and (be.step_plan.decode.batch, be.step_plan.decode.s_q) == (proto.bs, 1)
         assert be.step_plan.seq_lens.tolist() == proto.lens
+
+
+@pytest.mark.parametrize("accepted", [[1, 3, 2], [3, 3, 3]])
+def test_draft_extend_attends_over_the_window_aligned_lengths(gen, monkeypatch, accepted):
+    """Eager MTP draft extend where requests accepted fewer draft tokens than the window: SGLang passes seq_lens =
+    prefix + accepted and extend_seq_lens = accepted (the inputs padded to the window), and FlashMLA's metadata
+    aligns the keys to the padded window (seq_lens_k = prefix + window). Every query row of the window attends as the
+    spec over prefix + window says; lengths cut to the accepted tokens would shift each request's causal window."""
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: "triton")
+    window, lens = 3, [130 + 64 * 3, 77, 300]
+    proto = GraphProtocol(16, max_bs=5, lens=lens, gen=gen, device="cpu", window=window, max_context_len=1024)
+    q, q_rope = proto.queries("draft_extend")
+    runner = torch.tensor(lens) + torch.tensor(accepted)
+    fb = proto._forward_batch("draft_extend", runner, runner, torch.arange(1, len(lens) + 1))
+    fb.extend_seq_lens = torch.tensor(accepted)
+    proto.backend.init_forward_metadata(fb)
+    out = proto.forward("draft_extend", fb, q, q_rope)
+    assert_close(out.float(), proto.reference("draft_extend", q, q_rope), rel_l2=3e-2,
+                 what=f"draft extend, accepted {accepted} of {window}")
