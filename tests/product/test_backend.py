@@ -129,6 +129,34 @@ def test_decode_and_target_verify(setup, gen, heads, layout):
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
 
 
+def test_decode_and_target_verify_write_the_new_keys_before_they_attend(setup, gen, heads):
+    """As the model calls it (save_kv_cache=True, the step's new K in k / k_rope): the new tokens' keys go into their
+    slots, which held another request's bytes, before the attention reads them -- each new query sees its own key
+    and the ones before it."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend, pool, layer = setup
+    lens = torch.tensor([130, 70], dtype=torch.int32)  # committed tokens, the step's new ones included for decode
+    for mode, s_q, seq in ((ForwardMode.DECODE, 1, lens), (ForwardMode.TARGET_VERIFY, 2, lens + 2)):
+        new = torch.cat([backend.req_to_token[b, seq[b] - s_q: seq[b]] for b in range(2)])  # request-major
+        for b in range(2):
+            fill(pool, layer, backend.req_to_token[b, : seq[b]], gen)  # the new slots too: stale bytes there
+        k = torch.randn(2 * s_q, 1, 512, generator=gen).to(torch.bfloat16)
+        k_rope = torch.randn(2 * s_q, 1, 64, generator=gen).to(torch.bfloat16)
+        q = torch.randn(2 * s_q, heads, 512, generator=gen).to(torch.bfloat16)
+        qr = torch.randn(2 * s_q, heads, 64, generator=gen).to(torch.bfloat16)
+        fb = SimpleNamespace(forward_mode=mode, batch_size=2, seq_lens=lens, out_cache_loc=new.long())
+        backend.plan_step(fb)
+        forward = backend.forward_decode if s_q == 1 else backend.forward_extend
+        out = forward(q, k, None, layer, fb, save_kv_cache=True, q_rope=qr, k_rope=k_rope)
+        kv, scale, rope = pool.snapmla_buffers(0)
+        written = nx.quantize_kv(k[:, 0], k_rope[:, 0])
+        assert torch.equal(kv[new], written.content) and torch.equal(rope[new], written.rope), str(mode)
+        ref = reference(pool, q.view(2, s_q, heads, 512), qr.view(2, s_q, heads, 64),
+                        backend.forward_metadata.block_kv_indices, seq)
+        assert_close(out.float().view(2, s_q, heads, 512), ref, rel_l2=1e-2, what=f"{mode}, new keys written first")
+
+
 def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, gen, heads, monkeypatch):
     """The step's plan, int32 lengths and checks are made once, by the forward-metadata hooks (`plan_step`), and every
     layer runs them. Under CUDA graphs the lengths go into a static buffer at capture and again at every replay (the
