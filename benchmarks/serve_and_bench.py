@@ -89,8 +89,9 @@ def warn_non_finite(name: str, endpoints: dict) -> None:
     bench_serving's TTFT and TPOT (timed from the first streamed chunk with text) are not a request's, and its rate
     is that of a model that may skip work (a NaN token's routing) -- not a deployment's."""
     if probe_non_finite(endpoints):
-        print(f"serve_and_bench: {name}: {non_finite_probe(endpoints)} of the endpoint probe's greedy logprobs are not finite (NaN "
-              "outputs): its TTFT / TPOT are not comparable and its rate may not be a deployment's", file=sys.stderr)
+        print(f"serve_and_bench: {name}: {non_finite_probe(endpoints)} of the endpoint probe's greedy logprobs are not "
+              "finite (NaN outputs): its TTFT / TPOT are not comparable and its rate may not be a deployment's",
+              file=sys.stderr)
 
 
 def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:

@@ -190,11 +190,16 @@ def check_port_free(port: int) -> None:
                                    "the ports outgoing connections take)") from e
 
 
+def model_config(model: str) -> dict:
+    """The model folder's config.json, {} where it has none (a hub id, or a folder without one)."""
+    path = Path(model) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def block_fp8_config(model: str) -> bool:
     """Whether the model folder's config ships block-FP8 weights (`quantization_config`: fp8 with a
     weight_block_size), as DeepSeek-V3/R1 and Kimi-K2 do."""
-    path = Path(model) / "config.json"
-    quant = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    quant = model_config(model).get("quantization_config")
     return bool(quant) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
 
 
@@ -205,14 +210,13 @@ def top1_moe_refusal(model: str, release: str) -> str | None:
     attention backend alike (`python -m tools.fp8_moe_check` shows it on a GPU). 0.5.23 routes such a factor through
     that buffer. The per-GPU configs' top-1 (one GPU's share of top-8) takes factor 1.0, one multiply of the MoE
     output that a deployment's top-8 fuses into its reduce."""
-    path = Path(model) / "config.json"
-    cfg = json.loads(path.read_text()) if path.is_file() else {}
+    cfg = model_config(model)
     factor = cfg.get("routed_scaling_factor")
     if release != "0.5.17" or cfg.get("num_experts_per_tok") != 1 or factor in (None, 1.0):
         return None
-    return (f"{path}: num_experts_per_tok 1 with routed_scaling_factor {factor}: SGLang 0.5.17's Triton MoE then "
-            "returns a buffer it never wrote (stale memory, NaN outputs); set routed_scaling_factor to 1.0 in that "
-            "config (harness.server.top1_moe_refusal)")
+    return (f"{Path(model) / 'config.json'}: num_experts_per_tok 1 with routed_scaling_factor {factor}: SGLang "
+            "0.5.17's Triton MoE then returns a buffer it never wrote (stale memory, NaN outputs); set "
+            "routed_scaling_factor to 1.0 in that config (harness.server.top1_moe_refusal)")
 
 
 def dummy_weights_env(model: str, load_format: str) -> dict:

@@ -95,26 +95,25 @@ def report(dump_dir: Path) -> list[dict]:
             for f in files]
 
 
-def excerpt(dump_dir: Path, dest: Path, before: int = 24) -> dict | None:
+def excerpt(dump_dir: Path, rows: list[dict], dest: Path, before: int = 24) -> dict | None:
     """The first pass with a non-finite output, small enough to carry back and read on a CPU: its forward-batch
     info, the outputs of the `before` operators ahead of the first non-finite one, that one and the next, saved to
     `dest` (name -> output, in execution order); returns that pass's per-operator scan (name, non-finite elements,
-    largest finite |value|) for every operator of the pass, or None where every pass is finite. The full dump of a
-    61-layer model is hundreds of MB a pass; this is what locating the cause needs."""
-    for f in sorted(Path(dump_dir).glob("**/Pass*.pt")):
-        entries = torch.load(f, map_location="cpu", weights_only=False)
-        keys = pass_keys(entries)
-        ops = [k for k in keys if BATCH_INFO not in k]
-        scans = [(k, *scan(tensors_of(entries[k]))) for k in ops]
-        first = next((i for i, s in enumerate(scans) if s[1]), None)
-        if first is None:
-            continue
-        kept = [k for k in keys if BATCH_INFO in k] + ops[max(0, first - before): first + 2]
-        torch.save({k: entries[k] for k in kept}, dest)
-        return {"pass": str(f.relative_to(dump_dir)), "first_non_finite": ops[first],
-                "operators": [{"name": k, "non_finite": bad, "elements": n, "largest": big}
-                              for k, bad, n, big in scans]}
-    return None
+    largest finite |value|) for every operator of the pass, or None where every pass is finite. `rows`: `report` of
+    the same dump, which names that pass, so only its file is read again. The full dump of a 61-layer model is
+    hundreds of MB a pass; this is what locating the cause needs."""
+    row = next((r for r in rows if r["first_non_finite"] is not None), None)
+    if row is None:
+        return None
+    entries = torch.load(Path(dump_dir) / row["pass"], map_location="cpu", weights_only=False)
+    keys = pass_keys(entries)
+    ops = [k for k in keys if BATCH_INFO not in k]
+    first = ops.index(row["first_non_finite"])
+    kept = [k for k in keys if BATCH_INFO in k] + ops[max(0, first - before): first + 2]
+    torch.save({k: entries[k] for k in kept}, dest)
+    return {"pass": row["pass"], "first_non_finite": ops[first],
+            "operators": [{"name": k, "non_finite": bad, "elements": n, "largest": big}
+                          for k, bad, n, big in ((k, *scan(tensors_of(entries[k]))) for k in ops)]}
 
 
 def table(rows: list[dict]) -> str:
@@ -142,7 +141,7 @@ def serve(model: str, runs: list[str], out: Path, port: int, new_tokens: int, st
         logprobs = [t[0] for t in answer["meta_info"].get("output_token_logprobs") or []]  # NaN arrives as None
         rows = report(dump)
         results[run] = {"probe_logprobs": logprobs, "passes": rows,
-                        "first_non_finite_pass": excerpt(dump, out / f"first_non_finite_{run}.pt")}
+                        "first_non_finite_pass": excerpt(dump, rows, out / f"first_non_finite_{run}.pt")}
         print(f"## {run}: probe logprobs {logprobs}\n{table(rows)}\n", flush=True)
     (out / "nan_origin.json").write_text(json.dumps(results, indent=1))
     return results

@@ -117,7 +117,7 @@ def test_serve_turns_the_dump_on_and_reports_each_run(tmp_path, monkeypatch):
 
 def test_the_excerpt_keeps_the_first_non_finite_pass_up_to_its_first_bad_operator(dump, tmp_path):
     dest = tmp_path / "first.pt"
-    found = nan_origin.excerpt(dump, dest, before=2)
+    found = nan_origin.excerpt(dump, nan_origin.report(dump), dest, before=2)
     assert found["pass"] == "TP0_PP0_Rank0_pid1/Pass00001.pt"  # the first pass holding one, not Pass00000
     assert found["first_non_finite"] == "model.layers.1.self_attn.o_proj"
     assert [o["name"] for o in found["operators"]][0] == "model.embed_tokens"  # the previous pass's entries skipped
@@ -126,8 +126,9 @@ def test_the_excerpt_keeps_the_first_non_finite_pass_up_to_its_first_bad_operato
     assert list(kept) == ["model.forward_batch_info.input_ids", "model.forward_batch_info.positions",
                           "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.experts",
                           "model.layers.1.self_attn.o_proj", "model.layers.1.mlp.experts"]
-    assert nan_origin.excerpt(dump, tmp_path / "none.pt", before=2) is not None
+    assert nan_origin.excerpt(dump, nan_origin.report(dump), tmp_path / "none.pt", before=2) is not None
     clean = tmp_path / "clean" / "r"
     clean.mkdir(parents=True)
     torch.save(_pass(None, None), clean / "Pass00000.pt")
-    assert nan_origin.excerpt(clean.parent, tmp_path / "clean.pt") is None and not (tmp_path / "clean.pt").exists()
+    assert nan_origin.excerpt(clean.parent, nan_origin.report(clean.parent), tmp_path / "clean.pt") is None
+    assert not (tmp_path / "clean.pt").exists()
