@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.bench_serving import bench_serving
+from harness.bench_serving import bench_serving, parse_metrics
 from harness.results import read_json, save_png, stored
 from harness.server_log import engine_span, peak_running_requests, pool_tokens, read_log
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, post,
@@ -110,7 +110,10 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     return {"identical": runs[0] == runs[1], "outputs": runs[0]}
 
 
-def run_one(name: str, args, out_dir: Path, port: int) -> dict:
+def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None) -> dict:
+    """One backend's server, probe and bench. `measured(res)` is called as soon as bench_serving has returned, so the
+    caller can save the row before the server is stopped: a time limit that ends the call while the server stops
+    (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill in its pool and peak from the server log)."""
     t0 = time.time()
     log_path = out_dir / f"server_{name}.log"
     graphs = ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
@@ -136,19 +139,24 @@ def run_one(name: str, args, out_dir: Path, port: int) -> dict:
                                           range_ratio=args.range_ratio)
             (out_dir / f"bench_{name}.txt").write_text(text)
             res.update(metrics)
+            measured(res)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
         stop_server(proc, log)
     raw = log_path.read_bytes()
     text = raw.decode(errors="replace")
-    res["pool_tokens"] = pool_tokens(text)
-    res["peak_running_req"] = peak_running_requests(text)
+    res.update(log_fields(text))
     if measured_from is not None:
         res.update(engine_rate(raw[measured_from:].decode(errors="replace"), res.get("output_tokens")))
     if "error" in res:
         res["server_log_tail"] = text[-3000:]
     return res
+
+
+def log_fields(log: str) -> dict:
+    """What a run's row takes from its server log: the pool's size in tokens and the largest running batch."""
+    return {"pool_tokens": pool_tokens(log), "peak_running_req": peak_running_requests(log)}
 
 
 def engine_rate(measured_log: str, output_tokens: float | None, min_queue: int = 0) -> dict:
@@ -168,14 +176,36 @@ def workload_of(args) -> dict:
             "cuda_graph_max_bs": args.cuda_graph_max_bs, "disable_stream": args.disable_stream, "extra": args.extra}
 
 
+def cut_runs(folder: Path, rows: list[dict]) -> list[dict]:
+    """Runs whose bench_serving summary (bench_RUN.txt) is in `folder` but whose row is not in its serve_bench.json:
+    a call ended by a time limit after that bench had printed (an older serve_and_bench saved a row only once the
+    server had stopped). Each row is rebuilt from the summary and the server log, with the folder's workload (every
+    run of one call measured the same), and says so: `"recovered": "bench text and server log"`; its start-up time
+    and endpoint probe are not kept."""
+    named = {r["run"] for r in rows}
+    found = []
+    for bench in sorted(folder.glob("bench_*.txt*")):
+        run = bench.name.removeprefix("bench_").split(".txt")[0]
+        if run in named or run in {f["run"] for f in found}:
+            continue
+        if not rows:
+            raise SystemExit(f"{bench}: no saved run in {folder} gives its workload; rerun it")
+        log = stored(folder / f"server_{run}.log")
+        found.append({"run": run, "workload": rows[0]["workload"], "recovered": "bench text and server log",
+                      **parse_metrics(read_log(bench)), **(log_fields(read_log(log)) if log.exists() else {})})
+    return found
+
+
 def merge_folders(folders: list[Path], out: Path) -> list[dict]:
     """Runs of one workload saved in several folders (e.g. one backend per GPU, all at once) as one folder `out`:
-    their results side by side in out/serve_bench.json, their server logs and bench_serving texts copied. Another
-    workload, or a run name in two folders, stops with the reason."""
+    their results side by side in out/serve_bench.json, their server logs and bench_serving texts copied (and a run
+    a time limit cut after its bench, `cut_runs`). Another workload, or a run name in two folders, stops with the
+    reason."""
     merged: list[dict] = []
     out.mkdir(parents=True, exist_ok=True)
     for folder in folders:
-        for r in read_json(folder / "serve_bench.json"):
+        rows = read_json(folder / "serve_bench.json")
+        for r in [*rows, *cut_runs(folder, rows)]:
             if merged and r.get("workload") != merged[0].get("workload"):
                 raise SystemExit(f"--merge: {folder} ran another workload ({r.get('workload')} against "
                                  f"{merged[0].get('workload')}); compare runs of the same requests")
@@ -199,7 +229,9 @@ def reprint(folder: Path, min_queue: int) -> list[dict]:
         log = stored(folder / f"server_{r['run']}.log")
         tokens = r.get("output_tokens") or (r.get("output_tok_s") or 0) * (r.get("duration_s") or 0)
         if log.exists():
-            r.update(engine_rate(read_log(log), tokens, min_queue))
+            text = read_log(log)
+            r.update(engine_rate(text, tokens, min_queue))
+            r.update({k: v for k, v in log_fields(text).items() if r.get(k) is None})
     return results
 
 
@@ -253,15 +285,19 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     kill_servers_on_exit()
     results = []
+
+    def save(rows: list[dict]) -> None:
+        (args.out / "serve_bench.json").write_text(json.dumps(rows, indent=1))
+
     for i, name in enumerate(args.runs):
-        r = run_one(name, args, args.out, args.port + i)
+        r = run_one(name, args, args.out, args.port + i, measured=lambda res: save([*results, res]))
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k not in ("server_log_tail", "greedy_repeat")}
                          | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)
         if "server_log_tail" in r:
             print(r["server_log_tail"], flush=True)
         # after every run: a call cut short by a time limit keeps the runs it finished
-        (args.out / "serve_bench.json").write_text(json.dumps(results, indent=1))
+        save(results)
     print(f"\nmodel {args.model}, random-ids in {args.input_len} / out {args.output_len} (range ratio "
           f"{args.range_ratio:g}), {args.num_prompts} prompts")
     print(table(results))

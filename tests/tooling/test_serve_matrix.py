@@ -545,3 +545,58 @@ def test_endpoint_check_keeps_the_greedy_tokens_and_their_logprobs(monkeypatch):
     assert sent["/generate"]["return_logprob"] is True
     assert out["generate_ids"] == [7] * 15 + [0] and out["generate_logprobs"] == [-0.5] * 15 + [None]
     assert (out["generate"], out["completions"], out["chat"]) == ("", "x", "y")
+
+
+def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tmp_path):
+    """serve_and_bench's main saves a run's row as soon as its bench has returned: a time limit that ends the call
+    while the server stops (SIGTERM, up to 30 s) still leaves the measured run in serve_bench.json."""
+    import sys
+    import types
+
+    from benchmarks import serve_and_bench as sb
+
+    def killed_while_stopping(proc, log):
+        log.close()
+        raise KeyboardInterrupt  # what the call's time limit does to serve_and_bench at this point
+
+    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(sb, "check_endpoints", lambda *a: {})
+    monkeypatch.setattr(sb, "kill_servers_on_exit", lambda: None)
+    monkeypatch.setattr(sb, "stop_server", killed_while_stopping)
+    monkeypatch.setattr(sb, "bench_serving", lambda *a, **k: ({"output_tok_s": 7.0, "completed": 3.0}, "text"))
+    monkeypatch.setattr(sys, "argv", ["serve_and_bench", "--runs", "snapmla", "--out", str(tmp_path),
+                                      "--warmup-prompts", "0", "--num-prompts", "3"])
+    with pytest.raises(KeyboardInterrupt):
+        sb.main()
+    rows = json.loads((tmp_path / "serve_bench.json").read_text())
+    assert [(r["run"], r["output_tok_s"]) for r in rows] == [("snapmla", 7.0)]
+
+
+def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tmp_path):
+    """`--merge`: a folder with bench_RUN.txt but no row for RUN (a call cut after that bench) gives a row rebuilt
+    from the bench summary and the server log, with the folder's workload, marked `recovered`; a folder with no row
+    at all to give the workload stops with the reason."""
+    from benchmarks import serve_and_bench as sb
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    workload = {"model": "m", "input_len": 8192}
+    (cut / "serve_bench.json").write_text(json.dumps([{"run": "snapmla", "workload": workload, "output_tok_s": 9.0}]))
+    (cut / "bench_flashmla-fp8.txt").write_text(
+        "Successful requests:                     120\nOutput token throughput (tok/s):          950.04\n"
+        "Median TTFT (ms):                        32246.50\n")
+    (cut / "server_flashmla-fp8.log").write_text(
+        "[x] max_total_num_tokens=1210944, chunked_prefill_size=8192\n" + _batch_line("00:01", "Decode", 0))
+    merged = sb.merge_folders([cut], tmp_path / "out")
+    fp8 = next(r for r in merged if r["run"] == "flashmla-fp8")
+    assert fp8["recovered"] and fp8["workload"] == workload
+    assert (fp8["output_tok_s"], fp8["median_ttft_ms"], fp8["completed"]) == (950.04, 32246.5, 120.0)
+    assert (fp8["pool_tokens"], fp8["peak_running_req"]) == (1210944, 4)
+    assert not merged[0].get("recovered") and (tmp_path / "out/bench_flashmla-fp8.txt").exists()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "serve_bench.json").write_text("[]")
+    (lone / "bench_snapmla.txt").write_text("Successful requests: 1\n")
+    with pytest.raises(SystemExit, match="no saved run"):
+        sb.merge_folders([lone], tmp_path / "out2")

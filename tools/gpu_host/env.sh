@@ -28,6 +28,16 @@ fi
 # once per driver: scripts started side by side from one that has installed the plugin (SNAPMLA_PLUGIN_INSTALLED
 # exported) do not run pip into the same runtime at once
 if [ -z "${SNAPMLA_PLUGIN_INSTALLED:-}" ]; then
+  # A call ended by the device's time limit (SIGKILL) leaves its SGLang server running in its own process session on
+  # the warm host, holding the GPU's memory: the next call's first server then fails with CUDA out of memory. The
+  # driver of a call stops them (their launcher and SGLang's scheduler / detokenizer processes), and says so.
+  # (anchored at the start of a command line, so that no shell whose command names the launcher matches)
+  servers='^[^ ]*python[0-9.]* -m sglang\.launch_server|^sglang::|^[^ ]*python[0-9.]* [^ ]*/sglang serve'
+  left=$(pgrep -f "$servers" | tr '\n' ' ')
+  if [ -n "$left" ]; then
+    echo "env.sh: stopping SGLang processes a previous call left running: $left" | tee "$OUT/left_running.txt" >&2
+    pkill -9 -f "$servers"; sleep 5
+  fi
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
   export SNAPMLA_PLUGIN_INSTALLED=1
 fi
