@@ -594,6 +594,27 @@ def test_pool_move_and_cpu_copy(pool, gen):
 
 
 @pytest.mark.cpu_interpreter
+def test_cpu_copy_round_trips_a_request_longer_than_one_offloading_chunk(pool, gen):
+    """SGLang offloads a retracted request's cache with get_cpu_copy / load_cpu_copy over its slots in request order,
+    in chunks of cpu_offloading_chunk_size (8 192 tokens): a request longer than one chunk, on slots scattered over
+    the pool and in both layers, reads back bit-exact, and the other slots keep what they held."""
+    pool.cpu_offloading_chunk_size = 3  # 20 tokens: six full chunks and a partial one, as 8 192 does for ~53k
+    slots = torch.randperm(255, generator=gen)[:20] + 1
+    layers = (SimpleNamespace(layer_id=0), LAYER)
+    for layer in layers:
+        pool.set_mla_kv_buffer(layer, torch.arange(1, 256), torch.randn(255, 1, 512, generator=gen).to(torch.bfloat16),
+                               (torch.randn(255, 1, 64, generator=gen) * 30).to(torch.bfloat16))
+    before = [[t.clone() for t in pool.layer_arrays(i)] for i in range(2)]
+    saved = pool.get_cpu_copy(slots)
+    for buf in (*pool.kv_buffer, *pool.kv_scale_buffer, *pool.kv_rope_buffer):
+        buf[slots] = 0
+    pool.load_cpu_copy(saved, slots)
+    for i in range(2):
+        for got, want in zip(pool.layer_arrays(i), before[i]):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), i
+
+
+@pytest.mark.cpu_interpreter
 def test_disaggregation_transfer_reproduces_the_cache(plugin, gen):
     """Copy pages between two pools using only get_contiguous_buf_infos (pointer, length, per-page item size),
     the way a PD-disaggregation transfer engine does; the receiving pool must read back the same cache."""
