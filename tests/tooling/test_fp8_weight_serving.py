@@ -267,3 +267,25 @@ def test_the_dp_attention_servers_drew_the_fan_in_weights():
         text = read_log(log)
         assert "'block_fp8_weights': 482" in text and "'routers': 58, 'lm_heads': 1" in text, log
         assert re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text), log
+
+
+def test_the_attention_share_of_the_tp8_step_is_the_kernel_table_scaled_to_the_cached_tokens():
+    """The section's attention estimate: each backend's kernel time at 16 heads, b128 s_k 16k (the kernel table's
+    saved run) per cached token, times the tokens its pool held at the peak (pool x the log's largest token usage)
+    and the 61 layers; the rest of the step is the log's step minus that; both as the section quotes them."""
+    kernels = {"snapmla": "snapmla_cuda_sm90", "flashmla": "flashmla_bf16", "flashmla-fp8": "flashmla_fp8_pertensor"}
+    table = read_json(ROOT / "results/bench/kernels_h200.json.xz")["results"]
+    section = " ".join(section_text().split())
+    rest = {}
+    for backend, kernel in kernels.items():
+        row = next(r for r in table if (r["kernel"], r["h"], r["s_q"], r["b"], r["sk"]) == (kernel, 16, 1, 128, 16384))
+        assert f"{row['us']:.1f}" in section, (kernel, row["us"])
+        run = load("first")[backend]
+        stats = log_stats(read_log(RUN / f"server_{backend}.log.xz"), min_queue=32)
+        tokens = run["pool_tokens"] * stats["max_token_usage"]
+        attention_ms = row["us"] / (128 * 16384) * tokens * 61 / 1000
+        assert f"~{attention_ms:.1f} ms for {dict(flashmla='BF16', snapmla='snapmla').get(backend, 'SGLang FP8')}" \
+            in section, (backend, attention_ms)
+        rest[backend] = f"{stats['decode_step_ms_at_peak'] - round(attention_ms, 1):.1f}"
+    assert (f"{rest['flashmla']} ms at 62 requests, {rest['snapmla']} at 112 and {rest['flashmla-fp8']} at 120"
+            in section), rest
