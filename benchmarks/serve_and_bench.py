@@ -190,10 +190,18 @@ def cut_runs(folder: Path, rows: list[dict]) -> list[dict]:
             continue
         if not rows:
             raise SystemExit(f"{bench}: no saved run in {folder} gives its workload; rerun it")
-        log = stored(folder / f"server_{run}.log")
         found.append({"run": run, "workload": rows[0]["workload"], "recovered": "bench text and server log",
-                      **parse_metrics(read_log(bench)), **(log_fields(read_log(log)) if log.exists() else {})})
+                      **parse_metrics(read_log(bench))})
     return found
+
+
+def fill_from_log(r: dict, folder: Path) -> dict:
+    """r with the pool size and peak batch it lacks taken from its server log in `folder` (a row saved as soon as its
+    bench returned, before its server stopped, or rebuilt by `cut_runs`)."""
+    log = stored(folder / f"server_{r['run']}.log")
+    if log.exists() and any(r.get(k) is None for k in ("pool_tokens", "peak_running_req")):
+        r.update({k: v for k, v in log_fields(read_log(log)).items() if r.get(k) is None})
+    return r
 
 
 def merge_folders(folders: list[Path], out: Path) -> list[dict]:
@@ -205,7 +213,7 @@ def merge_folders(folders: list[Path], out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     for folder in folders:
         rows = read_json(folder / "serve_bench.json")
-        for r in [*rows, *cut_runs(folder, rows)]:
+        for r in [fill_from_log(r, folder) for r in [*rows, *cut_runs(folder, rows)]]:
             if merged and r.get("workload") != merged[0].get("workload"):
                 raise SystemExit(f"--merge: {folder} ran another workload ({r.get('workload')} against "
                                  f"{merged[0].get('workload')}); compare runs of the same requests")
@@ -229,9 +237,8 @@ def reprint(folder: Path, min_queue: int) -> list[dict]:
         log = stored(folder / f"server_{r['run']}.log")
         tokens = r.get("output_tokens") or (r.get("output_tok_s") or 0) * (r.get("duration_s") or 0)
         if log.exists():
-            text = read_log(log)
-            r.update(engine_rate(text, tokens, min_queue))
-            r.update({k: v for k, v in log_fields(text).items() if r.get(k) is None})
+            r.update(engine_rate(read_log(log), tokens, min_queue))
+        fill_from_log(r, folder)
     return results
 
 

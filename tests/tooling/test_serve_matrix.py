@@ -575,8 +575,9 @@ def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tm
 
 def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tmp_path):
     """`--merge`: a folder with bench_RUN.txt but no row for RUN (a call cut after that bench) gives a row rebuilt
-    from the bench summary and the server log, with the folder's workload, marked `recovered`; a folder with no row
-    at all to give the workload stops with the reason."""
+    from the bench summary and the server log, with the folder's workload, marked `recovered`; a row saved before
+    its server stopped gets its pool and peak from its log; a folder with no row at all to give the workload stops
+    with the reason."""
     from benchmarks import serve_and_bench as sb
 
     cut = tmp_path / "cut"
@@ -588,7 +589,9 @@ def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tm
         "Median TTFT (ms):                        32246.50\n")
     (cut / "server_flashmla-fp8.log").write_text(
         "[x] max_total_num_tokens=1210944, chunked_prefill_size=8192\n" + _batch_line("00:01", "Decode", 0))
+    (cut / "server_snapmla.log").write_text("[x] max_total_num_tokens=1083072, chunked_prefill_size=8192\n")
     merged = sb.merge_folders([cut], tmp_path / "out")
+    assert (merged[0]["run"], merged[0]["pool_tokens"]) == ("snapmla", 1083072)
     fp8 = next(r for r in merged if r["run"] == "flashmla-fp8")
     assert fp8["recovered"] and fp8["workload"] == workload
     assert (fp8["output_tok_s"], fp8["median_ttft_ms"], fp8["completed"]) == (950.04, 32246.5, 120.0)
