@@ -179,9 +179,9 @@ def workload_of(args) -> dict:
 def cut_runs(folder: Path, rows: list[dict]) -> list[dict]:
     """Runs whose bench_serving summary (bench_RUN.txt) is in `folder` but whose row is not in its serve_bench.json:
     a call killed after that bench had printed and before the row was saved (`run_one`'s `measured` saves it as soon
-    as the bench returns; a SIGKILL can come sooner). Each row is rebuilt from the summary and the server log, with the folder's workload (every
-    run of one call measured the same), and says so: `"recovered": "bench text and server log"`; its start-up time
-    and endpoint probe are not kept."""
+    as the bench returns; a SIGKILL can come sooner). Each row is rebuilt from the summary and the server log, with
+    the folder's workload (every run of one call measured the same), and says so: `"recovered": "bench text and
+    server log"`; its start-up time and endpoint probe are not kept."""
     named = {r["run"] for r in rows}
     found = []
     for bench in sorted(folder.glob("bench_*.txt*")):
