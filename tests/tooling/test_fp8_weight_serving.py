@@ -289,3 +289,14 @@ def test_the_attention_share_of_the_tp8_step_is_the_kernel_table_scaled_to_the_c
         rest[backend] = f"{stats['decode_step_ms_at_peak'] - round(attention_ms, 1):.1f}"
     assert (f"{rest['flashmla']} ms at 62 requests, {rest['snapmla']} at 112 and {rest['flashmla-fp8']} at 120"
             in section), rest
+
+
+def test_each_backends_greedy_probe_is_the_same_tokens_in_both_runs():
+    """The section's determinism claim: the endpoint probe's 16 greedy tokens of BF16 and of snapmla are identical in
+    the two runs (SGLang FP8's second row, rebuilt, keeps no probe), and differ between the backends."""
+    ids = {run: {name: r.get("endpoints", {}).get("generate_ids") for name, r in load(run).items()} for run in RUNS}
+    for backend in ("flashmla", "snapmla"):
+        assert ids["first"][backend] and ids["first"][backend] == ids["second"][backend], backend
+    assert ids["first"]["flashmla"] != ids["first"]["snapmla"]
+    assert "BF16's endpoint probes are the same tokens in both runs, as are snapmla's" in " ".join(
+        section_text().split())
