@@ -28,16 +28,6 @@ fi
 # once per driver: scripts started side by side from one that has installed the plugin (SNAPMLA_PLUGIN_INSTALLED
 # exported) do not run pip into the same runtime at once
 if [ -z "${SNAPMLA_PLUGIN_INSTALLED:-}" ]; then
-  # A call ended by the device's time limit (SIGKILL) leaves its SGLang server running in its own process session on
-  # the warm host, holding the GPU's memory: the next call's first server then fails with CUDA out of memory. The
-  # driver of a call stops them (their launcher and SGLang's scheduler / detokenizer processes), and says so.
-  # (anchored at the start of a command line, so that no shell whose command names the launcher matches)
-  servers='^[^ ]*python[0-9.]* -m sglang\.launch_server|^sglang::|^[^ ]*python[0-9.]* [^ ]*/sglang serve'
-  left=$(pgrep -f "$servers" | tr '\n' ' ')
-  if [ -n "$left" ]; then
-    echo "env.sh: stopping SGLang processes a previous call left running: $left" | tee "$OUT/left_running.txt" >&2
-    pkill -9 -f "$servers"; sleep 5
-  fi
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
   export SNAPMLA_PLUGIN_INSTALLED=1
 fi
@@ -58,4 +48,30 @@ train_checkpoint() {
   [ -f "$1/heldout.json" ] && return 0
   ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
     --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
+}
+# A call ended by the device's time limit (SIGKILL) leaves its SGLang server running in its own process session on
+# the warm host, holding the GPU's memory: the next call's first server then fails with CUDA out of memory. Scripts
+# that serve in the foreground (fp8_serve.sh, serve.sh, nan_origin.sh) call this first. It stops the SGLang processes
+# whose starter is gone -- a launcher (`python -m sglang.launch_server`, `sglang serve`) or a `sglang::` worker whose
+# parent is not a Python process (the harness that started it, or its launcher) -- and says so; servers of a live
+# run (a detached matrix, a second GPU's serve.sh) keep their parents and are left alone.
+#   stop_leftover_servers
+stop_leftover_servers() {
+  local left
+  # first word a python binary followed by the launcher, or a worker's process title; then the parent's first word
+  left=$(ps -eo pid=,ppid=,args= | awk '
+    ($3 ~ /python[0-9.]*$/ && (($4 == "-m" && $5 == "sglang.launch_server") || ($4 ~ /\/sglang$/ && $5 == "serve"))) ||
+    $3 ~ /^sglang::/ {print $1, $2}' | while read -r pid ppid; do
+      parent=$(ps -o args= -p "$ppid" 2>/dev/null | awk '{print $1}')
+      [[ "$parent" =~ python[0-9.]*$ || "$parent" == sglang::* ]] || echo "$pid"
+    done | tr '\n' ' ')
+  if [ -n "$left" ]; then
+    echo "stop_leftover_servers: stopping SGLang processes whose starter is gone: $left" | tee "$OUT/left_running.txt" >&2
+    for pid in $left; do pkill -9 -P "$pid"; kill -9 "$pid"; done 2>/dev/null
+    sleep 5
+  fi
+  # what is left has a live Python parent: another run's server (or one this host re-parents to a Python process);
+  # said, not stopped, so that an out-of-memory start that follows has its cause in the log
+  ps -eo pid=,ppid=,args= | awk '$3 ~ /python[0-9.]*$/ && $4 == "-m" && $5 == "sglang.launch_server" {
+    print "stop_leftover_servers: an SGLang server with a live parent is running: pid " $1 ", parent " $2}' >&2
 }

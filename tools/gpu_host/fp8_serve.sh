@@ -9,6 +9,7 @@
 # the tar (a 600 s call: 510 at most), or the call's own limit kills everything before $OUT/NAME.tar.xz is written.
 set -uo pipefail
 source tools/gpu_host/env.sh
+stop_leftover_servers  # a server a killed call left on this host holds the GPU's memory
 name=$1 seconds=$2; shift 2
 export SGLANG_ENABLE_JIT_DEEPGEMM=${DEEPGEMM:-0}
 res=/tmp/fp8_serve/$name; mkdir -p "$res"
