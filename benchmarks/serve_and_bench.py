@@ -112,8 +112,8 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 
 def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None) -> dict:
     """One backend's server, probe and bench. `measured(res)` is called as soon as bench_serving has returned, so the
-    caller can save the row before the server is stopped: a time limit that ends the call while the server stops
-    (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill in its pool and peak from the server log)."""
+    caller can save the row before the server is stopped: a time limit that kills serve_and_bench while the server
+    stops (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill in its pool and peak from the server log)."""
     t0 = time.time()
     log_path = out_dir / f"server_{name}.log"
     graphs = ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
@@ -178,9 +178,9 @@ def workload_of(args) -> dict:
 
 def cut_runs(folder: Path, rows: list[dict]) -> list[dict]:
     """Runs whose bench_serving summary (bench_RUN.txt) is in `folder` but whose row is not in its serve_bench.json:
-    a call killed after that bench had printed and before the row was saved (`run_one`'s `measured` saves it as soon
-    as the bench returns; a SIGKILL can come sooner). Each row is rebuilt from the summary and the server log, with
-    the folder's workload (every run of one call measured the same), and says so: `"recovered": "bench text and
+    serve_and_bench killed after that bench had printed and before the row was saved (`run_one`'s `measured` saves
+    it as soon as the bench returns; a SIGKILL can come sooner). Each row is rebuilt from the summary and the server
+    log, with the folder's workload (every run of one serve_and_bench measured the same), and says so: `"recovered": "bench text and
     server log"`; its start-up time and endpoint probe are not kept."""
     named = {r["run"] for r in rows}
     found = []

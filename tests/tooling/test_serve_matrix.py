@@ -548,7 +548,7 @@ def test_endpoint_check_keeps_the_greedy_tokens_and_their_logprobs(monkeypatch):
 
 
 def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tmp_path):
-    """serve_and_bench's main saves a run's row as soon as its bench has returned: a time limit that ends the call
+    """serve_and_bench's main saves a run's row as soon as its bench has returned: a time limit that kills it
     while the server stops (SIGTERM, up to 30 s) still leaves the measured run in serve_bench.json."""
     import sys
     import types
@@ -557,7 +557,7 @@ def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tm
 
     def killed_while_stopping(proc, log):
         log.close()
-        raise KeyboardInterrupt  # what the call's time limit does to serve_and_bench at this point
+        raise KeyboardInterrupt  # what a time limit does to serve_and_bench at this point
 
     monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
     monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
@@ -574,7 +574,7 @@ def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tm
 
 
 def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tmp_path):
-    """`--merge`: a folder with bench_RUN.txt but no row for RUN (a call cut after that bench) gives a row rebuilt
+    """`--merge`: a folder with bench_RUN.txt but no row for RUN (serve_and_bench killed after that bench) gives a row rebuilt
     from the bench summary and the server log, with the folder's workload, marked `recovered`; a row saved before
     its server stopped gets its pool and peak from its log; a folder with no row at all to give the workload stops
     with the reason."""

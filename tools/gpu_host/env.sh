@@ -49,29 +49,30 @@ train_checkpoint() {
   ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
     --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 }
-# A call ended by the device's time limit (SIGKILL) leaves its SGLang server running in its own process session on
-# the warm host, holding the GPU's memory: the next call's first server then fails with CUDA out of memory. Scripts
-# that serve in the foreground (fp8_serve.sh, serve.sh, nan_origin.sh) call this first. It stops the SGLang processes
-# whose starter is gone -- a launcher (`python -m sglang.launch_server`, `sglang serve`) or a `sglang::` worker whose
-# parent is not a Python process (the harness that started it, or its launcher) -- and says so; servers of a live
-# run (a detached matrix, a second GPU's serve.sh) keep their parents and are left alone.
+# A command killed at a GPU host's time limit (SIGKILL) leaves its SGLang server running in its own process session,
+# holding the GPU's memory: the host's next server then fails with CUDA out of memory. Scripts that serve in the
+# foreground (fp8_serve.sh, serve.sh, nan_origin.sh) call this first. SGLang's processes are a python binary running
+# the launcher (`-m sglang.launch_server`, `sglang serve`) or a worker's process title (`sglang::`), matched on the
+# first words of their command line, so that no shell whose command names the launcher matches. Those whose parent is
+# not a Python process (the harness that started a launcher, the launcher of a worker) have lost their starter: they
+# are stopped, and said so; a launcher whose starter is alive (a detached matrix, another GPU's serve.sh) is named,
+# not stopped, so that an out-of-memory start that follows has its cause in the log.
 #   stop_leftover_servers
 stop_leftover_servers() {
-  local left
-  # first word a python binary followed by the launcher, or a worker's process title; then the parent's first word
-  left=$(ps -eo pid=,ppid=,args= | awk '
-    ($3 ~ /python[0-9.]*$/ && (($4 == "-m" && $5 == "sglang.launch_server") || ($4 ~ /\/sglang$/ && $5 == "serve"))) ||
-    $3 ~ /^sglang::/ {print $1, $2}' | while read -r pid ppid; do
-      parent=$(ps -o args= -p "$ppid" 2>/dev/null | awk '{print $1}')
-      [[ "$parent" =~ python[0-9.]*$ || "$parent" == sglang::* ]] || echo "$pid"
-    done | tr '\n' ' ')
-  if [ -n "$left" ]; then
-    echo "stop_leftover_servers: stopping SGLang processes whose starter is gone: $left" | tee "$OUT/left_running.txt" >&2
-    for pid in $left; do pkill -9 -P "$pid"; kill -9 "$pid"; done 2>/dev/null
-    sleep 5
-  fi
-  # what is left has a live Python parent: another run's server (or one this host re-parents to a Python process);
-  # said, not stopped, so that an out-of-memory start that follows has its cause in the log
-  ps -eo pid=,ppid=,args= | awk '$3 ~ /python[0-9.]*$/ && $4 == "-m" && $5 == "sglang.launch_server" {
-    print "stop_leftover_servers: an SGLang server with a live parent is running: pid " $1 ", parent " $2}' >&2
+  local pid ppid kind parent left=""
+  while read -r pid ppid kind; do
+    parent=$(ps -o args= -p "$ppid" 2>/dev/null | awk '{print $1}')
+    if ! [[ "$parent" =~ python[0-9.]*$ || "$parent" == sglang::* ]]; then
+      left+="$pid "
+    elif [ "$kind" = launcher ]; then
+      echo "stop_leftover_servers: an SGLang server with a live parent is running: pid $pid, parent $ppid" >&2
+    fi
+  done < <(ps -eo pid=,ppid=,args= | awk '
+    $3 ~ /python[0-9.]*$/ && (($4 == "-m" && $5 == "sglang.launch_server") || ($4 ~ /\/sglang$/ && $5 == "serve")) {
+      print $1, $2, "launcher"; next }
+    $3 ~ /^sglang::/ { print $1, $2, "worker" }')
+  [ -z "$left" ] && return 0
+  echo "stop_leftover_servers: stopping SGLang processes whose starter is gone: $left" | tee "$OUT/left_running.txt" >&2
+  for pid in $left; do pkill -9 -P "$pid"; kill -9 "$pid"; done 2>/dev/null
+  sleep 5
 }

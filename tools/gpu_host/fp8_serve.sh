@@ -5,11 +5,11 @@
 # JIT then compiles at server start). Everything lands in $OUT/NAME.tar.xz (server logs, bench texts, JSON, plot, the
 # startup lines: dummy-weight log, KV-scale check, pool size, graph capture).
 #   usage: bash tools/gpu_host/fp8_serve.sh NAME SECONDS [serve_and_bench.py args...]
-# SECONDS bounds serve_and_bench alone: leave the call ~60 s more for the runtime's unpacking on a fresh host and
-# the tar (a 600 s call: 510 at most), or the call's own limit kills everything before $OUT/NAME.tar.xz is written.
+# SECONDS bounds serve_and_bench alone: leave the host's command limit ~60 s more for the runtime's unpacking on a
+# fresh host and the tar (a 600 s limit: 510 at most), or that limit kills everything before $OUT/NAME.tar.xz exists.
 set -uo pipefail
 source tools/gpu_host/env.sh
-stop_leftover_servers  # a server a killed call left on this host holds the GPU's memory
+stop_leftover_servers  # a server whose starter was killed holds the GPU's memory
 name=$1 seconds=$2; shift 2
 export SGLANG_ENABLE_JIT_DEEPGEMM=${DEEPGEMM:-0}
 res=/tmp/fp8_serve/$name; mkdir -p "$res"

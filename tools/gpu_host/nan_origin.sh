@@ -7,7 +7,7 @@
 #   usage: bash tools/gpu_host/nan_origin.sh NAME SECONDS --model MODEL --runs RUN... [tools.nan_origin serve args]
 set -uo pipefail
 source tools/gpu_host/env.sh
-stop_leftover_servers  # a server a killed call left on this host holds the GPU's memory
+stop_leftover_servers  # a server whose starter was killed holds the GPU's memory
 name=$1 seconds=$2; shift 2
 export SGLANG_ENABLE_JIT_DEEPGEMM=${DEEPGEMM:-0}
 res=/tmp/nan_origin/$name; mkdir -p "$res"

@@ -7,7 +7,7 @@
 #          bash tools/gpu_host/serve.sh --layers [compare_layers.py args...] # layer-by-layer vs flashmla
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
-stop_leftover_servers  # a server a killed call left on this host holds the GPU's memory
+stop_leftover_servers  # a server whose starter was killed holds the GPU's memory
 module=benchmarks.serve_and_bench
 if [ "${1:-}" = "--check" ]; then module=tools.check_serving; shift; fi  # correctness scenarios
 if [ "${1:-}" = "--matrix" ]; then module=benchmarks.serve_matrix; shift; fi  # workloads x backends
