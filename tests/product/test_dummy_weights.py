@@ -157,15 +157,21 @@ def test_sglang_draw_of_block_fp8_weights_is_not_a_deployment(registered, monkey
     assert seen["zero_share"] > 0.9 and not seen["amax_448"]
 
 
-def test_deployment_dummy_weights_through_sglangs_loader(registered, monkeypatch, caplog):
+@pytest.mark.parametrize("row_chunk", [None, 16])
+def test_deployment_dummy_weights_through_sglangs_loader(registered, monkeypatch, caplog, row_chunk):
     """With SNAPMLA_DUMMY_WEIGHTS=deployment, SGLang's dummy draw (wrapped by the plugin) gives block-FP8 weights
     with a spread of 1 / sqrt(fan-in) and positive amax / 448 scales, router and LM head drawn at the same spread,
-    k_scale = v_scale = 1.0 after SGLang's own processing, a zero router bias and unit norms; the same seed gives the
-    same weights."""
+    k_scale = v_scale = 1.0 (set on the parameters, and after SGLang's own processing), a zero router bias and unit
+    norms; the same seed gives the same weights. row_chunk 16: every weight redrawn in several row chunks (a real
+    model's 24 576-row q_b_proj and 129 280-row LM head take several of the default 4 096), each chunk's rows and
+    block scales where they belong."""
     monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "deployment")
+    if row_chunk:
+        monkeypatch.setattr(dummy_weights, "ROW_CHUNK", row_chunk)
     m = tiny_block_fp8_model()
     with caplog.at_level(logging.INFO, logger="sglang_snapmla.dummy_weights"):
         sglang_dummy_init(m)
+    assert m.attn.k_scale.item() == m.attn.v_scale.item() == 1.0
     seen = fp8_weights_as_deployed(m)
     assert seen["scales_positive"] and seen["amax_448"] and seen["zero_share"] < 0.02
     assert sorted(set(seen["fan_in"])) == [256, 384]
