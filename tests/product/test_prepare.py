@@ -10,12 +10,18 @@ import textwrap
 
 import pytest
 
-from sglang_snapmla import prepare
+from sglang_snapmla import extend, prepare
 
 STAND_IN = textwrap.dedent('''
-    import json, os, sys
+    import json, os, signal, sys
     from http.server import BaseHTTPRequestHandler, HTTPServer
     port, record, fault = int(sys.argv[sys.argv.index("--port") + 1]), sys.argv[1], sys.argv[2]
+
+    def stop(*_):
+        print("stopped by SIGTERM", flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
     print("SnapMLA decode: sm_90a CUDA kernel, prebuilt library", flush=True)
     print("compiler folder:", os.environ.get("CUDA_HOME"), flush=True)
     if fault == "never-starts":
@@ -88,6 +94,12 @@ def test_prepares_a_snapmla_server_through_every_prefill_path(stand_in, tmp_path
     prefix = prepare.PREFIX_TOKENS
     assert lengths[:4] == [prefix, prefix + prepare.FEW_NEW, 2 * prefix, 8192 + 64]  # then the concurrent batch
     assert len(lengths) == 4 + prepare.BATCH
+    # the two requests over the cached prefix take the two routes (SNAPMLA_EXTEND_ROUTE=auto), at every head count
+    monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
+    for heads in (8, 16, 32, 64, 128):
+        assert extend.prefers_absorbed([prefix], [prepare.FEW_NEW], heads), heads
+        assert not extend.prefers_absorbed([prefix], [prefix], heads), heads
+    assert "stopped by SIGTERM" in (tmp_path / "server.log").read_text()  # stopped, not left to the 60 s kill
     assert "decode: SnapMLA decode: sm_90a CUDA kernel, prebuilt library" in out
     assert f"| Triton kernels | TRITON_CACHE_DIR | {tmp_path / 'triton'} | 2.0 |" in out
     # the compiler folder the caches are keyed on: given to the server, and named for the servers that use them
