@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang_snapmla import layout
+from sglang_snapmla import layout, server_policy
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import server_policy
 
@@ -274,10 +274,20 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
     with pytest.raises(ValueError, match="only readable by snapmla"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--prefill-attention-backend",
               "flashinfer", "--device", "cpu")
-    for dtype in ("fp8_e5m2", "bf16"):  # snapmla's layout is its own: a different cache dtype is not silently ignored
+    from sglang.srt import server_args as sa
+
+    # snapmla's layout is its own: every other cache dtype of this release is refused, not silently ignored
+    choices = next(a.choices for a in _server_arg_actions(sa) if "--kv-cache-dtype" in a.option_strings)
+    others = [c for c in choices if c not in ("auto", "fp8_e4m3")]
+    assert "fp8_e5m2" in others and len(others) >= 2, choices
+    for dtype in ("fp8_e5m2", "bf16"):  # through SGLang's parsing
         with pytest.raises(ValueError, match=f"--kv-cache-dtype {dtype}. Drop the flag"):
             parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--kv-cache-dtype", dtype,
                   "--device", "cpu")
+    for dtype in others:  # the policy itself (some SGLang refuses first off Blackwell or off CUDA)
+        args = SimpleNamespace(attention_backend="snapmla", kv_cache_dtype=dtype)
+        with pytest.raises(server_policy.SnapMLAConfigError, match=f"--kv-cache-dtype {dtype}. Drop the flag"):
+            server_policy.check_server_args(args)
     hicache = ("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--enable-hierarchical-cache",
                "--device", "cpu")
     assert parse(*hicache).enable_hierarchical_cache  # both releases (host_pool adopts either's host pool)
