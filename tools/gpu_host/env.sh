@@ -31,7 +31,7 @@ if [ -z "${SNAPMLA_PLUGIN_INSTALLED:-}" ]; then
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > "$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
   export SNAPMLA_PLUGIN_INSTALLED=1
 fi
-# A file the call's second transfer brings into .whl (pd_transfer.sh, the suite's MTP part): wait up to SECONDS for
+# A file a second transfer to the host brings into .whl (pd_transfer.sh, the suite's MTP part): wait up to SECONDS for
 # one matching .whl/GLOB, then 5 s more for its copy to finish; 1 when none came
 #   wait_for_whl GLOB SECONDS
 wait_for_whl() {
@@ -49,9 +49,9 @@ train_checkpoint() {
   ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
     --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 }
-# A command killed at a GPU host's time limit (SIGKILL) leaves its SGLang server running in its own process session,
+# A command killed at a GPU host's time limit (SIGKILL) leaves its SGLang server running in its own process group,
 # holding the GPU's memory: the host's next server then fails with CUDA out of memory. Scripts that serve in the
-# foreground (fp8_serve.sh, serve.sh, nan_origin.sh) call this first. SGLang's processes are a python binary running
+# foreground (fp8_serve.sh, serve.sh, nan_origin.sh) run this first. SGLang's processes are a python binary running
 # the launcher (`-m sglang.launch_server`, `sglang serve`) or a worker's process title (`sglang::`), matched on the
 # first words of their command line, so that no shell whose command names the launcher matches. Those whose parent is
 # not a Python process (the harness that started a launcher, the launcher of a worker) have lost their starter: they

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a Hopper host: every launch one decode call makes (snapmla: Q-quant, split kernel, combine; FlashMLA: its kernel
-# and combine), under Nsight Compute, for each shape and implementation given; one summary table of durations, grids,
+# On a Hopper host: every launch of one decode (snapmla: Q-quant, split kernel, combine; FlashMLA: its kernel and
+# combine), under Nsight Compute, for each shape and implementation given; one summary table of durations, grids,
 # waves, DRAM throughput and occupancy per launch ($OUT/NAME.csv, $OUT/NAME.txt). Stops starting shapes after SECONDS.
 #   usage: [NCU_ARGS="--clock-control none"] bash tools/gpu_host/profile_launches.sh NAME SECONDS "B S_K H [profile_decode args]"...
 #   e.g.   bash tools/gpu_host/profile_launches.sh h128 240 "128 640 128 --impl cuda --context-len 32768" \
@@ -15,7 +15,7 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,sm__thro
 for shape in "$@"; do
   [ "$SECONDS" -ge "$limit" ] && { echo "profile_launches: $SECONDS s, not started: $shape" | tee -a "$OUT/$name.txt"; continue; }
   echo "# $shape" >> "$OUT/$name.csv"
-  # the launches of the second call in the range (the first pays any lazy set-up)
+  # the launches of the second decode in the range (the first pays any lazy set-up)
   timeout 120 ncu ${NCU_ARGS:-} --nvtx --nvtx-include 'profile/' --metrics "$metrics" --csv \
     python3 -m tools.kernel_dev.profile_decode $shape --calls 2 > "$OUT/$name.raw.log" 2>&1
   grep -E '^"' "$OUT/$name.raw.log" >> "$OUT/$name.csv"

@@ -1,5 +1,5 @@
-"""The table tools/gpu_host/profile_launches.sh prints: one row per kernel launch of the last profiled decode call of
-each shape, from Nsight Compute's `--csv --metrics` lines (one line per metric). usage: python -m
+"""The table tools/gpu_host/profile_launches.sh prints: one row per kernel launch of the last profiled decode of each
+shape, from Nsight Compute's `--csv --metrics` lines (one line per metric). usage: python -m
 tools.kernel_dev.launch_table FILE.csv[.xz]"""
 
 import csv
