@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
-from harness.server_log import read_log
+from harness.server_log import decode_lines, read_log
 from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,7 +189,8 @@ DP_LOGS = {"flashmla": DP_RUN / "server_flashmla.log.xz", "flashmla-fp8": DP_RUN
            "snapmla 240 s": DP_RUN / "snapmla_cut_240s/server_snapmla.log.xz",
            "snapmla 140 s": DP_RUN / "snapmla_cut_140s/server_snapmla.log.xz"}
 DP_ROWS = {"flashmla": "| flashmla BF16 |", "flashmla-fp8": "| SGLang FP8 cache |",
-           "snapmla 240 s": "| snapmla, client stopped at 240 s |", "snapmla 140 s": "| snapmla, client stopped at 140 s |"}
+           "snapmla 240 s": "| snapmla, client stopped at 240 s |",
+           "snapmla 140 s": "| snapmla, client stopped at 140 s |"}
 
 
 def dp_section() -> str:
@@ -220,7 +221,8 @@ def test_the_dp_attention_whole_runs_are_bf16_and_sglang_fp8_on_one_workload():
             f"{fp8['median_ttft_ms'] / 1000:.1f} ({fp8['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}x) |") in row, row
     for name, r in runs.items():
         row = next(ln for ln in section.splitlines() if ln.startswith(DP_ROWS[name]))
-        assert f"| {r['median_tpot_ms']:.1f} | {r['pool_tokens']:,} | {r['peak_running_req']} |".replace(",", " ") in row
+        cells = f"| {r['median_tpot_ms']:.1f} | {r['pool_tokens']:,} | {r['peak_running_req']} |"
+        assert cells.replace(",", " ") in row, (name, row)
         assert f"| {r['duration_s']:.1f} | {text_share(r)} | {non_finite_probe(r['endpoints'])} |" in row, (name, row)
         assert f"{r['output_tok_s']:.0f}" in dp_readme_row(), name
 
@@ -274,10 +276,9 @@ def test_the_dp_ratios_quoted_are_the_logs_of_both_snapmla_runs():
 def tokens_at_peak(log: str) -> float:
     """The mean of the cached tokens (#token) over the decode log lines at the log's peak running requests (a line
     logged as a whole batch finishes counts 0 tokens: left out)."""
-    rows = [(int(r), int(n)) for r, n in re.findall(r"Decode batch, #running-req: (\d+), #token: (\d+)", log)
-            if int(n)]
-    peak = max(r for r, _ in rows)
-    at = [n for r, n in rows if r == peak]
+    rows = [d for d in decode_lines(log) if d["tokens"]]
+    peak = max(d["running"] for d in rows)
+    at = [d["tokens"] for d in rows if d["running"] == peak]
     return sum(at) / len(at)
 
 
@@ -285,7 +286,8 @@ def test_the_attention_share_of_the_dp_step_is_the_kernel_table_scaled_to_the_ca
     """The DP section's attention estimate: each backend's kernel time at 128 heads, b128 s_k 4 096 (the kernel
     table's saved run) per cached token, times its tokens cached at the peak and the 61 layers; snapmla's from the
     wave count of its graph's plan instead; the rest of each step is the log's step minus that."""
-    kernels = {"flashmla": "flashmla_bf16", "snapmla 240 s": "snapmla_cuda_sm90", "flashmla-fp8": "flashmla_fp8_pertensor"}
+    kernels = {"flashmla": "flashmla_bf16", "snapmla 240 s": "snapmla_cuda_sm90",
+               "flashmla-fp8": "flashmla_fp8_pertensor"}
     table = read_json(ROOT / "results/bench/kernels_h200.json.xz")["results"]
     section = " ".join(dp_section().split())
     stats, ms, tokens = dp_stats(), {}, {}
