@@ -12,7 +12,8 @@ HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context",
 
 
 def metric(launch: int, kernel: str, name: str, unit: str, value: str) -> str:
-    return f'"{launch}","1","python3","h","{kernel}","1","7","(128,1,1)","(8,1,1)","0","9.0","m","{name}","{unit}","{value}"'
+    return (f'"{launch}","1","python3","h","{kernel}","1","7","(128,1,1)","(8,1,1)","0","9.0","m",'
+            f'"{name}","{unit}","{value}"')
 
 
 def test_units_are_converted_and_the_second_call_is_kept():

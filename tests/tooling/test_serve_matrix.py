@@ -574,10 +574,10 @@ def test_a_run_cut_while_its_server_stops_keeps_its_measured_row(monkeypatch, tm
 
 
 def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tmp_path):
-    """`--merge`: a folder with bench_RUN.txt but no row for RUN (serve_and_bench killed after that bench) gives a row rebuilt
-    from the bench summary and the server log, with the folder's workload, marked `recovered`; a row saved before
-    its server stopped gets its pool and peak from its log; a folder with no row at all to give the workload stops
-    with the reason."""
+    """`--merge`: a folder with bench_RUN.txt but no row for RUN (serve_and_bench killed after that bench) gives a row
+    rebuilt from the bench summary and the server log, with the folder's workload, marked `recovered`; a row saved
+    before its server stopped gets its pool and peak from its log; a folder with no row at all to give the workload
+    stops with the reason."""
     from benchmarks import serve_and_bench as sb
 
     cut = tmp_path / "cut"
