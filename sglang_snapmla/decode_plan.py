@@ -169,6 +169,23 @@ def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.
                       tiling)
 
 
+Q_QUANT_MAX_ROWS = 8  # sm_90 ptxas, 4 warps: 23 / 32 / 55 / 95 / 199 registers at 1 / 2 / 4 / 8 / 16 rows
+Q_QUANT_MIN_PROGRAMS = 1024  # about one wave of 128-thread programs on 132 SMs; fewer leaves SMs idle
+
+
+def q_quant_rows(tokens: int, heads: int) -> int:
+    """Heads of one token each Q-quant program takes: the most (a power of two, at most Q_QUANT_MAX_ROWS and at most
+    `heads`) that still leave Q_QUANT_MIN_PROGRAMS programs; 1 where even one row a program leaves fewer.
+
+    One 128-thread program per 1.1 KB row is bound by its issue overhead, not by bytes (h128 b128: 16 384 programs,
+    1.3 TB/s); a block of rows shares it. Shapes only, so a captured graph replays the same grid."""
+    rows = 1
+    while (rows * 2 <= min(heads, Q_QUANT_MAX_ROWS)
+           and tokens * math.ceil(heads / (rows * 2)) >= Q_QUANT_MIN_PROGRAMS):
+        rows *= 2
+    return rows
+
+
 @functools.lru_cache(maxsize=8)
 def _pdl_capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9

@@ -117,23 +117,28 @@ def _check_paging(block_table: torch.Tensor, seq_lens: torch.Tensor, num_slots: 
 # ----------------------------------------------------------------------------------------------------------
 # ops
 # ----------------------------------------------------------------------------------------------------------
-def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor):
+def quantize_q(q_nope: torch.Tensor, q_rope: torch.Tensor, rows: int | None = None):
     """Fused Q-quant (one launch): q_nope [T, H, 512] + q_rope [T, H, 64] bf16 ->
-    (q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16), all contiguous."""
+    (q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64] bf16), all contiguous.
+
+    `rows`: heads per program, a power of two (default `decode_plan.q_quant_rows`; benchmarks and tests set it)."""
     _check(q_nope, "q_nope", torch.bfloat16, nx.KV_LORA_RANK, 3)
     _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 3)
     if q_nope.shape[:2] != q_rope.shape[:2]:
         raise SnapMLAInputError(f"q_nope {tuple(q_nope.shape)} and q_rope {tuple(q_rope.shape)} disagree on [T, H]")
     _check_device(q_nope, q_rope)
     T, H, _ = q_nope.shape
+    rows = rows or decode_plan.q_quant_rows(T, H)
+    if rows & (rows - 1):
+        raise SnapMLAInputError(f"Q-quant rows per program must be a power of two, got {rows}")
     q8 = torch.empty(T, H, nx.KV_LORA_RANK, dtype=nx.FP8_DTYPE, device=q_nope.device)
     q_scale = torch.empty(T, H, dtype=torch.float32, device=q_nope.device)
     q_rope_al = torch.empty(T, H, nx.ROPE_DIM, dtype=torch.bfloat16, device=q_nope.device)
     if T:
         pdl = decode_plan.pdl_enabled(q_nope.device)
-        tquant.quantize_q_kernel[(T, H)](
+        tquant.quantize_q_kernel[(T, math.ceil(H / rows))](
             q_nope, q_rope, q8, q_scale, q_rope_al,
-            q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), H,
+            q_nope.stride(0), q_nope.stride(1), q_rope.stride(0), q_rope.stride(1), H, ROWS=rows,
             FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, PDL=pdl, launch_pdl=pdl, num_warps=4)
     return q8, q_scale, q_rope_al
 

@@ -1,7 +1,8 @@
 """Triton kernels for the SnapMLA cache rows: fused Q-quant, fused K-append, fetch-dequant.
 
 All three implement `sglang_snapmla.numerics` bit-for-bit: scale = max(amax/448, floor) with IEEE division,
-content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). One program per row.
+content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). The Q-quant takes a block of heads of
+one token per program (decode_plan.q_quant_rows); the K-append and the fetch one row per program.
 """
 
 import triton
@@ -13,20 +14,21 @@ ROPE = tl.constexpr(64)
 
 
 @triton.jit
-def _quantize_row(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr):
-    """content [512] fp32, rope [64] fp32 -> (content fp8, scale fp32 scalar, rope' bf16).
+def _quantize_rows(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr):
+    """content [R, 512] fp32, rope [R, 64] fp32 -> (content fp8 [R, 512], scale fp32 [R], rope' bf16 [R, 64]), each
+    row on its own (every reduction is along axis 1).
 
     The spec's non-finite policy (numerics.quantize_with_scale): a row with a NaN or an infinity is stored as
     content 0, RoPE 0, scale NaN. Tested explicitly because max / min / clamp may drop a NaN operand here."""
-    finite = (tl.sum((tl.abs(content) < float("inf")).to(tl.int32), axis=0)
-              + tl.sum((tl.abs(rope) < float("inf")).to(tl.int32), axis=0)) == LATENT + ROPE
-    content = tl.where(finite, content, 0.0)
-    rope = tl.where(finite, rope, 0.0)
-    amax = tl.max(tl.abs(content), axis=0)
+    finite = (tl.sum((tl.abs(content) < float("inf")).to(tl.int32), axis=1)
+              + tl.sum((tl.abs(rope) < float("inf")).to(tl.int32), axis=1)) == LATENT + ROPE
+    content = tl.where(finite[:, None], content, 0.0)
+    rope = tl.where(finite[:, None], rope, 0.0)
+    amax = tl.max(tl.abs(content), axis=1)
     scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)
-    q = tl.math.div_rn(content, scale)
+    q = tl.math.div_rn(content, scale[:, None])
     q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # saturate (the cast is RNE; clamp makes it exact to spec)
-    rope_aligned = tl.math.div_rn(rope, scale)
+    rope_aligned = tl.math.div_rn(rope, scale[:, None])
     return q.to(tl.float8e4nv), tl.where(finite, scale, float("nan")), rope_aligned.to(tl.bfloat16)
 
 
@@ -35,6 +37,7 @@ def quantize_q_kernel(
     q_nope_ptr, q_rope_ptr,  # [T, H, 512], [T, H, 64] bf16 (any strides on T and H; last dim contiguous)
     q8_ptr, q_scale_ptr, q_rope_out_ptr,  # [T, H, 512] fp8, [T, H] fp32, [T, H, 64] bf16, contiguous
     stride_nt, stride_nh, stride_rt, stride_rh, H,
+    ROWS: tl.constexpr,  # heads of one token per program (decode_plan.q_quant_rows); the last block is masked past H
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
     PDL: tl.constexpr,  # programmatic dependent launch, both ways (decode_plan.pdl_enabled)
 ):
@@ -42,16 +45,17 @@ def quantize_q_kernel(
         gdc_wait()  # the producer of q_nope / q_rope (a GEMM) has finished and its writes are visible
         gdc_launch_dependents()  # the decode that follows may launch and run its prologue
     t = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets exceed 2^31 bytes on large pools and batches
-    h = tl.program_id(1).to(tl.int64)
-    dc = tl.arange(0, LATENT)
-    dr = tl.arange(0, ROPE)
-    content = tl.load(q_nope_ptr + t * stride_nt + h * stride_nh + dc).to(tl.float32)
-    rope = tl.load(q_rope_ptr + t * stride_rt + h * stride_rh + dr).to(tl.float32)
-    q8, scale, rope_al = _quantize_row(content, rope, FP8_MAX, SCALE_FLOOR)
+    h = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = (h < H)[:, None]
+    dc = tl.arange(0, LATENT)[None, :]
+    dr = tl.arange(0, ROPE)[None, :]
+    content = tl.load(q_nope_ptr + t * stride_nt + h[:, None] * stride_nh + dc, mask=live, other=0.0)
+    rope = tl.load(q_rope_ptr + t * stride_rt + h[:, None] * stride_rh + dr, mask=live, other=0.0)
+    q8, scale, rope_al = _quantize_rows(content.to(tl.float32), rope.to(tl.float32), FP8_MAX, SCALE_FLOOR)
     row = t * H + h
-    tl.store(q8_ptr + row * LATENT + dc, q8)
-    tl.store(q_scale_ptr + row, scale)
-    tl.store(q_rope_out_ptr + row * ROPE + dr, rope_al)
+    tl.store(q8_ptr + row[:, None] * LATENT + dc, q8, mask=live)
+    tl.store(q_scale_ptr + row, scale, mask=h < H)
+    tl.store(q_rope_out_ptr + row[:, None] * ROPE + dr, rope_al, mask=live)
 
 
 @triton.jit
@@ -61,16 +65,16 @@ def append_kv_kernel(
     stride_c, stride_r,
     FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    dc = tl.arange(0, LATENT)
-    dr = tl.arange(0, ROPE)
+    t = tl.program_id(0).to(tl.int64) + tl.arange(0, 1)  # one row, as a [1, D] block for _quantize_rows
+    dc = tl.arange(0, LATENT)[None, :]
+    dr = tl.arange(0, ROPE)[None, :]
     slot = tl.load(loc_ptr + t).to(tl.int64)
-    content = tl.load(c_kv_ptr + t * stride_c + dc).to(tl.float32)
-    rope = tl.load(k_rope_ptr + t * stride_r + dr).to(tl.float32)
-    k8, scale, rope_al = _quantize_row(content, rope, FP8_MAX, SCALE_FLOOR)
-    tl.store(kv_content_ptr + slot * LATENT + dc, k8)
+    content = tl.load(c_kv_ptr + t[:, None] * stride_c + dc).to(tl.float32)
+    rope = tl.load(k_rope_ptr + t[:, None] * stride_r + dr).to(tl.float32)
+    k8, scale, rope_al = _quantize_rows(content, rope, FP8_MAX, SCALE_FLOOR)
+    tl.store(kv_content_ptr + slot[:, None] * LATENT + dc, k8)
     tl.store(kv_scale_ptr + slot, scale)
-    tl.store(kv_rope_ptr + slot * ROPE + dr, rope_al)
+    tl.store(kv_rope_ptr + slot[:, None] * ROPE + dr, rope_al)
 
 
 @triton.jit

@@ -13,7 +13,8 @@ def test_kernels_compile_for_sm90():
     script = Path(__file__).resolve().parents[1] / "support" / "compile_sm90.py"
     res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.count(": ok") == 11, res.stdout  # 2 quantize_q, append, fetch, 5 decode_split, 2 combine
+    # 6 quantize_q (1-16 rows a program, with PDL; 16 rows without), append, fetch, 5 decode_split, 2 combine
+    assert res.stdout.count(": ok") == 15, res.stdout
 
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,18 +21,60 @@ def poisoned_pool(n: int, gen):
     return kv.to(DEV), torch.full((n,), -7.0, device=DEV), torch.full((n, 64), -3.0, dtype=torch.bfloat16, device=DEV)
 
 
-def test_quantize_q_bit_exact(gen):
-    T, H = 5, 8
+@pytest.mark.parametrize("H, rows", [(8, None), (8, 1), (11, 4), (16, 16), (11, 8)])
+def test_quantize_q_bit_exact(gen, H, rows):
+    """Every block size, heads that do not fill the last block (11 = 8 + 3, 2 + 4 + 4 + 1), a zero row and a row
+    ~1e4 times smaller than its neighbours in one block (each row its own amax), RoPE outliers, strided views."""
+    T = 5
     base = torch.randn(T, H + 3, 640, generator=gen) * torch.rand(T, H + 3, 1, generator=gen) * 10
-    base[0, 1, :512] = 0  # a zero row
+    base[0, 3, :512] = 0  # a zero row
+    base[1, 4] *= 1e-4  # a small row beside large ones
     base[2, :, 512:] *= 300  # RoPE outliers
     bf = base.to(torch.bfloat16).to(DEV)
     q_nope, q_rope = bf[:, 2:H + 2, :512], bf[:, 2:H + 2, 512:576]  # strided views, as SGLang hands them over
-    q8, qs, qr = ops.quantize_q(q_nope, q_rope)
+    q8, qs, qr = ops.quantize_q(q_nope, q_rope, rows=rows)
     ref = nx.quantize_q(q_nope.cpu(), q_rope.cpu())
     assert torch.equal(q8.cpu().view(torch.uint8), ref.content.view(torch.uint8))
     assert torch.equal(qs.cpu(), ref.scale)
     assert torch.equal(qr.cpu().view(torch.int16), ref.rope.view(torch.int16))
+
+
+def test_quantize_q_writes_nothing_past_its_rows(gen):
+    """A last block masked past H writes no row of the next token and nothing past T x H (output buffers with room
+    behind them, filled with a sentinel, handed to the kernel directly)."""
+    from sglang_snapmla.kernels.triton import quant
+
+    T, H, rows, spare = 3, 5, 4, 16
+    q = (torch.randn(T, H, 576, generator=gen) * 3).to(torch.bfloat16).to(DEV)
+    q8 = torch.full(((T * H + spare) * 512,), 0x7E, dtype=torch.uint8, device=DEV).view(nx.FP8_DTYPE)
+    qs = torch.full((T * H + spare,), -5.0, device=DEV)
+    qr = torch.full(((T * H + spare) * 64,), -5.0, dtype=torch.bfloat16, device=DEV)
+    quant.quantize_q_kernel[(T, math.ceil(H / rows))](
+        q[..., :512], q[..., 512:], q8, qs, qr, q.stride(0), q.stride(1), q.stride(0), q.stride(1), H, ROWS=rows,
+        FP8_MAX=nx.FP8_MAX, SCALE_FLOOR=nx.SCALE_FLOOR, PDL=False, num_warps=4)
+    ref = nx.quantize_q(q[..., :512].cpu(), q[..., 512:].cpu())
+    assert torch.equal(qs[:T * H].cpu(), ref.scale.flatten())
+    assert torch.equal(q8[:T * H * 512].cpu().view(torch.uint8), ref.content.flatten().view(torch.uint8))
+    assert (qs[T * H:] == -5.0).all() and (qr[T * H * 64:] == -5.0).all()
+    assert (q8[T * H * 512:].view(torch.uint8) == 0x7E).all()
+
+
+def test_q_quant_rows_plan():
+    """Every (tokens, heads) gets a power-of-two block of at most Q_QUANT_MAX_ROWS heads and at most the heads, the
+    largest that keeps Q_QUANT_MIN_PROGRAMS programs (one row a program where none does)."""
+    most, floor = decode_plan.Q_QUANT_MAX_ROWS, decode_plan.Q_QUANT_MIN_PROGRAMS
+    for tokens in (1, 2, 7, 8, 31, 64, 100, 128, 256, 1000, 4096):
+        for heads in (1, 2, 3, 5, 8, 11, 16, 32, 64, 100, 128):
+            rows = decode_plan.q_quant_rows(tokens, heads)
+            programs = lambda r: tokens * math.ceil(heads / r)  # noqa: E731
+            assert rows & (rows - 1) == 0 and 1 <= rows <= min(most, heads), (tokens, heads, rows)
+            assert rows == 1 or programs(rows) >= floor, (tokens, heads, rows)
+            assert 2 * rows > min(most, heads) or programs(2 * rows) < floor, (tokens, heads, rows)
+    assert decode_plan.q_quant_rows(128, 128) == 8 and decode_plan.q_quant_rows(1, 128) == 1
+    assert decode_plan.q_quant_rows(32, 128) == 4 and decode_plan.q_quant_rows(128, 16) == 2
+    with pytest.raises(ops.SnapMLAInputError, match="power of two"):
+        ops.quantize_q(torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=DEV),
+                       torch.zeros(2, 4, 64, dtype=torch.bfloat16, device=DEV), rows=3)
 
 
 def test_append_kv_bit_exact_and_only_at_loc(gen):

@@ -135,7 +135,8 @@ def _nonfinite_rows(gen, T):
     return c.to(torch.bfloat16), r.to(torch.bfloat16)
 
 
-def test_nonfinite_rows_quantize_to_zero_content_and_nan_scale(gen):
+@pytest.mark.parametrize("q_rows", [None, 1, 4])
+def test_nonfinite_rows_quantize_to_zero_content_and_nan_scale(gen, q_rows):
     c, r = _nonfinite_rows(gen, 8)
     ref = nx.quantize_kv(c, r)
     assert torch.isnan(ref.scale[1:6]).all() and torch.isfinite(ref.scale[[0, 6, 7]]).all()
@@ -146,9 +147,9 @@ def test_nonfinite_rows_quantize_to_zero_content_and_nan_scale(gen):
     assert torch.equal(kv[0].cpu().view(torch.uint8), ref.content.view(torch.uint8))
     assert torch.allclose(kv[1].cpu(), ref.scale, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(kv[2].cpu().view(torch.int16), ref.rope.view(torch.int16))
-    # queries: one scale per (token, head)
+    # queries: one scale per (token, head); with 4 rows a program, finite and non-finite rows share a block
     qn, qr = c.view(2, 4, 512), r.view(2, 4, 64)
-    q8, qs, qra = ops.quantize_q(qn.to(DEV), qr.to(DEV))
+    q8, qs, qra = ops.quantize_q(qn.to(DEV), qr.to(DEV), rows=q_rows)
     qref = nx.quantize_q(qn, qr)
     assert torch.allclose(qs.cpu(), qref.scale, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(q8.cpu().view(torch.uint8), qref.content.view(torch.uint8))

@@ -24,10 +24,11 @@ def compile_one(fn, signature, constexprs, **options):
 def main() -> int:
     quant_consts = {"FP8_MAX": nx.FP8_MAX, "SCALE_FLOOR": nx.SCALE_FLOOR}
     variants = [
-        *((f"quantize_q PDL={pdl}", quant.quantize_q_kernel,
+        *((f"quantize_q ROWS={rows} PDL={pdl}", quant.quantize_q_kernel,
            dict(q_nope_ptr="*bf16", q_rope_ptr="*bf16", q8_ptr="*fp8e4nv", q_scale_ptr="*fp32",
                 q_rope_out_ptr="*bf16", stride_nt="i32", stride_nh="i32", stride_rt="i32", stride_rh="i32", H="i32"),
-           {**quant_consts, "PDL": pdl}, {}) for pdl in (False, True)),
+           {**quant_consts, "ROWS": rows, "PDL": pdl}, {})
+          for rows in (1, 2, 4, 8, 16) for pdl in (False, True) if pdl or rows == 16),
         ("append_kv", quant.append_kv_kernel,
          dict(c_kv_ptr="*bf16", k_rope_ptr="*bf16", loc_ptr="*i64", kv_content_ptr="*fp8e4nv", kv_scale_ptr="*fp32",
               kv_rope_ptr="*bf16", stride_c="i32", stride_r="i32"), quant_consts, {}),
