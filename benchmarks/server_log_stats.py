@@ -9,7 +9,7 @@ line: the top few are short bursts at the end of a run), the decode step at the 
 decoded alone), the largest KV-pool usage, and the measured run's prefill
 phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
 their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
-log's resolution), and the median rate of its prefill batches (each batch's new tokens over its own forward).
+log's resolution), and the median rate of its prefill batches (`harness.server_log.prefill_intake`).
 Prints a markdown table.
 
     python -m benchmarks.server_log_stats --startup LOG...

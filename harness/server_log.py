@@ -71,8 +71,10 @@ def prefill_intake(text: str, min_queue: int = 0) -> dict:
     """The prefill batches of a log (or of the slice a run wrote), from the first one with at least `min_queue`
     requests waiting (`#queue-req`) -> {"prefill_batches", "prefill_requests", "prefill_span_s",
     "prefill_tok_s_median"}: how many, the requests they admitted (`#new-seq`), the seconds from the first to the last
-    (1 s resolution; None without one) and the median of their `input throughput` (a batch's new tokens over its own
-    forward: the prefill's speed, free of the decode steps between batches). With all of a workload's requests sent at
+    (1 s resolution; None without one) and the median of their `input throughput` (SGLang: a batch's new tokens over
+    the time since the previous prefill batch's line; the prefill forward's own rate while prefills run back to back,
+    as they do while the pool admits the waiting requests, decode steps included once they interleave). With all of
+    a workload's requests sent at
     once, the span is how long the server took to take them in, and a TTFT near it says the intake, not the engine,
     set the TTFT."""
     times, requests, rates = [], 0, []

@@ -184,17 +184,23 @@ def test_each_per_gpu_config_fits_one_h200_beside_a_pool_that_binds(name, measur
 
 DP_RUN = ROOT / "results/serve/v3_fp8_dp_attention_h200_long"
 DP_SECTION = "Block-FP8 weights: DeepSeek-V3/R1 per GPU under DP attention (H200)"
-# the whole runs (merged JSON) and snapmla's two runs stopped in their bench (their server logs)
-DP_LOGS = {"flashmla": DP_RUN / "server_flashmla.log.xz", "flashmla-fp8": DP_RUN / "server_flashmla-fp8.log.xz",
-           "snapmla 240 s": DP_RUN / "snapmla_cut_240s/server_snapmla.log.xz",
-           "snapmla 140 s": DP_RUN / "snapmla_cut_140s/server_snapmla.log.xz"}
-DP_ROWS = {"flashmla": "| flashmla BF16 |", "flashmla-fp8": "| SGLang FP8 cache |",
-           "snapmla 240 s": "| snapmla, client stopped at 240 s |",
-           "snapmla 140 s": "| snapmla, client stopped at 140 s |"}
+# host A: snapmla and BF16 whole runs (the folder); host B: BF16 and SGLang FP8 whole runs and snapmla stopped at 240 s
+DP_FOLDERS = {"A": DP_RUN, "B": DP_RUN / "other_host"}
+DP_LOGS = {("snapmla", "A"): DP_RUN / "server_snapmla.log.xz", ("flashmla", "A"): DP_RUN / "server_flashmla.log.xz",
+           ("flashmla", "B"): DP_RUN / "other_host/server_flashmla.log.xz",
+           ("flashmla-fp8", "B"): DP_RUN / "other_host/server_flashmla-fp8.log.xz",
+           ("snapmla 240 s", "B"): DP_RUN / "other_host/snapmla_cut_240s/server_snapmla.log.xz"}
+DP_LABELS = {"snapmla": "snapmla", "flashmla": "flashmla BF16", "flashmla-fp8": "SGLang FP8 cache",
+             "snapmla 240 s": "snapmla, client stopped at 240 s"}
+SNAPMLA_RUNS = (("snapmla", "A"), ("snapmla 240 s", "B"))
 
 
 def dp_section() -> str:
     return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[DP_SECTION]
+
+
+def dp_row(run: str, host: str) -> str:
+    return next(ln for ln in dp_section().splitlines() if ln.startswith(f"| {DP_LABELS[run]} | {host} |"))
 
 
 def dp_readme_row() -> str:
@@ -202,75 +208,90 @@ def dp_readme_row() -> str:
 
 
 def dp_stats() -> dict:
-    return {name: log_stats(read_log(log), min_queue=32) for name, log in DP_LOGS.items()}
+    return {key: log_stats(read_log(log), min_queue=32) for key, log in DP_LOGS.items()}
 
 
-def test_the_dp_attention_whole_runs_are_bf16_and_sglang_fp8_on_one_workload():
-    """The merged JSON holds the two whole runs of one workload with the DP-attention config, every request completed,
-    outputs text and probes finite; SGLang FP8's output-rate and TTFT ratios to BF16 as the section's row quotes."""
+def dp_runs() -> dict:
+    return {(r["run"], host): r for host, folder in DP_FOLDERS.items() for r in read_json(folder / "serve_bench.json")}
+
+
+def test_the_dp_attention_whole_runs_are_one_workload_on_two_hosts():
+    """Both folders hold whole runs of one workload with the DP-attention config (snapmla and BF16 on host A, BF16 and
+    SGLang FP8 on host B), every request completed, outputs text and probes finite; each row's output-rate and TTFT
+    ratios against its own host's BF16 run, and its TPOT, pool, peak, duration, text share and probe, as quoted."""
     from benchmarks.serve_and_bench import non_finite_probe, text_share
 
-    runs = {r["run"]: r for r in read_json(DP_RUN / "serve_bench.json")}
-    assert set(runs) == {"flashmla", "flashmla-fp8"} and len({repr(r["workload"]) for r in runs.values()}) == 1
+    runs = dp_runs()
+    assert set(runs) == {("snapmla", "A"), ("flashmla", "A"), ("flashmla", "B"), ("flashmla-fp8", "B")}
+    assert len({repr(r["workload"]) for r in runs.values()}) == 1
     assert all(r["completed"] == 120 and "error" not in r for r in runs.values())
-    assert "deepseek-v3-fp8-dp-attention" in runs["flashmla"]["workload"]["model"]
-    bf16, fp8 = runs["flashmla"], runs["flashmla-fp8"]
-    section = dp_section()
-    row = next(ln for ln in section.splitlines() if ln.startswith(DP_ROWS["flashmla-fp8"]))
-    assert (f"| {fp8['output_tok_s']:.0f} ({fp8['output_tok_s'] / bf16['output_tok_s']:.2f}x) | "
-            f"{fp8['median_ttft_ms'] / 1000:.1f} ({fp8['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}x) |") in row, row
-    for name, r in runs.items():
-        row = next(ln for ln in section.splitlines() if ln.startswith(DP_ROWS[name]))
+    assert "deepseek-v3-fp8-dp-attention" in runs["flashmla", "A"]["workload"]["model"]
+    for (name, host), r in runs.items():
+        row, bf16 = dp_row(name, host), runs["flashmla", host]
+        if name != "flashmla":
+            assert (f"| {r['output_tok_s']:.0f} ({r['output_tok_s'] / bf16['output_tok_s']:.2f}x) | "
+                    f"{r['median_ttft_ms'] / 1000:.1f} ({r['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}x) |") in row
+        else:
+            assert f"| {r['output_tok_s']:.0f} | {r['median_ttft_ms'] / 1000:.1f} |" in row, row
         cells = f"| {r['median_tpot_ms']:.1f} | {r['pool_tokens']:,} | {r['peak_running_req']} |"
         assert cells.replace(",", " ") in row, (name, row)
         assert f"| {r['duration_s']:.1f} | {text_share(r)} | {non_finite_probe(r['endpoints'])} |" in row, (name, row)
-        assert f"{r['output_tok_s']:.0f}" in dp_readme_row(), name
+    readme = dp_readme_row()
+    for key in (("snapmla", "A"), ("flashmla", "A"), ("flashmla-fp8", "B")):
+        assert f"{runs[key]['output_tok_s']:.0f}" in readme, key
+    # the two BF16 runs agree to within 1 %: what lets snapmla (host A) be set against SGLang FP8 (host B)
+    assert abs(runs["flashmla", "A"]["output_tok_s"] / runs["flashmla", "B"]["output_tok_s"] - 1) < 0.01
+    assert "a BF16 run within 1 % of this one's" in " ".join(dp_section().split())
 
 
 def test_each_dp_rows_engine_figures_are_its_server_log():
-    """Every row's step at the peak, near-peak decode rate, prefill median, peak running and (where its prefill
-    finished) prefill phase come from its server log; snapmla's stopped runs report their probe as the section says."""
-    section = dp_section()
-    for name, s in dp_stats().items():
-        row = next(ln for ln in section.splitlines() if ln.startswith(DP_ROWS[name]))
+    """Every row's step at the peak, near-peak decode rate, prefill median, peak running and prefill phase come from
+    its server log; snapmla's stopped run reports its probe as the section says."""
+    for (name, host), s in dp_stats().items():
+        row = dp_row(name, host)
         assert f"| {s['peak_running']} | {s['decode_step_ms_at_peak']:.1f} ms |" in row, (name, row)
         for figure in (s["decode_tok_s_near_peak"], s["prefill_tok_s_median"]):
             assert f"| {figure:,.0f}".replace(",", " ") in row, (name, figure, row)
-        if name != "snapmla 140 s":  # stopped during its second prefill wave
-            assert f"| {s['prefill_span_s']:.0f} |" in row, (name, row)
-    probe = (DP_RUN / "snapmla_cut_240s/serve_and_bench.out").read_text()
+        assert f"| {s['prefill_span_s']:.0f} |" in row, (name, row)
+    probe = (DP_RUN / "other_host/snapmla_cut_240s/serve_and_bench.out").read_text()
     assert "endpoint probe: 0/16 greedy logprobs not finite" in probe
-    assert next(ln for ln in section.splitlines() if ln.startswith(DP_ROWS["snapmla 240 s"])).endswith("| 0/16 |")
+    assert dp_row("snapmla 240 s", "B").endswith("| 0/16 |")
 
 
-def test_the_dp_ratios_quoted_are_the_logs_of_both_snapmla_runs():
-    """snapmla's near-peak decode and prefill medians against BF16's and SGLang FP8's, and its peak running requests
-    and pool against BF16's: the range over its two stopped runs, in the section (rows and summary) and the README."""
-    stats, runs = dp_stats(), {r["run"]: r for r in read_json(DP_RUN / "serve_bench.json")}
-    snap = [stats["snapmla 240 s"], stats["snapmla 140 s"]]
+def test_the_dp_ratios_quoted_are_the_saved_runs():
+    """snapmla's output rate and TTFT p50 against BF16's (its host's) and SGLang FP8's; its near-peak decode and
+    prefill medians against them over both of its runs (each against its own host's BF16); its peak running requests
+    and pool against BF16's: in the section (rows and summary) and the README."""
+    stats, runs = dp_stats(), dp_runs()
+    snap, bf16, fp8 = runs["snapmla", "A"], runs["flashmla", "A"], runs["flashmla-fp8", "B"]
 
     def ratio(key, base):
-        return quoted_range([f"{s[key] / stats[base][key]:.2f}x" for s in snap])
+        return quoted_range([f"{stats[run][key] / stats[base or ('flashmla', run[1])][key]:.2f}x"
+                             for run in SNAPMLA_RUNS])
 
-    figures = {"decode vs BF16": ratio("decode_tok_s_near_peak", "flashmla"),
-               "decode vs FP8": ratio("decode_tok_s_near_peak", "flashmla-fp8"),
-               "prefill vs BF16": ratio("prefill_tok_s_median", "flashmla"),
-               "prefill vs FP8": ratio("prefill_tok_s_median", "flashmla-fp8"),
-               "running vs BF16": ratio("peak_running", "flashmla")}
-    assert figures == {"decode vs BF16": "1.35-1.40x", "decode vs FP8": "0.93-0.96x", "prefill vs BF16": "2.09-2.13x",
-                       "prefill vs FP8": "2.13-2.18x", "running vs BF16": "1.82x"}, figures
-    section, readme_row = " ".join(dp_section().split()), dp_readme_row()
+    figures = {"output vs BF16": f"{snap['output_tok_s'] / bf16['output_tok_s']:.2f}x",
+               "TTFT vs BF16": f"{snap['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}x",
+               "output vs FP8": f"{snap['output_tok_s'] / fp8['output_tok_s']:.2f}x",
+               "TTFT vs FP8": f"{snap['median_ttft_ms'] / fp8['median_ttft_ms']:.2f}x",
+               "decode vs BF16": ratio("decode_tok_s_near_peak", None),
+               "decode vs FP8": ratio("decode_tok_s_near_peak", ("flashmla-fp8", "B")),
+               "prefill vs BF16": ratio("prefill_tok_s_median", None),
+               "prefill vs FP8": ratio("prefill_tok_s_median", ("flashmla-fp8", "B")),
+               "running vs BF16": ratio("peak_running", None)}
+    assert figures == {"output vs BF16": "1.67x", "TTFT vs BF16": "0.39x", "output vs FP8": "1.59x",
+                       "TTFT vs FP8": "0.50x", "decode vs BF16": "1.35-1.36x", "decode vs FP8": "0.93x",
+                       "prefill vs BF16": "2.09-2.10x", "prefill vs FP8": "2.12-2.13x", "running vs BF16": "1.82x"}
+    summary = " ".join(dp_section().split("\n\n")[1].split())
+    readme_row = dp_readme_row()
     for figure in figures.values():
-        assert figure in section, figure
-    for key in ("decode vs BF16", "decode vs FP8", "prefill vs BF16", "prefill vs FP8", "running vs BF16"):
-        assert figures[key] in readme_row, key
-    pool = {r: f"{792_384 / runs[r]['pool_tokens']:.2f}x" for r in runs}
-    assert pool == {"flashmla": "1.79x", "flashmla-fp8": "0.89x"}
-    assert f"its pool holds {pool['flashmla']} BF16's tokens ({pool['flashmla-fp8']} SGLang FP8's)" in section
-    for s, run in zip(snap, ("snapmla 240 s", "snapmla 140 s")):
-        row = next(ln for ln in dp_section().splitlines() if ln.startswith(DP_ROWS[run]))
-        assert f"({s['decode_tok_s_near_peak'] / stats['flashmla']['decode_tok_s_near_peak']:.2f}x)" in row, row
-        assert f"({s['prefill_tok_s_median'] / stats['flashmla']['prefill_tok_s_median']:.2f}x)" in row, row
+        assert figure in summary and figure in readme_row, figure
+    pool = {r: f"{snap['pool_tokens'] / runs[r]['pool_tokens']:.2f}x" for r in (("flashmla", "A"), ("flashmla-fp8", "B"))}
+    assert pool == {("flashmla", "A"): "1.79x", ("flashmla-fp8", "B"): "0.89x"}
+    assert f"Its pool holds {pool['flashmla', 'A']} BF16's tokens ({pool['flashmla-fp8', 'B']} SGLang FP8's)" in summary
+    for run in SNAPMLA_RUNS:
+        row, base = dp_row(*run), stats["flashmla", run[1]]
+        assert f"({stats[run]['decode_tok_s_near_peak'] / base['decode_tok_s_near_peak']:.2f}x)" in row, row
+        assert f"({stats[run]['prefill_tok_s_median'] / base['prefill_tok_s_median']:.2f}x)" in row, row
 
 
 def tokens_at_peak(log: str) -> float:
@@ -285,9 +306,10 @@ def tokens_at_peak(log: str) -> float:
 def test_the_attention_share_of_the_dp_step_is_the_kernel_table_scaled_to_the_cached_tokens():
     """The DP section's attention estimate: each backend's kernel time at 128 heads, b128 s_k 4 096 (the kernel
     table's saved run) per cached token, times its tokens cached at the peak and the 61 layers; snapmla's from the
-    wave count of its graph's plan instead; the rest of each step is the log's step minus that."""
-    kernels = {"flashmla": "flashmla_bf16", "snapmla 240 s": "snapmla_cuda_sm90",
-               "flashmla-fp8": "flashmla_fp8_pertensor"}
+    wave count of its graph's plan instead; the rest of each step is the log's step minus that (BF16's over both of
+    its runs)."""
+    kernels = {("flashmla", "A"): "flashmla_bf16", ("snapmla", "A"): "snapmla_cuda_sm90",
+               ("flashmla-fp8", "B"): "flashmla_fp8_pertensor"}
     table = read_json(ROOT / "results/bench/kernels_h200.json.xz")["results"]
     section = " ".join(dp_section().split())
     stats, ms, tokens = dp_stats(), {}, {}
@@ -296,17 +318,20 @@ def test_the_attention_share_of_the_dp_step_is_the_kernel_table_scaled_to_the_ca
         assert f"{row['us']:.1f}" in section, (kernel, row["us"])
         tokens[backend] = tokens_at_peak(read_log(DP_LOGS[backend]))
         ms[backend] = row["us"] / (128 * 4096) * tokens[backend] * 61 / 1000
-    assert (f"~{ms['flashmla']:.1f} ms of BF16's step ({tokens['flashmla'] / 1000:.0f} k tokens), "
-            f"~{ms['snapmla 240 s']:.1f} ms of snapmla's ({tokens['snapmla 240 s'] / 1000:.0f} k) and "
-            f"~{ms['flashmla-fp8']:.1f} ms of SGLang FP8's ({tokens['flashmla-fp8'] / 1000:.0f} k)") in section, ms
+    bf16, snap, fp8 = kernels
+    assert (f"~{ms[bf16]:.1f} ms of BF16's step ({tokens[bf16] / 1000:.0f} k tokens), "
+            f"~{ms[snap]:.1f} ms of snapmla's ({tokens[snap] / 1000:.0f} k) and "
+            f"~{ms[fp8]:.1f} ms of SGLang FP8's ({tokens[fp8] / 1000:.0f} k)") in section, ms
     # the graph's batch 96 at 2 splits: 3 waves of the pages of one split (kernel table: 1.66 µs a CTA and page)
-    pages = math.ceil(tokens["snapmla 240 s"] / 82 / 64 / 2)
+    pages = math.ceil(tokens[snap] / 82 / 64 / 2)
     waves_ms = 3 * pages * 1.66 * 61 / 1000
     assert f"3 waves of {pages} pages a layer" in section and f"~{waves_ms:.1f} ms" in section, (pages, waves_ms)
-    rest = {b: f"{stats[b]['decode_step_ms_at_peak'] - round(v, 1):.1f}" for b, v in
-            (("flashmla", ms["flashmla"]), ("snapmla 240 s", waves_ms), ("flashmla-fp8", ms["flashmla-fp8"]))}
-    assert (f"leaves {rest['flashmla']} ms of BF16's step, {rest['snapmla 240 s']} ms of snapmla's and "
-            f"{rest['flashmla-fp8']} ms of SGLang FP8's") in section, rest
+    bf16_rest = quoted_range([f"{stats['flashmla', h]['decode_step_ms_at_peak'] - round(ms[bf16], 1):.1f}m"
+                              for h in "AB"])[:-1]
+    rest = (bf16_rest, f"{stats[snap]['decode_step_ms_at_peak'] - round(waves_ms, 1):.1f}",
+            f"{stats[fp8]['decode_step_ms_at_peak'] - round(ms[fp8], 1):.1f}")
+    assert (f"leaves {rest[0]} ms of BF16's step, {rest[1]} ms of snapmla's and {rest[2]} ms of SGLang FP8's"
+            in section), rest
 
 
 def test_the_moe_check_table_is_the_saved_run():
