@@ -140,3 +140,66 @@ def test_kernel_doc_quotes_the_serving_plan_run_and_the_short_context_profiles()
         row = f"| h128 {b} s_k {int(sk):,} | {ctas} | {waves} |".replace(",", " ")
         assert row in doc and f"| {cycles:,} |".replace(",", " ") in doc, row
         assert f"| {round(spills / ctas):,} |".replace(",", " ") in doc, shape
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.1f}".replace(",", " ")
+
+
+def test_kernel_doc_quotes_the_q_quant_blocks_run():
+    """docs/KERNEL.md's Q-quant table is results/bench/q_quant_rows_h200.json (benchmarks/gpu/q_quant_rows.py): every
+    block size's time, the block the plan picks now (`decode_plan.q_quant_rows`) and the copy of the same bytes."""
+    from pathlib import Path
+
+    from sglang_snapmla import decode_plan
+
+    root = Path(__file__).resolve().parents[2]
+    doc = " ".join((root / "docs" / "KERNEL.md").read_text().split())
+    run = __import__("json").loads((root / "results/bench/q_quant_rows_h200.json").read_text())
+    assert run["meta"]["min_programs"] == decode_plan.Q_QUANT_MIN_PROGRAMS
+    assert run["meta"]["max_rows"] == decode_plan.Q_QUANT_MAX_ROWS
+    for r in run["results"]:
+        plan = decode_plan.q_quant_rows(r["tokens"], r["heads"])
+        assert plan == r["plan_rows"], r
+        by = r["us_by_rows"]
+        row = (f"| {r['tokens']:,} x {r['heads']} | ".replace(",", " ") + " | ".join(_fmt(by[str(n)]) for n in
+               (1, 2, 4, 8, 16)) + f" | {plan}: {_fmt(by[str(plan)])} | {_fmt(r['copy_us'])} |")
+        assert row in doc, row
+    at = {(r["tokens"], r["heads"]): r["us_by_rows"] for r in run["results"]}
+    gains = [at[t, 128]["1"] / at[t, 128][str(decode_plan.q_quant_rows(t, 128))] for t in (32, 64, 128, 256)]
+    assert f"{min(gains):.1f}-{max(gains):.1f}x faster than one row a program from 32 x 128 up" in doc, gains
+
+
+def test_kernel_doc_and_readme_quote_the_short_context_decode_chain():
+    """docs/KERNEL.md's decode-chain table at 128 / 64 / 16 heads (bench_kernels --context-len 163840) and the README's
+    128-head short-context row are results/bench/kernels_h200_short_context_h128_h64_h16.json.xz."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    root = Path(__file__).resolve().parents[2]
+    doc = " ".join((root / "docs" / "KERNEL.md").read_text().split())
+    readme = (root / "README.md").read_text()
+    run = read_json(root / "results/bench/kernels_h200_short_context_h128_h64_h16.json.xz")["results"]
+    us = {(r["h"], r["b"], r["sk"], r["kernel"]): r["us"] for r in run if r["s_q"] == 1}
+    assert {r["context_len"] for r in run if r["kernel"] == "snapmla_cuda_sm90"} == {163840}
+
+    def cells(h, b, sk):
+        ours, bf16, fp8 = (us[h, b, sk, k] for k in ("snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor"))
+        return ours, bf16, fp8, f"{bf16 / ours:.2f}x", f"{fp8 / ours:.2f}x"
+
+    for h, b, sk in ((128, 1, 640), (128, 64, 640), (128, 128, 640), (128, 256, 1280), (128, 128, 4096),
+                     (64, 64, 640), (64, 128, 640), (64, 256, 1280)):
+        ours, bf16, fp8, r_bf16, r_fp8 = cells(h, b, sk)
+        row = f"| {h} | {b} x {sk:,} | {_fmt(ours)} | {_fmt(bf16)} | {_fmt(fp8)} | {r_bf16} | {r_fp8} |"
+        assert row.replace(",", " ") in doc, row
+    sixteen = [cells(16, b, sk) for b, sk in ((64, 640), (128, 640), (256, 1280), (128, 4096))]
+
+    def spread(i, unit=""):  # "lo-hi" over the 16-head shapes; ratios as "1.30-1.57x"
+        vals = sorted(c[i] for c in sixteen)
+        return f"{vals[0]:.1f}-{vals[-1]:.1f}" if not unit else f"{vals[0][:-1]}-{vals[-1]}"
+
+    row = f"| 16 | 64-256 x 640-4 096 | {spread(0)} | {spread(1)} | {spread(2)} | {spread(3, 'x')} | {spread(4, 'x')} |"
+    assert row in doc, row
+    quoted = " / ".join(f"{cells(128, b, 640)[3]} / {cells(128, b, 640)[4]}" for b in (64, 128)).split(" / ")
+    assert f"**{quoted[0]} / {quoted[1]}; {quoted[2]} / {quoted[3]}**" in readme, quoted
