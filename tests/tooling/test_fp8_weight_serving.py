@@ -236,6 +236,7 @@ def test_the_dp_attention_whole_runs_are_one_workload_on_two_hosts():
         cells = f"| {r['median_tpot_ms']:.1f} | {r['pool_tokens']:,} | {r['peak_running_req']} |"
         assert cells.replace(",", " ") in row, (name, row)
         assert f"| {r['duration_s']:.1f} | {text_share(r)} | {non_finite_probe(r['endpoints'])} |" in row, (name, row)
+        assert f"{r['startup_s']:.1f}" in " ".join(dp_section().split()), (name, r["startup_s"])  # "s to answer"
     readme = dp_readme_row()
     for key in (("snapmla", "A"), ("flashmla", "A"), ("flashmla-fp8", "B")):
         assert f"{runs[key]['output_tok_s']:.0f}" in readme, key
