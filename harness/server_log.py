@@ -74,9 +74,8 @@ def prefill_intake(text: str, min_queue: int = 0) -> dict:
     (1 s resolution; None without one) and the median of their `input throughput` (SGLang: a batch's new tokens over
     the time since the previous prefill batch's line; the prefill forward's own rate while prefills run back to back,
     as they do while the pool admits the waiting requests, decode steps included once they interleave). With all of
-    a workload's requests sent at
-    once, the span is how long the server took to take them in, and a TTFT near it says the intake, not the engine,
-    set the TTFT."""
+    a workload's requests sent at once, the span is how long the server took to take them in, and a TTFT near it
+    says the intake, not the engine, set the TTFT."""
     times, requests, rates = [], 0, []
     for line in text.splitlines():
         m = BATCH_LINE.match(line)
