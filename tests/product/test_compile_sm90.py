@@ -1,6 +1,7 @@
 """Every kernel compiles for sm_90 / sm_90a on this (GPU-less) machine: catches compiler-only errors early."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,16 @@ def test_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stdout + res.stderr
     # 6 quantize_q (1-16 rows a program, with PDL; 16 rows without), append, fetch, 5 decode_split, 2 combine
     assert res.stdout.count(": ok") == 15, res.stdout
+    # the Q-quant blocks the plan may pick keep 4+ programs of 128 threads an SM and spill nothing
+    from sglang_snapmla import decode_plan
+
+    usage = {int(rows): (int(regs), int(local)) for rows, regs, local in re.findall(
+        r"quantize_q ROWS=(\d+) PDL=True: ok .* registers (\d+), local (\d+) B", res.stdout)}
+    if not usage:
+        pytest.skip("no cuobjdump beside Triton: registers not read")
+    for rows, (regs, local) in usage.items():
+        if rows <= decode_plan.Q_QUANT_MAX_ROWS:
+            assert regs <= 128 and local == 0, (rows, regs, local)
 
 
 ROOT = Path(__file__).resolve().parents[2]

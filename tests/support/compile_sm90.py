@@ -1,7 +1,8 @@
 """Compile every Triton kernel for sm_90 ahead of time, without a GPU (run as a script with TRITON_INTERPRET=0).
 
 Catches what the CPU interpreter cannot: code that only fails in Triton's compiler (globals, layouts, fp8 dots).
-Prints one line per kernel variant: name, registers are unknown before load, so we report PTX size and shared memory.
+Prints one line per kernel variant: name, shared memory, PTX size, and the registers and local memory of the cubin
+where Triton's cuobjdump is installed.
 """
 
 import sys
@@ -14,6 +15,27 @@ from sglang_snapmla import numerics as nx
 from sglang_snapmla.kernels.triton import decode, quant
 
 TARGET = GPUTarget("cuda", 90, 32)
+
+
+def resource_usage(cubin: bytes) -> str:
+    """' registers R, local L B' of a compiled kernel (cuobjdump --dump-resource-usage, the one Triton ships), or ''
+    where that tool is missing."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton.backends.nvidia as nvidia_backend
+
+    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    regs, local = re.search(r"REG:(\d+)", text), re.search(r"LOCAL:(\d+)", text)
+    return f" registers {regs.group(1)}, local {local.group(1)} B" if regs and local else ""
 
 
 def compile_one(fn, signature, constexprs, **options):
@@ -55,7 +77,7 @@ def main() -> int:
         k = compile_one(fn, sig, consts, **opts)
         if consts.get("PDL") and "griddepcontrol" not in k.asm["ptx"]:
             raise AssertionError(f"{name}: no griddepcontrol instruction in the PTX")
-        print(f"{name}: ok (shared {k.metadata.shared} B, ptx {len(k.asm['ptx'])} chars)")
+        print(f"{name}: ok (shared {k.metadata.shared} B, ptx {len(k.asm['ptx'])} chars){resource_usage(k.asm['cubin'])}")
     return 0
 
 
