@@ -5,6 +5,8 @@ sm_90a decode (through a stand-in extension), for decode, target verify and draf
 the replayed forward's output is checked against the spec (Triton).
 The GPU twin (tests/product/test_gpu_graph_protocol.py) captures and replays real CUDA graphs."""
 
+import math
+
 import pytest
 import torch
 
@@ -74,6 +76,8 @@ CASES = [(16, 2, 3, False), (16, 16, 3, True), (128, 1, 2, False), (128, 4, 2, T
 @pytest.mark.parametrize("heads,bs,window,one_split", CASES)
 def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, bs, window, one_split, mode, impl):
     monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: impl)
+    if heads == 128:  # the Q-quant in blocks of 8 heads, as at serving batches (here a few tokens reach the floor)
+        monkeypatch.setattr(decode_plan, "Q_QUANT_MIN_PROGRAMS", 8)
     lens = [int(x) for x in torch.randint(65, 400, (bs,), generator=gen)]
     lens[0] = 130 + 64 * 3  # many pages: a width-1 capture view covers one of them
     proto = GraphProtocol(heads, max_bs=bs + 2, lens=lens, gen=gen, device="cpu", window=window, max_context_len=1024)
@@ -91,6 +95,8 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
     names = [launch[0] for launch in captured]
     assert names == [launch[0] for launch in replayed] and any("decode" in n for n in names)
     assert ("combine_kernel" not in names) == one_split, names
+    quant_grids = [grid for name, grid, _, _ in captured if name == "quantize_q_kernel"]
+    assert quant_grids and all(g[1] == math.ceil(heads / (8 if heads == 128 else 1)) for g in quant_grids), quant_grids
     for (name, grid, args, kwargs), (_, grid2, args2, kwargs2) in zip(captured, replayed):
         assert grid == grid2, f"{name}: grid {grid} at capture, {grid2} at replay"
         assert kwargs == kwargs2, f"{name}: {kwargs} at capture, {kwargs2} at replay"
