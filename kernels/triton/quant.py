@@ -46,7 +46,8 @@ def quantize_q_kernel(
         gdc_launch_dependents()  # the decode that follows may launch and run its prologue
     t = tl.program_id(0).to(tl.int64)  # 64-bit: row offsets exceed 2^31 bytes on large pools and batches
     h = tl.program_id(1).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    live = (h < H)[:, None]
+    in_h = h < H
+    live = in_h[:, None]
     dc = tl.arange(0, LATENT)[None, :]
     dr = tl.arange(0, ROPE)[None, :]
     content = tl.load(q_nope_ptr + t * stride_nt + h[:, None] * stride_nh + dc, mask=live, other=0.0)
@@ -54,7 +55,7 @@ def quantize_q_kernel(
     q8, scale, rope_al = _quantize_rows(content.to(tl.float32), rope.to(tl.float32), FP8_MAX, SCALE_FLOOR)
     row = t * H + h
     tl.store(q8_ptr + row[:, None] * LATENT + dc, q8, mask=live)
-    tl.store(q_scale_ptr + row, scale, mask=h < H)
+    tl.store(q_scale_ptr + row, scale, mask=in_h)
     tl.store(q_rope_out_ptr + row[:, None] * ROPE + dr, rope_al, mask=live)
 
 

@@ -22,7 +22,7 @@ def test_kernels_compile_for_sm90():
     usage = {int(rows): (int(regs), int(local)) for rows, regs, local in re.findall(
         r"quantize_q ROWS=(\d+) PDL=True: ok .* registers (\d+), local (\d+) B", res.stdout)}
     if not usage:
-        pytest.skip("no cuobjdump beside Triton: registers not read")
+        pytest.skip("no cuobjdump: registers not read")
     for rows, (regs, local) in usage.items():
         if rows <= decode_plan.Q_QUANT_MAX_ROWS:
             assert regs <= 128 and local == 0, (rows, regs, local)

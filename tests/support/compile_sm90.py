@@ -2,10 +2,11 @@
 
 Catches what the CPU interpreter cannot: code that only fails in Triton's compiler (globals, layouts, fp8 dots).
 Prints one line per kernel variant: name, shared memory, PTX size, and the registers and local memory of the cubin
-where Triton's cuobjdump is installed.
+where a cuobjdump is installed.
 """
 
 import sys
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -14,21 +15,22 @@ from triton.compiler import ASTSource
 from sglang_snapmla import numerics as nx
 from sglang_snapmla.kernels.triton import decode, quant
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: the repository's tools package
+from tools.kernel_dev.sass_schedule import find_tool  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)
 
 
 def resource_usage(cubin: bytes) -> str:
-    """' registers R, local L B' of a compiled kernel (cuobjdump --dump-resource-usage, the one Triton ships), or ''
-    where that tool is missing."""
-    import os
+    """' registers R, local L B' of a compiled kernel (cuobjdump --dump-resource-usage, found as the kernel tools find
+    it: the CUDA toolkit's or Triton's copy), or '' where there is none."""
     import re
     import subprocess
     import tempfile
 
-    import triton.backends.nvidia as nvidia_backend
-
-    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
-    if not os.path.exists(tool):
+    try:
+        tool = find_tool("cuobjdump")
+    except SystemExit:
         return ""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)

@@ -186,10 +186,10 @@ DP_RUN = ROOT / "results/serve/v3_fp8_dp_attention_h200_long"
 DP_SECTION = "Block-FP8 weights: DeepSeek-V3/R1 per GPU under DP attention (H200)"
 # host A: snapmla and BF16 whole runs (the folder); host B: BF16 and SGLang FP8 whole runs and snapmla stopped at 240 s
 DP_FOLDERS = {"A": DP_RUN, "B": DP_RUN / "other_host"}
-DP_LOGS = {("snapmla", "A"): DP_RUN / "server_snapmla.log.xz", ("flashmla", "A"): DP_RUN / "server_flashmla.log.xz",
-           ("flashmla", "B"): DP_RUN / "other_host/server_flashmla.log.xz",
-           ("flashmla-fp8", "B"): DP_RUN / "other_host/server_flashmla-fp8.log.xz",
-           ("snapmla 240 s", "B"): DP_RUN / "other_host/snapmla_cut_240s/server_snapmla.log.xz"}
+DP_LOGS = {(run, host): DP_FOLDERS[host] / log for run, host, log in (
+    ("snapmla", "A", "server_snapmla.log.xz"), ("flashmla", "A", "server_flashmla.log.xz"),
+    ("flashmla", "B", "server_flashmla.log.xz"), ("flashmla-fp8", "B", "server_flashmla-fp8.log.xz"),
+    ("snapmla 240 s", "B", "snapmla_cut_240s/server_snapmla.log.xz"))}
 DP_LABELS = {"snapmla": "snapmla", "flashmla": "flashmla BF16", "flashmla-fp8": "SGLang FP8 cache",
              "snapmla 240 s": "snapmla, client stopped at 240 s"}
 SNAPMLA_RUNS = (("snapmla", "A"), ("snapmla 240 s", "B"))
@@ -254,7 +254,7 @@ def test_each_dp_rows_engine_figures_are_its_server_log():
         for figure in (s["decode_tok_s_near_peak"], s["prefill_tok_s_median"]):
             assert f"| {figure:,.0f}".replace(",", " ") in row, (name, figure, row)
         assert f"| {s['prefill_span_s']:.0f} |" in row, (name, row)
-    probe = (DP_RUN / "other_host/snapmla_cut_240s/serve_and_bench.out").read_text()
+    probe = (DP_FOLDERS["B"] / "snapmla_cut_240s/serve_and_bench.out").read_text()
     assert "endpoint probe: 0/16 greedy logprobs not finite" in probe
     assert dp_row("snapmla 240 s", "B").endswith("| 0/16 |")
 
