@@ -11,7 +11,8 @@ TPOT / ITL / TTFT, pool tokens, peak running requests, the engine's output tok/s
 measured call, ratios vs flashmla BF16 of the same call) and writes JSON. The
 decode-heavy burst of docs/BENCHMARKS.md: `--runs snapmla flashmla flashmla-fp8 --input-len 1024 --output-len 1024
 --range-ratio 0.5 --num-prompts 1500 --cuda-graph-max-bs 512 --extra --mem-fraction-static 0.60`.
-Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` add DeepSeek MTP (NEXTN) speculative decoding.
+Runs (`--runs`): see RUNS; `snapmla-mtp` / `flashmla-mtp` / `flashmla-fp8-mtp` add DeepSeek MTP (NEXTN)
+speculative decoding.
 `--greedy-repeat` also generates a fixed greedy batch twice and records whether the outputs are identical;
 `--extra` passes more server flags (e.g. `--tp 2 --enable-dp-attention --dp 2`, see tools/gpu_host/multi_gpu.sh).
 One backend per GPU at once: one process per backend (`CUDA_VISIBLE_DEVICES`, `--port`, `--out`), then `--merge`

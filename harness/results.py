@@ -123,7 +123,7 @@ def main() -> None:
         return
     if args.dst.suffix != ".xz":
         ap.error(f"{args.dst}: the excerpt is written xz-compressed; name it {args.dst.name}.xz")
-    with lzma.open(args.dst, "wt") as f:
+    with lzma.open(args.dst, "wt", preset=9 | lzma.PRESET_EXTREME) as f:  # results/ has a size cap
         f.write(server_log_excerpt(read_log(args.src)))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ RUNS = {
 }
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
        "--speculative-num-draft-tokens", "3"]  # DeepSeek's MTP layer as the draft: target verify with s_q = 3
-RUNS |= {"snapmla-mtp": [*RUNS["snapmla"], *MTP], "flashmla-mtp": [*RUNS["flashmla"], *MTP]}
+RUNS |= {f"{run}-mtp": [*RUNS[run], *MTP] for run in ("snapmla", "flashmla", "flashmla-fp8")}
 # FlashMLA with every prefix prefill through MHA, as the snapmla plugin routes them: SGLang's DeepSeek handler sends
 # an extend batch whose cached prefix sums to < 8192 tokens (every chunked-prefill tail at in 4096) to absorbed MLA
 # for flashmla, which at 128 heads costs ~3.4x MHA's FLOPs (docs/BENCHMARKS.md). The same decode and
@@ -219,6 +220,19 @@ def top1_moe_refusal(model: str, release: str) -> str | None:
             "routed_scaling_factor to 1.0 in that config (harness.server.top1_moe_refusal)")
 
 
+def draft_worker_refusal(flags: list[str], release: str, has_deep_gemm: bool) -> str | None:
+    """Why a speculative server cannot start on SGLang `release`, naming the fix, or None. 0.5.17's draft worker
+    (speculative/eagle_worker_v2.py, `_capture_cuda_graphs`) imports DeepSeek's sparse-attention backend, which
+    imports deep_gemm, for every attention backend and every model, after the weights load and the target's graphs
+    are captured: without deep_gemm the server dies minutes into its start. `pip install sglang` brings it
+    (sgl-deep-gemm); the GPU hosts' bundled runtime does not (tools/gpu_host/env.sh says how its wheel travels)."""
+    if release != "0.5.17" or "--speculative-algorithm" not in flags or has_deep_gemm:
+        return None
+    return ("--speculative-algorithm: SGLang 0.5.17's draft worker imports deep_gemm when it captures its CUDA graphs, "
+            "and it is not importable here; install sgl-deep-gemm==0.1.5.post1 (on a GPU host: its wheel in .whl, "
+            "tools/gpu_host/env.sh) (harness.server.draft_worker_refusal)")
+
+
 def dummy_weights_env(model: str, load_format: str) -> dict:
     """The server environment that makes a dummy load of a block-FP8 config draw weights as a deployment's, for every
     backend alike (sglang_snapmla.dummy_weights); empty otherwise."""
@@ -235,7 +249,8 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
     check_port_free(port)
     from sglang_snapmla.sglang_release import installed
 
-    refused = top1_moe_refusal(model, installed())
+    refused = (top1_moe_refusal(model, installed())
+               or draft_worker_refusal(flags, installed(), importlib.util.find_spec("deep_gemm") is not None))
     if refused:
         raise ValueError(refused)
     env = {**dummy_weights_env(model, load_format), **(env or {})}

@@ -60,6 +60,33 @@ def test_a_port_another_socket_holds_is_refused_before_the_server_starts(monkeyp
     assert len(started) == 1
 
 
+def test_a_speculative_server_without_deep_gemm_is_refused_on_0_5_17_before_it_starts(monkeypatch, tmp_path):
+    """SGLang 0.5.17's draft worker imports deep_gemm when it captures its graphs, minutes into the start, for every
+    backend: start_server refuses such a server at once, naming the wheel. Without --speculative-algorithm, with
+    deep_gemm importable, or on 0.5.23, nothing is refused."""
+    import sglang_snapmla.sglang_release as release
+
+    mtp = server.RUNS["flashmla-mtp"]
+    assert server.draft_worker_refusal(mtp, "0.5.17", has_deep_gemm=True) is None
+    assert server.draft_worker_refusal(server.RUNS["flashmla"], "0.5.17", has_deep_gemm=False) is None
+    assert server.draft_worker_refusal(mtp, "0.5.23", has_deep_gemm=False) is None
+    started = []
+    monkeypatch.setattr(server.subprocess, "Popen", lambda *a, **k: started.append(a) or types.SimpleNamespace(pid=7))
+    monkeypatch.setattr(release, "installed", lambda: "0.5.17")
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: None if name == "deep_gemm" else object())
+    with pytest.raises(ValueError, match="imports deep_gemm.*sgl-deep-gemm==0.1.5.post1.*.whl"):
+        server.start_server("m", free_port(), mtp, tmp_path / "log")
+    assert not started
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def test_saved_json_is_read_plain_or_xz_compressed(tmp_path):
     """harness.results.read_json / stored: NAME.json where it exists, else NAME.json.xz (results/ keeps large JSON so);
     a path given with .xz is read through lzma; load_results resumes from either form."""
