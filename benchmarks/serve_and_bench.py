@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.bench_serving import bench_serving, parse_metrics
+from harness.bench_serving import METRICS, bench_serving, parse_metrics
 from harness.results import read_json, save_png, stored
 from harness.server_log import engine_span, peak_running_requests, pool_tokens, read_log
 from harness.server import (LAUNCHERS, RUN_ENV, RUNS, flush_cache, greedy_generate, kill_servers_on_exit, post,
@@ -198,10 +198,14 @@ def cut_runs(folder: Path, rows: list[dict]) -> list[dict]:
 
 def fill_from_log(r: dict, folder: Path) -> dict:
     """r with the pool size and peak batch it lacks taken from its server log in `folder` (a row saved as soon as its
-    bench returned, before its server stopped, or rebuilt by `cut_runs`)."""
+    bench returned, before its server stopped, or rebuilt by `cut_runs`), and the bench_serving figures it has no key
+    for (METRICS grown after it ran) from its bench text there."""
     log = stored(folder / f"server_{r['run']}.log")
     if log.exists() and any(r.get(k) is None for k in ("pool_tokens", "peak_running_req")):
         r.update({k: v for k, v in log_fields(read_log(log)).items() if r.get(k) is None})
+    bench = stored(folder / f"bench_{r['run']}.txt")
+    if bench.exists() and any(k not in r for k in METRICS):
+        r.update({k: v for k, v in parse_metrics(read_log(bench)).items() if k not in r})
     return r
 
 

@@ -24,6 +24,7 @@ METRICS = {
     "completed": r"Successful requests:\s+(\d+)",
     "output_tokens": r"Total generated tokens:\s+(\d+)",
     "retokenized_output_tokens": r"Total generated tokens \(retokenized\):\s+(\d+)",
+    "accept_length": r"Accept length:\s+([\d.]+)",  # speculative decoding only: tokens a request gains per step
 }
 
 

@@ -603,3 +603,18 @@ def test_merge_rebuilds_a_run_whose_bench_printed_but_whose_row_was_not_saved(tm
     (lone / "bench_snapmla.txt").write_text("Successful requests: 1\n")
     with pytest.raises(SystemExit, match="no saved run"):
         sb.merge_folders([lone], tmp_path / "out2")
+
+
+def test_merge_fills_a_bench_figure_the_saved_row_has_no_key_for_from_its_bench_text(tmp_path):
+    """A run saved before METRICS had `accept_length` (results/serve/v3_fp8_tp8_h200_mtp: no such key in its JSON)
+    gets it from its bench_serving text on `--merge`; a run without speculative decoding has no such line: None."""
+    from benchmarks import serve_and_bench as sb
+    from harness.bench_serving import parse_metrics
+
+    from pathlib import Path
+
+    saved = Path(__file__).resolve().parents[2] / "results/serve/v3_fp8_tp8_h200_mtp"
+    assert "accept_length" not in sb.read_json(saved / "serve_bench.json")[0]
+    merged = sb.merge_folders([saved], tmp_path / "out")
+    assert [(r["run"], r["accept_length"]) for r in merged] == [("snapmla-mtp", 1.66)]
+    assert parse_metrics("Successful requests:                     64\n")["accept_length"] is None
