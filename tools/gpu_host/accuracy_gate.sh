@@ -18,10 +18,8 @@ wait
 cp $CKPT/train_log.json "$OUT/"
 GATE=.gpucache/gate
 if [ -n "${FP8_WEIGHTS:-}" ]; then
-  [ -f $CKPT-fp8/config.json ] || python3 -m tools.convert_block_fp8 --src $CKPT --out $CKPT-fp8 | tee "$OUT/fp8_conversion.log"
-  cp $CKPT-fp8/fp8_conversion.json "$OUT/"
+  fp8_checkpoint $CKPT
   CKPT=$CKPT-fp8 GATE=.gpucache/gate-fp8
-  export SGLANG_ENABLE_JIT_DEEPGEMM=0
 fi
 RUNS=("$@")
 # the mutant's server: PYTHONSAFEPATH=1, or `python -m sglang.launch_server` would import the plugin from the working

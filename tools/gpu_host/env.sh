@@ -49,6 +49,14 @@ train_checkpoint() {
   ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
     --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 }
+# The trained checkpoint DIR converted to block-FP8 weights as DeepSeek-V3/R1 ship them (tools/convert_block_fp8.py)
+# into DIR-fp8 unless it is there, its conversion report copied to $OUT, and FP8 GEMMs on SGLang's Triton kernels
+# (DeepGEMM's JIT off: minutes of warm-up on a fresh host):   fp8_checkpoint DIR
+fp8_checkpoint() {
+  [ -f "$1-fp8/config.json" ] || python3 -m tools.convert_block_fp8 --src "$1" --out "$1-fp8" | tee "$OUT/fp8_conversion.log"
+  cp "$1-fp8/fp8_conversion.json" "$OUT/"
+  export SGLANG_ENABLE_JIT_DEEPGEMM=0
+}
 # A command killed at a GPU host's time limit (SIGKILL) leaves its SGLang server running in its own process group,
 # holding the GPU's memory: the host's next server then fails with CUDA out of memory. Scripts that serve in the
 # foreground (fp8_serve.sh, serve.sh, nan_origin.sh) run this first. SGLang's processes are a python binary running
