@@ -275,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-log", type=Path, help="the server's log, read for tracebacks written during the soak")
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--start", metavar="BACKEND", help="start a server of this harness run (RUNS) for the soak")
-    ap.add_argument("--model", help="with --start: the checkpoint (its weights are loaded)")
+    ap.add_argument("--model", help="with --start: the checkpoint (its weights are loaded), or a bundled config with "
+                                    "--load-format dummy")
+    ap.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
+                    help="with --start: dummy for a config without weights (configs/models/*; a block-FP8 one gets the "
+                         "deployment draw, harness.server.dummy_weights_env)")
     ap.add_argument("--server-flags", default="", help="with --start: more server flags, in one string")
     ap.add_argument("--context-length", type=int, default=4096,
                     help="with --start: the server's context length (the trained checkpoint's 4 096 by default)")
@@ -294,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_servers_on_exit()
         args.server_log = args.out / "server.log"
         flags = [*RUNS[args.start], "--enable-metrics", *shlex.split(args.server_flags)]
-        with serving(args.model, args.port, flags, args.server_log, 900, load_format="auto",
+        with serving(args.model, args.port, flags, args.server_log, 900, load_format=args.load_format,
                      context_length=args.context_length):
             result = run_soak(args)
     else:

@@ -142,3 +142,28 @@ def test_retractions_are_counted_from_the_server_log_and_required_on_request(tmp
     assert result["retracted_requests"] == 0
     assert [n for n, ok in result["checks"].items() if not ok] == ["at least 1 requests retracted"], soak.table(result)
     assert "requests retracted: 0" in soak.table(result)
+
+
+@pytest.mark.parametrize("load_format", ["auto", "dummy"])
+def test_start_loads_the_checkpoint_or_a_config_on_dummy_weights(monkeypatch, tmp_path, load_format):
+    """`--start` serves the checkpoint's weights by default and a bundled config (no weights) with `--load-format
+    dummy`, the soak's flags added to the run's."""
+    import contextlib
+
+    import harness.server
+
+    seen = {}
+
+    @contextlib.contextmanager
+    def serving(model, port, flags, log, timeout, **kwargs):
+        seen.update(model=model, flags=flags, **kwargs)
+        yield None
+
+    monkeypatch.setattr(harness.server, "serving", serving)
+    monkeypatch.setattr(harness.server, "kill_servers_on_exit", lambda: None)
+    monkeypatch.setattr(soak, "run_soak", lambda args: {"checks": {"holds": True}})
+    monkeypatch.setattr(soak, "table", lambda result: "")
+    argv = ["--start", "snapmla", "--model", "configs/models/deepseek-v3-fp8-tp8", "--out", str(tmp_path)]
+    assert soak.main([*argv, *(["--load-format", load_format] if load_format == "dummy" else [])]) == 0
+    assert seen["load_format"] == load_format and seen["model"] == "configs/models/deepseek-v3-fp8-tp8"
+    assert seen["flags"][:3] == ["--attention-backend", "snapmla", "--enable-metrics"]

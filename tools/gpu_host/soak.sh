@@ -3,18 +3,24 @@
 # pool small enough to force retractions, per backend in turn (default: snapmla flashmla). SERVER_FLAGS adds server
 # flags (e.g. "--tp 2 --enable-dp-attention --dp 2"), SOAK_SECONDS sets the soak's length (default 300), SOAK_PORT the
 # first server's port (default 31700; soaks side by side on one host each take their own), SOAK_ARGS more tools.soak
-# options (e.g. "--min-retractions 1" with SERVER_FLAGS="--schedule-conservativeness 0.05"). Per backend
+# options (e.g. "--min-retractions 1" with SERVER_FLAGS="--schedule-conservativeness 0.05"), SOAK_MODEL a bundled config
+# served on dummy weights instead of the checkpoint (configs/models/deepseek-v3-fp8-tp8: the deployment draw). Per backend
 # the table, soak.json and the server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
-CKPT=.gpucache/tiny-mla-h${HEADS:-16}
-train_checkpoint $CKPT ${HEADS:-16}
+if [ -n "${SOAK_MODEL:-}" ]; then
+  MODEL="--model $SOAK_MODEL --load-format dummy --context-length 32768"
+else
+  CKPT=.gpucache/tiny-mla-h${HEADS:-16}
+  train_checkpoint $CKPT ${HEADS:-16}
+  MODEL="--model $CKPT"
+fi
 port=${SOAK_PORT:-31700}
 for backend in ${@:-snapmla flashmla}; do
   # other backends get no out-of-range ids: SGLang sends them to the GPU and the server dies (sglang PR #8383)
   case $backend in snapmla*) ids="" ;; *) ids="--without-out-of-range-ids" ;; esac
-  python3 -m tools.soak --start "$backend" --model $CKPT --port $port --seconds "${SOAK_SECONDS:-300}" $ids ${SOAK_ARGS:-} \
+  python3 -m tools.soak --start "$backend" $MODEL --port $port --seconds "${SOAK_SECONDS:-300}" $ids ${SOAK_ARGS:-} \
     --server-flags "--max-total-tokens 65536 --max-running-requests 256 ${SERVER_FLAGS:-}" --out "$OUT/soak_$backend"
   echo "$backend: soak exit $?"
   port=$((port + 10))
