@@ -5,14 +5,18 @@
 Per (heads, requests, prefix p, new tokens e), every request holding p + e tokens of a paged cache:
 * snapmla absorbed: the backend's absorbed extend (`SnapMLAForward._absorbed_extend` with its launch plan cached, as
   every layer after a batch's first runs it): Q gather + quant, the FP8 decode kernel with s_q = e, scatter;
-* snapmla MHA: fetch-dequant of all p + e rows, kv_b_proj (a [rows, 512] x [512, H x 256] BF16 GEMM), K assembled
-  from K_nope and the RoPE key, FlashInfer's ragged causal prefill at head dims 192 / 128 -- SGLang's one-shot MHA
-  forward for the same batch;
+* snapmla MHA: fetch-dequant of all p + e rows, kv_b_proj (a [rows, 512] x [512, H x 256] BF16 GEMM; with
+  `--kv-b-proj fp8` the W8A8 block-FP8 linear SGLang serves an FP8 checkpoint's kv_b_proj with, its activations
+  quantized per 128-group, on Triton's kernel where DeepGEMM is off), K assembled from K_nope and the RoPE key,
+  FlashInfer's ragged causal prefill at head dims 192 / 128 -- SGLang's one-shot MHA forward for the same batch;
 * flashmla BF16 absorbed: FlashInfer's MLA paged prefill over a BF16 cache (what SGLang runs for flashmla's
   extends whose prefixes sum to < 8 192 tokens and for every prefill in its captured prefill graphs).
 The new tokens' own projections (q_b_proj, the absorbed route's W_UK / W_UV) are common work and left out. Each
 call is timed between CUDA events (median of repeats, eager as in serving). Prints a table with the model's
-prediction (`extend.route_costs`), the route it picks and the faster measured one; writes JSON and a PNG.
+prediction (`extend.route_costs`), the route it picks and the faster measured one, and the per-unit times fitted to
+the measured cases (`fit_route_costs`, what `extend.ROUTE_COSTS` holds for the BF16 kv_b_proj); writes JSON and a PNG.
+
+    python -m benchmarks.bench_extend_routes --kv-b-proj fp8 --out routes_fp8    # SGLANG_ENABLE_JIT_DEEPGEMM=0
 """
 
 from __future__ import annotations
@@ -59,7 +63,35 @@ class _Pool:
         return self.arrays
 
 
-def case(heads: int, requests: int, prefix: int, new: int, dev) -> dict:
+def fp8_kv_b_proj(w_kv: torch.Tensor):
+    """x [rows, 512] -> x @ w_kv through SGLang's W8A8 block-FP8 linear, w_kv [512, H x 256] stored as an FP8
+    checkpoint's kv_b_proj is ([H x 256, 512] e4m3 in 128 x 128 blocks, `sglang_snapmla.block_fp8`)."""
+    from sglang.srt.layers.quantization.fp8_utils import dispatch_w8a8_block_fp8_linear
+
+    from sglang_snapmla.block_fp8 import BLOCK, quantize_block_fp8
+
+    weight, scale_inv = quantize_block_fp8(w_kv.t().contiguous())
+    linear = dispatch_w8a8_block_fp8_linear()  # as SGLang's Fp8LinearMethod picks it
+    return lambda x: linear(input=x, weight=weight, block_size=list(BLOCK), weight_scale=scale_inv)
+
+
+def fit_route_costs(results: list[dict]) -> extend.RouteCosts:
+    """The per-unit times that minimise the squared relative error of each route's modelled time against the
+    measured cases (`extend.route_units`: each route's time is linear in them): how `extend.ROUTE_COSTS` was fitted."""
+    import numpy as np
+
+    coeffs = {}
+    for route, key in ((0, "snapmla_absorbed_us"), (1, "snapmla_mha_us")):
+        units = np.array([extend.route_units([r["prefix"]] * r["requests"], [r["new"]] * r["requests"],
+                                             r["heads"])[route] for r in results])
+        measured = np.array([r[key] * 1e-6 for r in results])
+        coeffs[route], *_ = np.linalg.lstsq(units / measured[:, None], np.ones(len(results)), rcond=None)
+    (a_fixed, a_pair), (m_fixed, m_upproj, m_pair) = coeffs[0], coeffs[1]
+    return extend.RouteCosts(absorbed_pair=float(a_pair), absorbed_fixed=float(a_fixed), mha_upproj=float(m_upproj),
+                             mha_pair=float(m_pair), mha_fixed=float(m_fixed))
+
+
+def case(heads: int, requests: int, prefix: int, new: int, dev, kv_b_proj: str = "bf16") -> dict:
     from sglang_snapmla.backend import SnapMLAForward
 
     total = prefix + new
@@ -71,7 +103,7 @@ def case(heads: int, requests: int, prefix: int, new: int, dev) -> dict:
     req_to_token = (pages[:, :, None] * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE, device=dev)).view(requests, -1)
     req_to_token = req_to_token.to(torch.int32)
     tokens = requests * new
-    res = {"heads": heads, "requests": requests, "prefix": prefix, "new": new}
+    res = {"heads": heads, "requests": requests, "prefix": prefix, "new": new, "kv_b_proj": kv_b_proj}
 
     backend = SnapMLAForward()
     backend.token_to_kv_pool, backend.req_to_token, backend.max_pages = _Pool(pool), req_to_token, pages_per + 1
@@ -87,6 +119,7 @@ def case(heads: int, requests: int, prefix: int, new: int, dev) -> dict:
     # MHA: every request's p + e rows, fetch-dequantized, up-projected, ragged causal prefill
     rows = req_to_token[:, :total].reshape(-1)
     w_kv = torch.randn(512, heads * 256, device=dev, dtype=torch.bfloat16) * 512 ** -0.5
+    upproj = fp8_kv_b_proj(w_kv) if kv_b_proj == "fp8" else (lambda x: x @ w_kv)
     qm = torch.randn(tokens, heads, 192, device=dev, dtype=torch.bfloat16)
     workspace = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
     ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
@@ -96,7 +129,7 @@ def case(heads: int, requests: int, prefix: int, new: int, dev) -> dict:
 
     def mha():
         c, r = ops.fetch_dequant(rows, *pool)
-        kv = (c @ w_kv).view(-1, heads, 256)
+        kv = upproj(c).view(-1, heads, 256)
         k = torch.empty(kv.shape[0], heads, 192, device=dev, dtype=torch.bfloat16)
         k[..., :128] = kv[..., :128]
         k[..., 128:] = r[:, None, :]
@@ -159,6 +192,8 @@ def plot(results: list[dict], path: Path) -> Path:
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", nargs="+", type=int, default=[16, 128])
+    ap.add_argument("--kv-b-proj", choices=("bf16", "fp8"), default="bf16",
+                    help="the MHA route's up-projection: a BF16 GEMM, or an FP8 checkpoint's W8A8 block-FP8 linear")
     ap.add_argument("--out", type=Path, default=Path("routes_out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,11 +201,12 @@ def main(argv: list[str] | None = None):
     results = []
     for heads in args.heads:
         for requests, prefix, new in CASES:
-            results.append(case(heads, requests, prefix, new, torch.device("cuda")))
+            results.append(case(heads, requests, prefix, new, torch.device("cuda"), args.kv_b_proj))
             print(json.dumps(results[-1]), flush=True)
             torch.cuda.empty_cache()
     (args.out / "extend_routes.json").write_text(json.dumps(results, indent=1))
     print(table(results))
+    print(f"fitted to these {len(results)} cases ({args.kv_b_proj} kv_b_proj): {fit_route_costs(results)}")
     print("plot:", plot(results, args.out / "extend_routes.png"))
 
 

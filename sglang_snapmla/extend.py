@@ -60,6 +60,8 @@ class RouteCosts:
 # Fitted (least squares on relative error) to the route benchmark's 20 cases at 16 and 128 heads on an H100 80GB
 # HBM3: 644 TFLOP/s effective for the absorbed pairs, 266 for the prefix up-projection with its memory traffic, 690 for
 # the ragged prefill's pairs; the faster measured route is the cheaper modelled one in all 20 (docs/BENCHMARKS.md).
+# `benchmarks.bench_extend_routes.fit_route_costs` gives these from results/bench/extend_routes_h100.json; the MHA
+# route's up-projection is the BF16 kv_b_proj of a BF16 checkpoint (`--kv-b-proj fp8` times an FP8 checkpoint's).
 ROUTE_COSTS = RouteCosts(absorbed_pair=3.38e-12, absorbed_fixed=2.7e-4, mha_upproj=9.86e-10, mha_pair=9.27e-13,
                          mha_fixed=3.1e-4)
 
@@ -77,17 +79,25 @@ def group_requests(extend_lens: list[int]) -> list[list[int]]:
     return groups
 
 
+def route_units(prefix_lens: list[int], extend_lens: list[int], heads: int,
+                groups: list[list[int]] | None = None) -> tuple[tuple[float, float], tuple[float, float, float]]:
+    """The work each route's modelled time is linear in, per RouteCosts field: absorbed (batches, query-row x key
+    pairs over the padded launches), MHA (batches, cached token x head up-projections, query-row x key pairs of the
+    causal prefill). `groups`: `group_requests(extend_lens)`, where the caller has it."""
+    pairs = sum(len(group) * extend_lens[group[0]] * max(prefix_lens[i] + extend_lens[i] for i in group) * heads
+                for group in (groups if groups is not None else group_requests(extend_lens)))
+    upproj = sum(prefix_lens) * heads
+    mha_pairs = sum(e * (p + (e + 1) / 2) * heads for p, e in zip(prefix_lens, extend_lens))
+    return (1.0, pairs), (1.0, upproj, mha_pairs)
+
+
 def route_costs(prefix_lens: list[int], extend_lens: list[int], heads: int, costs: RouteCosts = ROUTE_COSTS,
                 groups: list[list[int]] | None = None) -> tuple[float, float]:
     """(absorbed, MHA) predicted attention-side seconds of an extend batch (the new tokens' own projections are
-    the same on both routes and left out). `groups`: `group_requests(extend_lens)`, where the caller has it."""
-    absorbed = costs.absorbed_fixed
-    for group in (groups if groups is not None else group_requests(extend_lens)):
-        s_q = extend_lens[group[0]]
-        absorbed += len(group) * s_q * max(prefix_lens[i] + extend_lens[i] for i in group) * heads * costs.absorbed_pair
-    mha = costs.mha_fixed + sum(p * heads * costs.mha_upproj + e * (p + (e + 1) / 2) * heads * costs.mha_pair
-                                for p, e in zip(prefix_lens, extend_lens))
-    return absorbed, mha
+    the same on both routes and left out): `route_units` times the per-unit times."""
+    (a_batches, a_pairs), (m_batches, upproj, m_pairs) = route_units(prefix_lens, extend_lens, heads, groups)
+    return (a_batches * costs.absorbed_fixed + a_pairs * costs.absorbed_pair,
+            m_batches * costs.mha_fixed + upproj * costs.mha_upproj + m_pairs * costs.mha_pair)
 
 
 def padded_rows(extend_lens: list[int], heads: int, groups: list[list[int]] | None = None) -> int:

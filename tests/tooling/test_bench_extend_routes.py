@@ -1,0 +1,67 @@
+"""benchmarks/bench_extend_routes.py: the per-unit fit that gives `extend.ROUTE_COSTS`, and the FP8 checkpoint's
+kv_b_proj the MHA route is timed with under `--kv-b-proj fp8`."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import bench_extend_routes as bench
+from sglang_snapmla import extend
+from sglang_snapmla.block_fp8 import dequantize_block_fp8, quantize_block_fp8
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_fit_of_the_saved_h100_run_is_route_costs():
+    """Least squares on the relative error of each route over the saved run's 20 cases gives ROUTE_COSTS to the
+    digits it keeps (3 for the per-pair and per-up-projection times, 2 for the per-batch ones)."""
+    rows = json.loads((ROOT / "results/bench/extend_routes_h100.json").read_text())
+    fitted, kept = bench.fit_route_costs(rows), extend.ROUTE_COSTS
+    for field, digits in (("absorbed_pair", 3), ("mha_upproj", 3), ("mha_pair", 3), ("absorbed_fixed", 2),
+                          ("mha_fixed", 2)):
+        assert f"{getattr(fitted, field):.{digits - 1}e}" == f"{getattr(kept, field):.{digits - 1}e}", field
+
+
+def test_the_fit_recovers_the_costs_that_made_the_times():
+    """Times made by a known RouteCosts over cases of both head counts fit back to it."""
+    true = extend.RouteCosts(absorbed_pair=2e-12, absorbed_fixed=1e-4, mha_upproj=5e-10, mha_pair=7e-13,
+                             mha_fixed=2e-4)
+    rows = []
+    for heads in (16, 128):
+        for requests, prefix, new in bench.CASES:
+            absorbed, mha = extend.route_costs([prefix] * requests, [new] * requests, heads, true)
+            rows.append({"heads": heads, "requests": requests, "prefix": prefix, "new": new,
+                         "snapmla_absorbed_us": absorbed * 1e6, "snapmla_mha_us": mha * 1e6})
+    fitted = bench.fit_route_costs(rows)
+    for field in true.__dataclass_fields__:
+        assert getattr(fitted, field) == pytest.approx(getattr(true, field), rel=1e-6), field
+
+
+@pytest.mark.cpu_interpreter
+def test_the_fp8_kv_b_proj_is_the_block_fp8_weight_times_sglangs_quantized_activations(monkeypatch):
+    """`fp8_kv_b_proj(w)(x)` is x quantized per 128-group by SGLang, times w stored as block FP8 ([out, in], a scale
+    per 128 x 128 block): with blocks of very different magnitudes a transposed or misplaced scale is far off."""
+    import importlib
+
+    from sglang.srt.layers.quantization import fp8_utils
+
+    for name in ("sglang.kernels.ops.quantization.fp8_kernel", "sglang.kernels.ops.gemm.fp8_kernel"):  # 0.5.17, 0.5.23
+        try:
+            kernel = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(kernel, "get_w8a8_block_fp8_configs"):  # its tuned-config lookup names the GPU
+            monkeypatch.setattr(kernel, "get_device_name", lambda *a: "CPU")
+    g = torch.Generator().manual_seed(0)
+    rows_scale = (10.0 ** torch.arange(-2, 2)).repeat_interleave(128)[:, None]  # the 4 input blocks
+    cols_scale = torch.tensor([1.0, 30.0]).repeat_interleave(128)[None, :]  # the 2 output blocks
+    w = (torch.randn(512, 256, generator=g) * rows_scale * cols_scale / 512 ** 0.5).bfloat16()
+    x = torch.randn(4, 512, generator=g).bfloat16()
+    out = bench.fp8_kv_b_proj(w)(x).float()
+    q_x, s_x = fp8_utils.per_token_group_quant_fp8(x, 128, column_major_scales=False)
+    x_used = (q_x.float().view(4, 4, 128) * s_x.view(4, 4, 1)).view(4, 512)
+    q_w, s_w = quantize_block_fp8(w.t().contiguous())
+    ref = x_used @ dequantize_block_fp8(q_w, s_w).t()
+    assert out.shape == (4, 256) and float((out - ref).norm() / ref.norm()) < 1e-2
