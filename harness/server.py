@@ -249,8 +249,9 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
     check_port_free(port)
     from sglang_snapmla.sglang_release import installed
 
-    refused = (top1_moe_refusal(model, installed())
-               or draft_worker_refusal(flags, installed(), importlib.util.find_spec("deep_gemm") is not None))
+    release = installed()
+    refused = (top1_moe_refusal(model, release)
+               or draft_worker_refusal(flags, release, importlib.util.find_spec("deep_gemm") is not None))
     if refused:
         raise ValueError(refused)
     env = {**dummy_weights_env(model, load_format), **(env or {})}
