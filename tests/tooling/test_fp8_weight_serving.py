@@ -123,12 +123,17 @@ def test_the_near_peak_and_prefill_ratios_are_the_logs():
         assert figure in section and figure in row, figure
 
 
+def drew_the_fan_in_weights(text: str) -> bool:
+    """Whether a per-GPU V3 server's log (TP 8 or DP attention: 61 layers) shows the deployment draw of its block-FP8
+    weights and the KV scales it checked at 1.0."""
+    return ("'block_fp8_weights': 482," in text and "'routers': 58, 'lm_heads': 1" in text
+            and re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text) is not None)
+
+
 def test_the_dummy_weight_fix_and_routed_scaling_are_in_every_servers_log():
     for folder in RUNS.values():
         for log in folder.glob("server_*.log.xz"):
-            text = read_log(log)
-            assert re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text), log.name
-            assert "'block_fp8_weights': 482" in text and "'routers': 58, 'lm_heads': 1" in text, log.name
+            assert drew_the_fan_in_weights(read_log(log)), log.name
     config = json.loads((ROOT / "configs/models/deepseek-v3-fp8-tp8/config.json").read_text())
     assert config["routed_scaling_factor"] == 1.0 and config["num_experts_per_tok"] == 1
 
@@ -378,13 +383,6 @@ def test_the_moe_check_table_is_the_saved_run():
         assert f"| {nonfinite} |" in section
     inplace = " / ".join(str(r["non_finite"]) for r in rows if r["routed_scaling_factor"] == 2.5 and r["inplace"])
     assert f"the same blocks off, {inplace} non-finite" in section
-
-
-def drew_the_fan_in_weights(text: str) -> bool:
-    """Whether a DP-shape server's log shows the deployment draw of its 61 layers' block-FP8 weights and the KV
-    scales it checked at 1.0."""
-    return ("'block_fp8_weights': 482," in text and "'routers': 58, 'lm_heads': 1" in text
-            and re.search(r"k_scale = v_scale = 1\.0 on \d+ attention layers \(checked\)", text) is not None)
 
 
 def test_the_dp_attention_servers_drew_the_fan_in_weights():
