@@ -17,7 +17,7 @@ for shape in "$@"; do
   echo "# $shape" >> "$OUT/$name.csv"
   # the launches of the second decode in the range (the first pays any lazy set-up)
   timeout 120 ncu ${NCU_ARGS:-} --nvtx --nvtx-include 'profile/' --metrics "$metrics" --csv \
-    python3 -m tools.kernel_dev.profile_decode $shape --calls 2 > "$OUT/$name.raw.log" 2>&1
+    python3 -m tools.kernel_dev.profile_decode $shape --decodes 2 > "$OUT/$name.raw.log" 2>&1
   grep -E '^"' "$OUT/$name.raw.log" >> "$OUT/$name.csv"
   grep -E "^plan:" "$OUT/$name.raw.log" | sed "s|^|# $shape: |" >> "$OUT/$name.csv"
 done

@@ -1,4 +1,4 @@
-"""One decode shape, called a few times, for `ncu` (GPU host): python -m tools.kernel_dev.profile_decode B S_K H [S_Q]
+"""One decode shape, run `--decodes` times, for `ncu` (GPU host): python -m tools.kernel_dev.profile_decode B S_K H [S_Q]
 [--impl cuda|triton|flashmla|flashmla-fp8] [--context-len N]. Inputs are built like benchmarks/bench_kernels.py
 (shuffled pages, unit-scale bf16). snapmla runs the split count the backend plans: from the table width, or with
 --context-len from the static page bound a CUDA-graph server plans with. flashmla / flashmla-fp8 run FlashMLA's BF16
@@ -20,7 +20,7 @@ ap.add_argument("h", type=int)
 ap.add_argument("sq", type=int, nargs="?", default=1)
 ap.add_argument("--impl", default="cuda", choices=("cuda", "triton", "flashmla", "flashmla-fp8"))
 ap.add_argument("--context-len", type=int, default=0, help="plan from the static bound of this context length")
-ap.add_argument("--calls", type=int, default=3)
+ap.add_argument("--decodes", type=int, default=3)
 a = ap.parse_args()
 dev = torch.device("cuda")
 x = make_inputs(a.b, a.sk, a.h, a.sq, 1, dev)[0]
@@ -54,7 +54,7 @@ decode()  # loads the kernel (the prebuilt library's self-check launches it on a
 torch.cuda.synchronize()
 # profile.sh reports only launches inside this range (ncu --nvtx-include "profile/")
 torch.cuda.nvtx.range_push("profile")
-for _ in range(a.calls):
+for _ in range(a.decodes):
     decode()
 torch.cuda.nvtx.range_pop()
 torch.cuda.synchronize()
