@@ -58,6 +58,7 @@ def timed(fn, repeats: int = 10) -> float:
 class _Pool:
     def __init__(self, arrays):
         self.arrays = arrays
+        self.num_slots = arrays[0].shape[0]
 
     def snapmla_buffers(self, layer_id):
         return self.arrays
@@ -91,7 +92,12 @@ def fit_route_costs(results: list[dict]) -> extend.RouteCosts:
                              mha_pair=float(m_pair), mha_fixed=float(m_fixed))
 
 
-def case(heads: int, requests: int, prefix: int, new: int, dev, kv_b_proj: str = "bf16") -> dict:
+def absorbed_extend(heads: int, requests: int, prefix: int, new: int, dev):
+    """The backend's absorbed extend over `requests` requests of `prefix` cached + `new` tokens each, on random pages
+    of a random pool, as a layer of a prefill step calls it (`SnapMLAForward._absorbed_extend`, its step plan made at
+    the first call) -> (call() -> out [requests x new, heads x 512], inputs: .latent [slots, 576] bf16, .pool (the
+    FP8 pool written from it), .req_to_token [requests, pages x 64] int32, .q [requests x new, heads, 512], .q_rope
+    [.., 64], .scale)."""
     from sglang_snapmla.backend import SnapMLAForward
 
     total = prefix + new
@@ -103,16 +109,26 @@ def case(heads: int, requests: int, prefix: int, new: int, dev, kv_b_proj: str =
     req_to_token = (pages[:, :, None] * nx.PAGE_SIZE + torch.arange(nx.PAGE_SIZE, device=dev)).view(requests, -1)
     req_to_token = req_to_token.to(torch.int32)
     tokens = requests * new
-    res = {"heads": heads, "requests": requests, "prefix": prefix, "new": new, "kv_b_proj": kv_b_proj}
 
-    backend = SnapMLAForward()
+    backend = SnapMLAForward()  # the attributes FlashMLABackend's __init__ sets, which the extend reads
     backend.token_to_kv_pool, backend.req_to_token, backend.max_pages = _Pool(pool), req_to_token, pages_per + 1
+    backend.num_q_heads, backend.step_plan = heads, None
     layer = SimpleNamespace(layer_id=0, tp_q_head_num=heads, scaling=576 ** -0.5)
     fb = SimpleNamespace(extend_seq_lens_cpu=[new] * requests, seq_lens_cpu=torch.full((requests,), total),
                          req_pool_indices=torch.arange(requests, device=dev), out_cache_loc=None)
     q = torch.randn(tokens, heads, 512, device=dev, dtype=torch.bfloat16)
     qr = torch.randn(tokens, heads, 64, device=dev, dtype=torch.bfloat16)
-    res["snapmla_absorbed_us"] = timed(lambda: backend._absorbed_extend(q, None, layer, fb, False, qr, None))
+    inputs = SimpleNamespace(latent=latent, pool=pool, req_to_token=req_to_token, q=q, q_rope=qr,
+                             scale=layer.scaling)
+    return (lambda: backend._absorbed_extend(q, None, layer, fb, False, qr, None)), inputs
+
+
+def case(heads: int, requests: int, prefix: int, new: int, dev, kv_b_proj: str = "bf16") -> dict:
+    res = {"heads": heads, "requests": requests, "prefix": prefix, "new": new, "kv_b_proj": kv_b_proj}
+    call, inputs = absorbed_extend(heads, requests, prefix, new, dev)
+    res["snapmla_absorbed_us"] = timed(call)
+    total, tokens = prefix + new, requests * new
+    latent, pool, req_to_token, q, qr = inputs.latent, inputs.pool, inputs.req_to_token, inputs.q, inputs.q_rope
 
     import flashinfer
 

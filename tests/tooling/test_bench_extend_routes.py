@@ -65,3 +65,22 @@ def test_the_fp8_kv_b_proj_is_the_block_fp8_weight_times_sglangs_quantized_activ
     q_w, s_w = quantize_block_fp8(w.t().contiguous())
     ref = x_used @ dequantize_block_fp8(q_w, s_w).t()
     assert out.shape == (4, 256) and float((out - ref).norm() / ref.norm()) < 1e-2
+
+
+@pytest.mark.cpu_interpreter
+def test_the_timed_absorbed_extend_is_the_backends_and_attends_each_requests_pages():
+    """The benchmark's snapmla absorbed call runs the backend as a prefill step calls it (its plan made from the
+    batch) and, over 2 requests of a 2-page prefix + 16 new tokens on shuffled pages, gives causal attention over each
+    request's own pages within FP8's error (the float64 golden on the unquantized latents)."""
+    from sglang_snapmla import numerics as nx
+
+    heads, requests, prefix, new = 16, 2, 128, 16
+    call, inputs = bench.absorbed_extend(heads, requests, prefix, new, torch.device("cpu"))
+    out = call().view(requests, new, heads, 512)
+    latent, total = inputs.latent, prefix + new
+    pages = inputs.req_to_token[:, ::nx.PAGE_SIZE].div(nx.PAGE_SIZE, rounding_mode="floor").int()
+    golden, _ = nx.mla_decode_golden(inputs.q.view(requests, new, heads, 512), inputs.q_rope.view(requests, new, heads, 64),
+                                     latent[:, :512], latent[:, 512:], pages,
+                                     torch.full((requests,), total, dtype=torch.int32), inputs.scale)
+    rel = ((out.double() - golden).norm() / golden.norm()).item()
+    assert rel < 0.05, rel
