@@ -97,6 +97,51 @@ def evaluate(port: int, held: dict, ref_drift: list[list[int]] | None = None, wo
                                for r, c in zip(forced, forced_on)]}
 
 
+def summarize(results: dict) -> dict:
+    """The table's figures per backend from the saved results (the first backend is the reference): the few numbers
+    a report keeps, without the token lists. Fractions in [0, 1]; None where a figure does not apply."""
+    ref_name, ref = next(iter(results.items()))
+    rows = {}
+    for name, r in results.items():
+        if "error" in r or "error" in ref:
+            rows[name] = {"error": r.get("error") or ref.get("error")}
+            continue
+        d = divergence_summary(r["greedy"], ref["greedy"], ref["greedy_margins"])
+        # argmax from the reference's own prefix vs the reference's tokens: no cascade, so a length-dependent decay
+        # here is a real drift (the reference's row: its prefill vs its decode)
+        tf = r.get("teacher_forced")
+        rows[name] = {"perplexity": r["perplexity"], "ppl_ratio": r["perplexity"] / ref["perplexity"],
+                      "greedy_agreement": agreement(r["greedy"], ref["greedy"]),
+                      "drift_first": agreement(r["drift"], ref["drift"], 0, WINDOW),
+                      "drift_last": agreement(r["drift"], ref["drift"], DRIFT_TOKENS - WINDOW), **d,
+                      "teacher_forced_first": None if tf is None else agreement(tf, ref["drift"], 0, WINDOW),
+                      "teacher_forced_last": None if tf is None else agreement(tf, ref["drift"],
+                                                                               DRIFT_TOKENS - WINDOW),
+                      "teacher_forced_by_window": None if tf is None else [
+                          agreement(tf, ref["drift"], w, w + WINDOW) for w in range(0, DRIFT_TOKENS, WINDOW)]}
+    return {"reference": ref_name, "results": rows}
+
+
+def table(summary: dict) -> str:
+    """The markdown table of `summarize`'s figures."""
+    ref_name = summary["reference"]
+    lines = [f"| backend | perplexity | ppl / {ref_name} | greedy agreement | drift: first {WINDOW} | "
+             f"drift: last {WINDOW} | greedy prompts diverged | median first divergence | median {ref_name} top-2 "
+             f"margin there (nats) | divergences at near-ties (< {NEAR_TIE}) | teacher-forced: first {WINDOW} | "
+             f"teacher-forced: last {WINDOW} |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    fmt = lambda x, f, k=1: "-" if x is None else format(k * x, f)  # noqa: E731
+    for name, r in summary["results"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error']} | | | | | | | | | | |")
+            continue
+        lines.append(f"| {name} | {r['perplexity']:.4f} | {r['ppl_ratio']:.4f} | {100 * r['greedy_agreement']:.1f} % | "
+                     f"{100 * r['drift_first']:.1f} % | {100 * r['drift_last']:.1f} % | "
+                     f"{r['diverged']}/{r['prompts']} | {fmt(r['median_first_divergence'], '.0f')} | "
+                     f"{fmt(r['median_ref_margin'], '.3f')} | {fmt(r['near_tie_fraction'], '.0f', 100)} % | "
+                     f"{fmt(r['teacher_forced_first'], '.1f', 100)} % | {fmt(r['teacher_forced_last'], '.1f', 100)} % |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="checkpoint dir written by tools/train_tiny_mla.py")
@@ -125,36 +170,12 @@ def main():
         except Exception as e:  # reported in the table
             results[name] = {"error": repr(e)[:300]}
         saved.write_text(json.dumps(results))
-    ref_name = args.runs[0]
     results = {name: results[name] for name in args.runs}  # table in --runs order
-    ref = results[ref_name]
-    print(f"\nmodel {args.model}; reference {ref_name}; greedy {GREEDY_TOKENS} tokens x {len(held['prompts'])} "
+    summary = summarize(results)
+    (args.out / "eval_trained_model_summary.json").write_text(json.dumps(summary, indent=1))
+    print(f"\nmodel {args.model}; reference {args.runs[0]}; greedy {GREEDY_TOKENS} tokens x {len(held['prompts'])} "
           f"prompts; drift {DRIFT_TOKENS} tokens x {DRIFT_PROMPTS} prompts")
-    print(f"| backend | perplexity | ppl / {ref_name} | greedy agreement | drift: first {WINDOW} | "
-          f"drift: last {WINDOW} | greedy prompts diverged | median first divergence | median {ref_name} top-2 "
-          f"margin there (nats) | divergences at near-ties (< {NEAR_TIE}) | teacher-forced: first {WINDOW} | "
-          f"teacher-forced: last {WINDOW} |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, r in results.items():
-        if "error" in r or "error" in ref:
-            print(f"| {name} | error: {r.get('error') or ref.get('error')} | | | | | | | | | | |")
-            continue
-        d = divergence_summary(r["greedy"], ref["greedy"], ref["greedy_margins"])
-        fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
-        near = None if d["near_tie_fraction"] is None else 100 * d["near_tie_fraction"]
-        # argmax from the reference's own prefix vs the reference's tokens: no cascade, so a length-dependent decay
-        # here is a real drift (the reference's row: its prefill vs its decode)
-        tf = r.get("teacher_forced")
-        tf_first = None if tf is None else 100 * agreement(tf, ref["drift"], 0, WINDOW)
-        tf_last = None if tf is None else 100 * agreement(tf, ref["drift"], DRIFT_TOKENS - WINDOW)
-        print(f"| {name} | {r['perplexity']:.4f} | {r['perplexity'] / ref['perplexity']:.4f} | "
-              f"{100 * agreement(r['greedy'], ref['greedy']):.1f} % | "
-              f"{100 * agreement(r['drift'], ref['drift'], 0, WINDOW):.1f} % | "
-              f"{100 * agreement(r['drift'], ref['drift'], DRIFT_TOKENS - WINDOW):.1f} % | "
-              f"{d['diverged']}/{d['prompts']} | {fmt(d['median_first_divergence'], '.0f')} | "
-              f"{fmt(d['median_ref_margin'], '.3f')} | {fmt(near, '.0f')} % | {fmt(tf_first, '.1f')} % | "
-              f"{fmt(tf_last, '.1f')} % |")
-
+    print(table(summary))
 
 if __name__ == "__main__":
     main()

@@ -53,3 +53,26 @@ def test_teacher_forced_argmax_is_end_aligned():
     top = [None, [[-0.5, 11, None]], [[-0.1, 12, None]], [[-0.2, 13, None]]]
     assert ev.teacher_forced_argmax(top, 2) == [12, 13]
     assert ev.teacher_forced_argmax(top, 3) == [11, 12, 13]
+
+
+def test_the_summary_keeps_the_tables_figures_without_the_token_lists(monkeypatch):
+    """`summarize` gives each backend's figures against the first backend's (the reference), and `table` prints them;
+    the teacher-forced windows are the reference's drift tokens, window by window."""
+    monkeypatch.setattr(ev, "DRIFT_TOKENS", 4)
+    monkeypatch.setattr(ev, "WINDOW", 2)
+    ref = {"perplexity": 10.0, "greedy": [[1, 2, 3]], "greedy_margins": [[1.0, 0.05, 1.0]], "drift": [[1, 2, 3, 4]],
+           "teacher_forced": [[1, 2, 3, 4]]}
+    other = {"perplexity": 10.5, "greedy": [[1, 9, 3]], "greedy_margins": [[1.0, 1.0, 1.0]],
+             "drift": [[1, 2, 0, 0]], "teacher_forced": [[1, 2, 3, 0]]}
+    s = ev.summarize({"ref": ref, "other": other, "broken": {"error": "died"}})
+    assert s["reference"] == "ref"
+    o = s["results"]["other"]
+    assert o["ppl_ratio"] == pytest.approx(1.05) and o["greedy_agreement"] == pytest.approx(2 / 3)
+    assert (o["drift_first"], o["drift_last"]) == (1.0, 0.0)
+    assert (o["teacher_forced_first"], o["teacher_forced_last"]) == (1.0, 0.5)
+    assert o["teacher_forced_by_window"] == [1.0, 0.5]
+    assert (o["diverged"], o["median_first_divergence"], o["median_ref_margin"]) == (1, 1, 0.05)
+    assert s["results"]["ref"]["ppl_ratio"] == 1.0 and s["results"]["broken"] == {"error": "died"}
+    lines = ev.table(s).splitlines()
+    assert lines[3] == "| other | 10.5000 | 1.0500 | 66.7 % | 100.0 % | 0.0 % | 1/1 | 1 | 0.050 | 100 % | 100.0 % | 50.0 % |"
+    assert lines[4].startswith("| broken | error: died |")

@@ -62,3 +62,38 @@ def test_the_two_prefill_routes_agree_within_the_fp8_floor(saved):
     assert f"differ by {between:.4f} nats" in text and f"{same} of 32 identical" in text
     assert f"({floor:.4f}, snapmla's level-1 error" in text
     assert f"{GATE_FACTOR} x {floor:.4f} + {GATE_SLACK} = {bound:.4f}" in text
+
+
+EVAL = ROOT / "results/accuracy/eval_fp8_weights_h200/eval_trained_model_summary.json"
+
+
+def test_the_teacher_forced_tables_are_the_saved_evaluation():
+    """The evaluation on FP8 weights that the section quotes: its table is `tools.eval_trained_model.table` of the
+    saved summary, the per-window rows are its teacher-forced windows, and the prose's figures are its own."""
+    from tools import eval_trained_model as ev
+
+    summary = read_json(EVAL)
+    text = section()
+    assert ev.table(summary) in text
+    r = summary["results"]
+    for name, label in (("flashmla", "flashmla BF16 (its prefill"), ("flashmla-fp8", "SGLang FP8 |"),
+                        ("snapmla", "snapmla |"), ("triton", "triton (BF16 floor)")):
+        by_window = text.split("Teacher-forced agreement per 256-token window")[1]
+        row = next(ln for ln in by_window.splitlines() if ln.startswith(f"| {label}"))
+        assert row.endswith(" | ".join(f"{100 * x:.1f}" for x in r[name]["teacher_forced_by_window"]) + " |"), row
+    snap, floor, fp8 = (r[k] for k in ("snapmla", "triton", "flashmla-fp8"))
+    for key in ("teacher_forced_first", "teacher_forced_last"):
+        assert f"{100 * (floor[key] - snap[key]):.1f}" in text and f"{100 * (snap[key] - fp8[key]):.1f}" in text
+    windows = list(zip(*(x["teacher_forced_by_window"] for x in (fp8, snap, floor))))
+    assert all(f < s for f, s, _ in windows)  # "above SGLang FP8"
+    assert f"within {100 * max(b - s for _, s, b in windows):.1f} points of the floor" in text
+    assert max(abs(x["ppl_ratio"] - 1) for x in r.values()) < 0.0006  # "within 0.06 %"
+    assert summary["checkpoint"]["steps"] == 1249 and "1 249 steps" in text
+
+
+def test_the_readme_quotes_the_teacher_forced_figures_of_the_saved_evaluation():
+    r = read_json(EVAL)["results"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    pct = lambda name, key: f"{100 * r[name][key]:.1f}"  # noqa: E731
+    for name in ("snapmla", "triton", "flashmla-fp8"):
+        assert f"{pct(name, 'teacher_forced_first')} / {pct(name, 'teacher_forced_last')}" in readme, name
