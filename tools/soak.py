@@ -18,6 +18,12 @@ every malformed request answered 4xx with a message; the server's tokens in use 
 /metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log;
 with `--min-retractions N`, at least N requests retracted by the scheduler (its "#retracted_reqs" log lines: the
 pool was small enough to force them). The retracted count is reported either way.
+
+The probes after run over a radix cache that holds their prompts, so they prefill only a last page over the cached
+ones: on a trained checkpoint that checks the prefix path too. On dummy weights (`--load-format dummy`) the logits are
+near-flat and that other computation alone flips the greedy tokens from the first one, so there
+`--flush-before-probes-after` empties the radix cache first (and checks that /flush_cache answered 200): the probes
+after are then the computation of the probes before, over a pool the load has used.
 """
 
 from __future__ import annotations
@@ -216,12 +222,15 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
         "server alive (/health)": result["health"] == 200,
         "no traceback in the server log": result["tracebacks"] == 0,
         **(forced if min_retractions else {}),
+        **({"radix cache flushed before the probes after": result["flush_status"] == 200}
+           if "flush_status" in result else {}),
     }
 
 
 def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
          probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
-         idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0) -> dict:
+         idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0,
+         flush_before_probes_after: bool = False) -> dict:
     server = Server(port)
     rng = random.Random(seed + 1)
     prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
@@ -241,6 +250,8 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     result["unexplained"] = load.unexplained[:20]
     result["probes_inside_equal"] = sum(a == b for a, b in zip(inside["probes"], result["probes_before"]))
     result["idle_used_tokens"] = wait_idle_tokens(server, idle_seconds)
+    if flush_before_probes_after:
+        result["flush_status"] = server.post("/flush_cache", b"")[0]
     result["probes_after"] = probes(server, prompts, probe_tokens)
     result["health"] = server.get("/health")[0]
     text = server_log.read_bytes()[log_start:].decode("utf-8", "replace") if server_log and server_log.exists() else ""
@@ -286,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--without-out-of-range-ids", action="store_true",
                     help=f"no malformed requests of the kinds {', '.join(OUT_OF_RANGE_IDS)} (a backend without "
                          "snapmla's request checks dies of the first: sglang PR #8383)")
+    ap.add_argument("--flush-before-probes-after", action="store_true",
+                    help="empty the radix cache before the probes after (dummy weights: see the module docstring)")
     ap.add_argument("--min-retractions", type=int, default=0,
                     help="fail unless the server log shows at least this many retracted requests (a pool small "
                          "enough to force them)")
@@ -312,7 +325,8 @@ def run_soak(args) -> dict:
     vocab = args.vocab or model_vocab(Server(args.port)) or VOCAB_FALLBACK
     return soak(args.port, args.seconds, args.clients, vocab, args.seed, max_new_tokens=args.max_new_tokens,
                 server_log=args.server_log, idle_seconds=args.idle_seconds,
-                malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions)
+                malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions,
+                flush_before_probes_after=args.flush_before_probes_after)
 
 
 def malformed_kinds(without_out_of_range_ids: bool) -> tuple[str, ...]:

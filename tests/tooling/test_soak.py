@@ -18,8 +18,9 @@ def stand_in(fault: str | None):
     """A handler class: /generate (whole or streamed, greedy output = a function of the prompt), /abort_request,
     /health, /metrics (tokens in use = tokens of requests in flight). `fault`: "dies" (after 40 requests every
     answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
-    "leaks" (the gauge never returns to 0)."""
-    state = {"requests": 0, "in_flight": 0, "lock": threading.Lock()}
+    "leaks" (the gauge never returns to 0), "prefix-hit-differs" (a prompt seen before gets other tokens until
+    /flush_cache empties what it remembers: dummy weights' near-flat logits under a prefix hit)."""
+    state = {"requests": 0, "in_flight": 0, "lock": threading.Lock(), "cached": set()}
 
     class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
@@ -54,6 +55,9 @@ def stand_in(fault: str | None):
                 return
             if self.path == "/abort_request":
                 return self._send(200, b"{}")
+            if self.path == "/flush_cache":
+                state["cached"].clear()
+                return self._send(200, b"Cache flushed.")
             try:
                 req = json.loads(body)
                 ids, new = req["input_ids"], int(req["sampling_params"].get("max_new_tokens", 4))
@@ -73,6 +77,9 @@ def stand_in(fault: str | None):
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
                 return self._send(500, b'{"error": "internal"}')
             out = [(sum(ids) + k) % VOCAB for k in range(new)]
+            if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
+                out = [(t + 1) % VOCAB for t in out]
+            state["cached"].add(tuple(ids))
             state["in_flight"] += 1
             try:
                 if not req.get("stream"):
@@ -167,3 +174,13 @@ def test_start_loads_the_checkpoint_or_a_config_on_dummy_weights(monkeypatch, tm
     assert soak.main([*argv, *(["--load-format", load_format] if load_format == "dummy" else [])]) == 0
     assert seen["load_format"] == load_format and seen["model"] == "configs/models/deepseek-v3-fp8-tp8"
     assert seen["flags"][:3] == ["--attention-backend", "snapmla", "--enable-metrics"]
+
+
+def test_the_probes_after_a_flush_are_the_probes_before_computed_again():
+    """A server whose prefix hits give other tokens (dummy weights) fails the probe check over its cache and passes it
+    with --flush-before-probes-after, which is then a check of its own (the flush answered)."""
+    over_cache = run("prefix-hit-differs")
+    assert [k for k, ok in over_cache["checks"].items() if not ok] == ["probes after == before"]
+    flushed = run("prefix-hit-differs", flush_before_probes_after=True)
+    assert all(flushed["checks"].values()), soak.table(flushed)
+    assert flushed["checks"]["radix cache flushed before the probes after"]

@@ -10,7 +10,8 @@
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 if [ -n "${SOAK_MODEL:-}" ]; then
-  MODEL="--model $SOAK_MODEL --load-format dummy --context-length 32768"
+  # near-flat dummy logits: the probes after a prefix hit are another computation (tools/soak.py's docstring)
+  MODEL="--model $SOAK_MODEL --load-format dummy --context-length 32768 --flush-before-probes-after"
 else
   CKPT=.gpucache/tiny-mla-h${HEADS:-16}
   train_checkpoint $CKPT ${HEADS:-16}
