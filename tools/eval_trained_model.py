@@ -134,8 +134,8 @@ def table(summary: dict) -> str:
         if "error" in r:
             lines.append(f"| {name} | error: {r['error']} | | | | | | | | | | |")
             continue
-        lines.append(f"| {name} | {r['perplexity']:.4f} | {r['ppl_ratio']:.4f} | {100 * r['greedy_agreement']:.1f} % | "
-                     f"{100 * r['drift_first']:.1f} % | {100 * r['drift_last']:.1f} % | "
+        lines.append(f"| {name} | {r['perplexity']:.4f} | {r['ppl_ratio']:.4f} | "
+                     f"{100 * r['greedy_agreement']:.1f} % | {100 * r['drift_first']:.1f} % | {100 * r['drift_last']:.1f} % | "
                      f"{r['diverged']}/{r['prompts']} | {fmt(r['median_first_divergence'], '.0f')} | "
                      f"{fmt(r['median_ref_margin'], '.3f')} | {fmt(r['near_tie_fraction'], '.0f', 100)} % | "
                      f"{fmt(r['teacher_forced_first'], '.1f', 100)} % | {fmt(r['teacher_forced_last'], '.1f', 100)} % |")
@@ -176,6 +176,7 @@ def main():
     print(f"\nmodel {args.model}; reference {args.runs[0]}; greedy {GREEDY_TOKENS} tokens x {len(held['prompts'])} "
           f"prompts; drift {DRIFT_TOKENS} tokens x {DRIFT_PROMPTS} prompts")
     print(table(summary))
+
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,7 @@ pool was small enough to force them). The retracted count is reported either way
 
 The probes after run over a radix cache that holds their prompts, so they prefill only a last page over the cached
 ones: on a trained checkpoint that checks the prefix path too. On dummy weights (`--load-format dummy`) the logits are
-near-flat and that other computation alone flips the greedy tokens from the first one, so there
+near-flat and another computation can flip the greedy tokens from the first one on, so there
 `--flush-before-probes-after` empties the radix cache first (and checks that /flush_cache answered 200): the probes
 after are then the computation of the probes before, over a pool the load has used.
 """

@@ -74,5 +74,6 @@ def test_the_summary_keeps_the_tables_figures_without_the_token_lists(monkeypatc
     assert (o["diverged"], o["median_first_divergence"], o["median_ref_margin"]) == (1, 1, 0.05)
     assert s["results"]["ref"]["ppl_ratio"] == 1.0 and s["results"]["broken"] == {"error": "died"}
     lines = ev.table(s).splitlines()
-    assert lines[3] == "| other | 10.5000 | 1.0500 | 66.7 % | 100.0 % | 0.0 % | 1/1 | 1 | 0.050 | 100 % | 100.0 % | 50.0 % |"
+    assert lines[3] == ("| other | 10.5000 | 1.0500 | 66.7 % | 100.0 % | 0.0 % | 1/1 | 1 | 0.050 | 100 % | 100.0 % "
+                        "| 50.0 % |")
     assert lines[4].startswith("| broken | error: died |")
