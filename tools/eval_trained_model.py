@@ -135,10 +135,11 @@ def table(summary: dict) -> str:
             lines.append(f"| {name} | error: {r['error']} | | | | | | | | | | |")
             continue
         lines.append(f"| {name} | {r['perplexity']:.4f} | {r['ppl_ratio']:.4f} | "
-                     f"{100 * r['greedy_agreement']:.1f} % | {100 * r['drift_first']:.1f} % | {100 * r['drift_last']:.1f} % | "
-                     f"{r['diverged']}/{r['prompts']} | {fmt(r['median_first_divergence'], '.0f')} | "
-                     f"{fmt(r['median_ref_margin'], '.3f')} | {fmt(r['near_tie_fraction'], '.0f', 100)} % | "
-                     f"{fmt(r['teacher_forced_first'], '.1f', 100)} % | {fmt(r['teacher_forced_last'], '.1f', 100)} % |")
+                     f"{100 * r['greedy_agreement']:.1f} % | {100 * r['drift_first']:.1f} % | "
+                     f"{100 * r['drift_last']:.1f} % | {r['diverged']}/{r['prompts']} | "
+                     f"{fmt(r['median_first_divergence'], '.0f')} | {fmt(r['median_ref_margin'], '.3f')} | "
+                     f"{fmt(r['near_tie_fraction'], '.0f', 100)} % | {fmt(r['teacher_forced_first'], '.1f', 100)} % | "
+                     f"{fmt(r['teacher_forced_last'], '.1f', 100)} % |")
     return "\n".join(lines)
 
 

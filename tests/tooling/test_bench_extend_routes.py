@@ -80,7 +80,7 @@ def test_the_timed_absorbed_extend_is_the_backends_and_attends_each_requests_pag
     latent, total = inputs.latent, prefix + new
     pages = inputs.req_to_token[:, ::nx.PAGE_SIZE].div(nx.PAGE_SIZE, rounding_mode="floor").int()
     golden, _ = nx.mla_decode_golden(inputs.q.view(requests, new, heads, 512),
-                                     inputs.q_rope.view(requests, new, heads, 64), latent[:, :512], latent[:, 512:], pages,
-                                     torch.full((requests,), total, dtype=torch.int32), inputs.scale)
+                                     inputs.q_rope.view(requests, new, heads, 64), latent[:, :512], latent[:, 512:],
+                                     pages, torch.full((requests,), total, dtype=torch.int32), inputs.scale)
     rel = ((out.double() - golden).norm() / golden.norm()).item()
     assert rel < 0.05, rel
