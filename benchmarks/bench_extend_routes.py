@@ -66,14 +66,22 @@ class _Pool:
 
 def fp8_kv_b_proj(w_kv: torch.Tensor):
     """x [rows, 512] -> x @ w_kv through SGLang's W8A8 block-FP8 linear, w_kv [512, H x 256] stored as an FP8
-    checkpoint's kv_b_proj is ([H x 256, 512] e4m3 in 128 x 128 blocks, `sglang_snapmla.block_fp8`)."""
+    checkpoint's kv_b_proj is ([H x 256, 512] e4m3 in 128 x 128 blocks, `sglang_snapmla.block_fp8`), in calls of at
+    most `extend.mha_chunk_capacity(H)` rows, the MHA chunks a snapmla server on FP8 weights runs (one larger call
+    writes outside its output: `extend.bound_mha_chunk_capacity`)."""
     from sglang.srt.layers.quantization.fp8_utils import dispatch_w8a8_block_fp8_linear
 
     from sglang_snapmla.block_fp8 import BLOCK, quantize_block_fp8
 
     weight, scale_inv = quantize_block_fp8(w_kv.t().contiguous())
     linear = dispatch_w8a8_block_fp8_linear()  # as SGLang's Fp8LinearMethod picks it
-    return lambda x: linear(input=x, weight=weight, block_size=list(BLOCK), weight_scale=scale_inv)
+    chunk = extend.mha_chunk_capacity(w_kv.shape[1] // 256)
+
+    def upproj(x):
+        parts = [linear(input=x[i:i + chunk], weight=weight, block_size=list(BLOCK), weight_scale=scale_inv)
+                 for i in range(0, x.shape[0], chunk)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    return upproj
 
 
 def fit_route_costs(results: list[dict]) -> extend.RouteCosts:

@@ -25,12 +25,17 @@ causal range. Padding positions see shorter (or empty) ranges; their outputs are
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
 import torch
 
+from .errors import SnapMLAInputError
 from .layout import PAGE_SIZE
 from .settings import requested_extend_route
+
+logger = logging.getLogger(__name__)
 
 EXTEND_ROUTES = ("auto", "mha", "absorbed")
 # A request joins the current launch while its new span fills at least this share of the launch's longest one:
@@ -173,3 +178,56 @@ def plan_absorbed_launches(extend_lens: list[int], seq_lens: list[int], req_pool
 def _index(values: list[int], device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
+
+
+# -- the MHA route's up-projection on block-FP8 weights ----------------------------------------------------------------
+# SGLang's MHA prefill up-projects a chunk of cached tokens in one kv_b_proj call, up to SGLANG_MAX_KV_CHUNK_CAPACITY
+# tokens (128 Ki by default in 0.5.17 and 0.5.23) into K_nope | V of every local head: [tokens, heads x 256]. On a
+# block-FP8 checkpoint whose GEMMs run on SGLang's Triton W8A8 kernel (DeepGEMM off) that kernel addresses its output
+# with 32-bit offsets (row x N), so one call of 2^31 or more output elements writes outside it: at 128 heads (DP
+# attention) any chunk above 65 535 tokens -- a CUDA illegal address that stops the server. (An H200 run of
+# `benchmarks/bench_extend_routes.py --kv-b-proj fp8` faulted on its first 128-head case, 66 048 rows, after its ten
+# 16-head cases of up to 66 048 rows ran.) The bound applies whatever GEMM runs kv_b_proj: at 128 heads it costs one
+# more chunk for prefixes above 64 Ki tokens.
+MHA_CHUNK_ENV = "SGLANG_MAX_KV_CHUNK_CAPACITY"
+SGLANG_MHA_CHUNK_DEFAULT = 128 * 1024
+GEMM_OUTPUT_LIMIT = 2**31  # elements one call of the Triton block-FP8 GEMM can address
+
+
+def mha_chunk_capacity(heads: int) -> int:
+    """The most cached tokens (whole pages) one MHA up-projection of `heads` local heads may take on block-FP8
+    weights: its [tokens, heads x 256] output stays below GEMM_OUTPUT_LIMIT elements."""
+    return (GEMM_OUTPUT_LIMIT - 1) // (heads * 256) // PAGE_SIZE * PAGE_SIZE
+
+
+def block_fp8_weights(hf_config) -> bool:
+    """Whether a model config says block-FP8 weights (`quantization_config` with a `weight_block_size`), as
+    DeepSeek-V3/R1, Kimi-K2 and LongCat-Flash-FP8 ship."""
+    quant = getattr(hf_config, "quantization_config", None) or {}
+    quant = quant if isinstance(quant, dict) else vars(quant)
+    return quant.get("weight_block_size") is not None
+
+
+def bound_mha_chunk_capacity(hf_config, heads: int, environ=os.environ) -> int | None:
+    """On block-FP8 weights, keep SGLang's MHA chunk capacity within `mha_chunk_capacity(heads)`: unset, it is set
+    there where SGLang's default is above it (logged); set above it by the user, the server is refused with the fix.
+    -> the capacity in force where it was bounded or checked, None for other weights. Runs where the backend is built,
+    in the process whose prefill reads the variable."""
+    if not block_fp8_weights(hf_config):
+        return None
+    cap = mha_chunk_capacity(heads)
+    value = environ.get(MHA_CHUNK_ENV)
+    if value is None:
+        if SGLANG_MHA_CHUNK_DEFAULT > cap:
+            environ[MHA_CHUNK_ENV] = str(cap)
+            logger.warning(f"snapmla: {MHA_CHUNK_ENV}={cap} (SGLang's default {SGLANG_MHA_CHUNK_DEFAULT}): with "
+                           f"block-FP8 weights at {heads} heads a larger MHA prefill chunk makes kv_b_proj's output "
+                           f"reach 2^31 elements, past what SGLang's Triton FP8 GEMM addresses")
+            return cap
+        return SGLANG_MHA_CHUNK_DEFAULT
+    if int(value) > cap:
+        raise SnapMLAInputError(
+            f"{MHA_CHUNK_ENV}={value} is above {cap} tokens, the most one MHA prefill chunk may up-project with "
+            f"block-FP8 weights at {heads} heads per GPU ({heads} x 256 x tokens must stay below 2^31 elements for "
+            f"SGLang's Triton FP8 GEMM): set {MHA_CHUNK_ENV}={cap} or lower, or leave it unset")
+    return int(value)

@@ -44,7 +44,7 @@ import sys
 
 import torch
 
-from . import dummy_weights
+from . import dummy_weights, extend
 from . import sglang_release as release
 from . import server_policy
 from .server_policy import (BACKEND, SERVER_ARGS_STEPS, check_integration, integration_failure, is_selected,
@@ -222,6 +222,7 @@ def _create_backend(model_runner):
 
     check_integration()
     backend = create_snapmla_backend(model_runner)
+    extend.bound_mha_chunk_capacity(model_runner.model_config.hf_config, backend.num_q_heads)
     model_runner.kv_cache_dtype_str = KV_LAYOUT  # read by PD disaggregation's handshake (KV_LAYOUT)
     return backend
 

@@ -384,9 +384,10 @@ def test_pd_handshake_sees_snapmlas_own_layout(plugin, monkeypatch):
 
     from sglang_snapmla import backend
 
-    monkeypatch.setattr(backend, "create_snapmla_backend", lambda runner: "backend")
-    runner = SimpleNamespace(kv_cache_dtype_str="fp8_e4m3")
-    assert _backend_factory()(runner) == "backend"
+    built = SimpleNamespace(num_q_heads=16)
+    monkeypatch.setattr(backend, "create_snapmla_backend", lambda runner: built)
+    runner = SimpleNamespace(kv_cache_dtype_str="fp8_e4m3", model_config=SimpleNamespace(hf_config=object()))
+    assert _backend_factory()(runner) is built
     assert runner.kv_cache_dtype_str == plugin.KV_LAYOUT
     choices = next(a.choices for a in _server_arg_actions(sa) if "--kv-cache-dtype" in a.option_strings)
     assert plugin.KV_LAYOUT not in choices and "auto" in choices

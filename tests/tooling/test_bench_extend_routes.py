@@ -65,6 +65,12 @@ def test_the_fp8_kv_b_proj_is_the_block_fp8_weight_times_sglangs_quantized_activ
     q_w, s_w = quantize_block_fp8(w.t().contiguous())
     ref = x_used @ dequantize_block_fp8(q_w, s_w).t()
     assert out.shape == (4, 256) and float((out - ref).norm() / ref.norm()) < 1e-2
+    # in MHA chunks of at most mha_chunk_capacity rows, as a server on FP8 weights up-projects: the same rows
+    linear, calls = fp8_utils.dispatch_w8a8_block_fp8_linear(), []
+    monkeypatch.setattr(fp8_utils, "dispatch_w8a8_block_fp8_linear",
+                        lambda: lambda input, **kw: calls.append(input.shape[0]) or linear(input=input, **kw))
+    monkeypatch.setattr(bench.extend, "mha_chunk_capacity", lambda heads: 3)
+    assert torch.equal(bench.fp8_kv_b_proj(w)(x).float(), out) and calls == [3, 1]
 
 
 @pytest.mark.cpu_interpreter

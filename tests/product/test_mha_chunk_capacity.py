@@ -1,0 +1,72 @@
+"""The MHA route's up-projection on block-FP8 weights (sglang_snapmla.extend.bound_mha_chunk_capacity): SGLang's
+Triton FP8 GEMM addresses kv_b_proj's [tokens, heads x 256] output with 32-bit offsets, so the plugin keeps SGLang's
+MHA chunk capacity below 2^31 output elements wherever the backend is built on block-FP8 weights."""
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_snapmla import extend
+from sglang_snapmla.errors import SnapMLAInputError
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = extend.MHA_CHUNK_ENV
+
+
+def config(name: str) -> SimpleNamespace:
+    """A bundled model config as SGLang's hf_config carries it (quantization_config a dict where the file has one)."""
+    return SimpleNamespace(**json.loads((ROOT / "configs/models" / name / "config.json").read_text()))
+
+
+@pytest.mark.parametrize("heads", [8, 16, 32, 64, 128])
+def test_the_capacity_is_the_most_whole_pages_below_two_to_the_31_output_elements(heads):
+    cap = extend.mha_chunk_capacity(heads)
+    assert cap % 64 == 0
+    assert cap * heads * 256 < 2**31 <= (cap + 64) * heads * 256
+    assert (cap < extend.SGLANG_MHA_CHUNK_DEFAULT) == (heads >= 64)
+
+
+def test_block_fp8_weights_are_read_from_the_models_quantization_config():
+    assert extend.block_fp8_weights(config("deepseek-v3-fp8-dp-attention"))
+    assert extend.block_fp8_weights(config("kimi-k2-fp8-tp8"))
+    assert not extend.block_fp8_weights(config("deepseek-v3-shape"))
+    assert extend.block_fp8_weights(SimpleNamespace(quantization_config=SimpleNamespace(weight_block_size=[128, 128])))
+
+
+def test_unset_it_is_bounded_where_sglangs_default_is_above_the_capacity(caplog):
+    env = {}
+    with caplog.at_level(logging.WARNING, logger="sglang_snapmla.extend"):
+        assert extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-dp-attention"), 128, env) == 65472
+    assert env == {ENV: "65472"} and "SGLANG_MAX_KV_CHUNK_CAPACITY=65472" in caplog.text
+    assert extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-dp-attention"), 128, env) == 65472  # again: kept
+    env = {}
+    assert extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-tp8"), 16, env) == extend.SGLANG_MHA_CHUNK_DEFAULT
+    assert env == {}  # 16 heads: SGLang's default stays
+    assert extend.bound_mha_chunk_capacity(config("deepseek-v3-shape"), 128, env) is None and env == {}  # BF16
+
+
+def test_a_users_value_above_the_capacity_is_refused_with_the_fix_and_one_below_is_kept():
+    with pytest.raises(SnapMLAInputError, match=f"{ENV}=100000 is above 65472 .* set {ENV}=65472 or lower"):
+        extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-dp-attention"), 128, {ENV: "100000"})
+    env = {ENV: "32768"}
+    assert extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-dp-attention"), 128, env) == 32768
+    assert env == {ENV: "32768"}
+
+
+def test_the_plugin_bounds_it_where_it_builds_the_backend(monkeypatch):
+    """`plugin._create_backend`, SGLang's factory for `--attention-backend snapmla`, bounds the capacity from the
+    model's config and the backend's heads per GPU, in the process that builds it."""
+    import os
+
+    from sglang_snapmla import backend, plugin
+
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.delenv(ENV)  # recorded, so that the value the plugin sets is undone after the test
+    monkeypatch.setattr(plugin, "check_integration", lambda: None)
+    monkeypatch.setattr(backend, "create_snapmla_backend", lambda runner: SimpleNamespace(num_q_heads=128))
+    runner = SimpleNamespace(model_config=SimpleNamespace(hf_config=config("deepseek-v3-fp8-dp-attention")))
+    assert plugin._create_backend(runner).num_q_heads == 128
+    assert os.environ[ENV] == "65472"
