@@ -185,10 +185,10 @@ def _index(values: list[int], device) -> torch.Tensor:
 # tokens (128 Ki by default in 0.5.17 and 0.5.23) into K_nope | V of every local head: [tokens, heads x 256]. On a
 # block-FP8 checkpoint whose GEMMs run on SGLang's Triton W8A8 kernel (DeepGEMM off) that kernel addresses its output
 # with 32-bit offsets (row x N), so one call of 2^31 or more output elements writes outside it: at 128 heads (DP
-# attention) any chunk above 65 535 tokens -- a CUDA illegal address that stops the server. (An H200 run of
-# `benchmarks/bench_extend_routes.py --kv-b-proj fp8` faulted on its first 128-head case, 66 048 rows, after its ten
-# 16-head cases of up to 66 048 rows ran.) The bound applies whatever GEMM runs kv_b_proj: at 128 heads it costs one
-# more chunk for prefixes above 64 Ki tokens.
+# attention) any chunk above 65 535 tokens -- a CUDA illegal-address error, which the process does not survive. (An
+# H200 run of `benchmarks/bench_extend_routes.py --kv-b-proj fp8` faulted on its first 128-head case, 66 048 rows,
+# after its ten 16-head cases of up to 66 048 rows ran.) The bound applies whatever GEMM runs kv_b_proj: at 128 heads
+# it costs one more chunk for prefixes above 64 Ki tokens.
 MHA_CHUNK_ENV = "SGLANG_MAX_KV_CHUNK_CAPACITY"
 SGLANG_MHA_CHUNK_DEFAULT = 128 * 1024
 GEMM_OUTPUT_LIMIT = 2**31  # elements one call of the Triton block-FP8 GEMM can address
