@@ -200,8 +200,9 @@ def model_config(model: str) -> dict:
 def block_fp8_config(model: str) -> bool:
     """Whether the model folder's config ships block-FP8 weights (`quantization_config`: fp8 with a
     weight_block_size), as DeepSeek-V3/R1 and Kimi-K2 do."""
-    quant = model_config(model).get("quantization_config")
-    return bool(quant) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
+    from sglang_snapmla.block_fp8 import block_fp8_quantization
+
+    return block_fp8_quantization(model_config(model).get("quantization_config"))
 
 
 def top1_moe_refusal(model: str, release: str) -> str | None:

@@ -22,6 +22,13 @@ from .numerics import amax_scale, to_fp8
 BLOCK = (128, 128)
 
 
+def block_fp8_quantization(quant) -> bool:
+    """Whether a model's `quantization_config` (a dict as config.json holds it, an object with those attributes, or
+    None) says block-FP8 weights: quant_method fp8 with a weight_block_size."""
+    quant = (quant if isinstance(quant, dict) else vars(quant)) if quant else {}
+    return quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
+
+
 def _check_block(block: tuple[int, int]) -> tuple[int, int]:
     if len(block) != 2 or min(block) < 1:
         raise ValueError(f"weight_block_size must be two positive ints, got {block!r}")

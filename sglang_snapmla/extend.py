@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .block_fp8 import block_fp8_quantization
 from .errors import SnapMLAInputError
 from .layout import PAGE_SIZE
 from .settings import requested_extend_route
@@ -179,7 +180,6 @@ def _index(values: list[int], device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
 
-
 # -- the MHA route's up-projection on block-FP8 weights ----------------------------------------------------------------
 # SGLang's MHA prefill up-projects a chunk of cached tokens in one kv_b_proj call, up to SGLANG_MAX_KV_CHUNK_CAPACITY
 # tokens (128 Ki by default in 0.5.17 and 0.5.23) into K_nope | V of every local head: [tokens, heads x 256]. On a
@@ -201,11 +201,8 @@ def mha_chunk_capacity(heads: int) -> int:
 
 
 def block_fp8_weights(hf_config) -> bool:
-    """Whether a model config says block-FP8 weights (`quantization_config` with a `weight_block_size`), as
-    DeepSeek-V3/R1, Kimi-K2 and LongCat-Flash-FP8 ship."""
-    quant = getattr(hf_config, "quantization_config", None) or {}
-    quant = quant if isinstance(quant, dict) else vars(quant)
-    return quant.get("weight_block_size") is not None
+    """Whether SGLang's model config says block-FP8 weights, as DeepSeek-V3/R1, Kimi-K2 and LongCat-Flash-FP8 ship."""
+    return block_fp8_quantization(getattr(hf_config, "quantization_config", None))
 
 
 def bound_mha_chunk_capacity(hf_config, heads: int, environ=os.environ) -> int | None:
