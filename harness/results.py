@@ -96,15 +96,33 @@ EXCERPT_KEEP = re.compile(r"(Prefill|Decode) batch|max_total_num_tokens|CUDA gra
 SERVER_ARGS_CHARS = 600
 
 
+def traceback_lines(lines: list[str]) -> set[int]:
+    """Indices of every traceback's lines: from its "Traceback (most recent call last)" line through the exception
+    line that ends it (the first line after it that is not indented) -- why a server died, kept whole."""
+    kept, inside = set(), False
+    for i, line in enumerate(lines):
+        if "Traceback (most recent call last)" in line:
+            kept.add(i)
+            inside = True
+        elif inside:
+            kept.add(i)
+            inside = line[:1].isspace() or not line.strip()
+    return kept
+
+
 def server_log_excerpt(text: str) -> str:
     """A server log as results/serve keeps it: its first server-args line cut to SERVER_ARGS_CHARS, then every line
-    EXCERPT_KEEP matches, in order, under a first line that says what was kept and how many lines were left out."""
+    EXCERPT_KEEP matches and every traceback, in order, under a first line that says what was kept and how many lines
+    were left out."""
     lines = text.splitlines()
     args = next((ln for ln in lines if "server_args=ServerArgs(" in ln), None)
-    kept = [ln for ln in lines if EXCERPT_KEEP.search(ln)]  # (no pattern occurs in the server-args line)
+    failures = traceback_lines(lines)
+    # (no pattern occurs in the server-args line)
+    kept = [ln for i, ln in enumerate(lines) if i in failures or EXCERPT_KEEP.search(ln)]
     left_out = len(lines) - len(kept) - (args is not None)
     head = (f"# excerpt of the server log: its server args line cut to {SERVER_ARGS_CHARS} characters and the "
-            f"{len(kept)} lines with batches, the pool size, graph capture and start-up ({left_out} others left out)")
+            f"{len(kept)} lines with batches, the pool size, graph capture, start-up and tracebacks ({left_out} "
+            f"others left out)")
     return "\n".join([head, *([args[:SERVER_ARGS_CHARS]] if args is not None else []), *kept]) + "\n"
 
 

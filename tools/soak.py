@@ -14,6 +14,8 @@ wrong types, token ids outside the vocabulary, negative lengths). Prompts are to
 retractions. Probes (fixed greedy prompts, `--probes`) run alone before the load, once inside it and alone after.
 
 Checks (the table, JSON under --out; exit 1 if one fails): no 5xx or connection error for a well-formed request;
+every well-formed request answered within the client's timeout (`--client-timeout`, 120 s: a request still unanswered
+then is counted apart from a broken connection, status TIMED_OUT, shown as "timed out");
 every malformed request answered 4xx with a message; the server's tokens in use back to 0 once idle (its
 /metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log;
 with `--min-retractions N`, at least N requests retracted by the scheduler (its "#retracted_reqs" log lines: the
@@ -67,6 +69,17 @@ MALFORMED = {
 OUT_OF_RANGE_IDS = ("id-above-vocab", "id-at-vocab", "negative-id", "stop-id-above-vocab", "top-logprobs-above-vocab")
 
 
+# the status of a request the client gave up on: no answer within its timeout (a stalled server, not a broken one)
+TIMED_OUT = -1
+
+
+def failed_status(exc: Exception) -> int:
+    """TIMED_OUT for a read or connect that ran past the client's timeout, 0 for any other failed or broken
+    connection (urllib wraps a connect timeout in URLError)."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    return TIMED_OUT if isinstance(reason, TimeoutError) else 0
+
+
 class Server:
     """The few HTTP calls the soak makes, against 127.0.0.1:port."""
 
@@ -74,7 +87,7 @@ class Server:
         self.port, self.timeout = port, timeout
 
     def post(self, path: str, body: bytes, timeout: float | None = None) -> tuple[int, bytes]:
-        """(status, body); status 0 for a connection that failed or broke."""
+        """(status, body); status 0 for a connection that failed or broke, TIMED_OUT for no answer in time."""
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=body,
                                      headers={"Content-Type": "application/json"})
         try:
@@ -82,8 +95,8 @@ class Server:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-        except (OSError, http.client.HTTPException):
-            return 0, b""
+        except (OSError, http.client.HTTPException) as e:
+            return failed_status(e), b""
 
     def get(self, path: str, timeout: float = 10) -> tuple[int, bytes]:
         try:
@@ -91,12 +104,13 @@ class Server:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
-        except (OSError, http.client.HTTPException):
-            return 0, b""
+        except (OSError, http.client.HTTPException) as e:
+            return failed_status(e), b""
 
     def stream(self, payload: dict, chunks: int, on_first=None) -> int:
         """A streamed /generate read for `chunks` chunks (then the connection is closed) -> HTTP status (0: the
-        connection failed or broke before a chunk). on_first() runs after the first chunk."""
+        connection failed or broke before a chunk, TIMED_OUT: no chunk in time). on_first() runs after the first
+        chunk."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
         try:
             conn.request("POST", "/generate", json.dumps({**payload, "stream": True}),
@@ -111,8 +125,8 @@ class Server:
                 if i == 0 and on_first:
                     on_first()
             return 200
-        except (OSError, http.client.HTTPException):
-            return 0
+        except (OSError, http.client.HTTPException) as e:
+            return failed_status(e)
         finally:
             conn.close()
 
@@ -214,7 +228,10 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
     well_formed = [s for k in ("complete", "cut", "abort") for s, n in result["statuses"][k].items() if n]
     forced = {f"at least {min_retractions} requests retracted": (result["retracted_requests"] or 0) >= min_retractions}
     return {
-        "no 5xx or broken connection for well-formed requests": all(200 <= int(s) < 500 for s in well_formed),
+        "no 5xx or broken connection for well-formed requests": all(200 <= int(s) < 500 or int(s) == TIMED_OUT
+                                                                    for s in well_formed),
+        "every well-formed request answered within the client's timeout": all(int(s) != TIMED_OUT
+                                                                                for s in well_formed),
         "malformed answered 4xx with a message": result["statuses"]["malformed"] and not result["unexplained"],
         "tokens in use back to 0 when idle": result["idle_used_tokens"] == 0,
         "probes after == before": result["probes_after"] == result["probes_before"]
@@ -230,12 +247,13 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
 def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
          probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
          idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0,
-         flush_before_probes_after: bool = False) -> dict:
-    server = Server(port)
+         flush_before_probes_after: bool = False, client_timeout: float = 120) -> dict:
+    server = Server(port, client_timeout)
     rng = random.Random(seed + 1)
     prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
     log_start = server_log.stat().st_size if server_log and server_log.exists() else 0
-    result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab, "malformed": list(malformed)}
+    result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab, "malformed": list(malformed),
+                    "client_timeout_s": client_timeout}
     result["probes_before"] = probes(server, prompts, probe_tokens)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
@@ -261,10 +279,14 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     return result
 
 
+STATUS_NAMES = {TIMED_OUT: "timed out", 0: "broken"}
+
+
 def table(result: dict) -> str:
     lines = ["| request kind | answers (HTTP status: count) |", "|---|---|"]
     for kind, statuses in result["statuses"].items():
-        lines.append(f"| {kind} | " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items())) + " |")
+        lines.append(f"| {kind} | " + ", ".join(f"{STATUS_NAMES.get(int(s), s)}: {n}"
+                                                for s, n in sorted(statuses.items(), key=lambda x: int(x[0]))) + " |")
     retracted = result.get("retracted_requests")
     lines += ["", f"probes inside the load equal to before: {result['probes_inside_equal']} of "
                   f"{len(result['probes_before'])}; tokens in use when idle: {result['idle_used_tokens']}; requests "
@@ -285,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-log", type=Path, help="the server's log, read for tracebacks written during the soak")
     ap.add_argument("--idle-seconds", type=float, default=60)
+    ap.add_argument("--client-timeout", type=float, default=120,
+                    help="seconds a request waits for its answer before the client gives up (counted as timed out)")
     ap.add_argument("--start", metavar="BACKEND", help="start a server of this harness run (RUNS) for the soak")
     ap.add_argument("--model", help="with --start: the checkpoint (its weights are loaded), or a bundled config with "
                                     "--load-format dummy")
@@ -326,7 +350,7 @@ def run_soak(args) -> dict:
     return soak(args.port, args.seconds, args.clients, vocab, args.seed, max_new_tokens=args.max_new_tokens,
                 server_log=args.server_log, idle_seconds=args.idle_seconds,
                 malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions,
-                flush_before_probes_after=args.flush_before_probes_after)
+                flush_before_probes_after=args.flush_before_probes_after, client_timeout=args.client_timeout)
 
 
 def malformed_kinds(without_out_of_range_ids: bool) -> tuple[str, ...]:

@@ -115,6 +115,27 @@ def test_results_folder_stays_small():
     assert total <= 6_000_000, f"results/ holds {total / 1e6:.2f} MB"
 
 
+def test_a_server_log_excerpt_keeps_each_traceback_whole():
+    """Why a server died stays in its kept log: every traceback from its first line through the exception line, the
+    lines around it (access log, CUDA's hint after the exception) left out."""
+    from harness import results
+
+    trace = ["[2026-12-03 06:06:54] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "/tmp/sglang-runtime/sglang/srt/models/deepseek_v2.py", line 2180, in forward_core',
+             "    return self.forward_normal_one_shot_core(",
+             "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+             "",
+             '  File "/tmp/sglang-runtime/flashinfer/prefill.py", line 3391, in plan',
+             "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"]
+    batch = ("[2026-12-03 06:06:53] Prefill batch, #new-seq: 1, #new-token: 8192, #cached-token: 0, token usage: 0.00,"
+             " #running-req: 0, #queue-req: 0")
+    noise = "[2026-12-03 06:06:52] INFO:     127.0.0.1:5000 - \"POST /generate HTTP/1.1\" 200 OK"
+    text = "\n".join([noise, batch, noise, *trace, "Search for `cudaErrorIllegalAddress' in the CUDA docs", noise])
+    head, *rest = results.server_log_excerpt(text).splitlines()
+    assert rest == [batch, *trace]
+    assert "and tracebacks (4 others left out)" in head
+
+
 def test_a_server_log_excerpt_keeps_what_the_benchmarks_read_back(tmp_path, monkeypatch):
     """`python -m harness.results excerpt`: the kept log gives the same batches, pool size, peak batch and engine
     span as the whole log and keeps its graph capture lines, drops the rest, cuts the server-args line, says what it

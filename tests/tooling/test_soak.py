@@ -18,7 +18,8 @@ def stand_in(fault: str | None):
     """A handler class: /generate (whole or streamed, greedy output = a function of the prompt), /abort_request,
     /health, /metrics (tokens in use = tokens of requests in flight). `fault`: "dies" (after 40 requests every
     answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
-    "leaks" (the gauge never returns to 0), "prefix-hit-differs" (a prompt seen before gets other tokens until
+    "leaks" (the gauge never returns to 0), "stalls" (every 7th well-formed request of the load answered after
+    1.5 s, past the client's timeout in `run`), "prefix-hit-differs" (a prompt seen before gets other tokens until
     /flush_cache empties what it remembers: dummy weights' near-flat logits under a prefix hit)."""
     state = {"requests": 0, "in_flight": 0, "lock": threading.Lock(), "cached": set()}
 
@@ -76,6 +77,8 @@ def stand_in(fault: str | None):
                 return self._send(400, json.dumps({"error": {"message": str(e)}}).encode())
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
                 return self._send(500, b'{"error": "internal"}')
+            if fault == "stalls" and n % 7 == 0 and new >= 8:
+                time.sleep(1.5)
             out = [(sum(ids) + k) % VOCAB for k in range(new)]
             if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
                 out = [(t + 1) % VOCAB for t in out]
@@ -103,7 +106,7 @@ def stand_in(fault: str | None):
 def run(fault, **kw):
     with local_http_server(stand_in(fault)) as server:
         return soak.soak(server.server_port, seconds=3, clients=6, vocab=VOCAB, probe_count=3, probe_tokens=4,
-                         max_new_tokens=24, idle_seconds=3, **kw)
+                         max_new_tokens=24, idle_seconds=3, client_timeout=1.0, **kw)
 
 
 def test_a_server_that_holds_up_passes_every_check():
@@ -117,12 +120,16 @@ def test_a_server_that_holds_up_passes_every_check():
     ("500", ["no 5xx or broken connection for well-formed requests"]),
     ("lets-bad-ids-through", ["malformed answered 4xx with a message"]),
     ("leaks", ["tokens in use back to 0 when idle"]),
+    ("stalls", ["every well-formed request answered within the client's timeout"]),
 ])
 def test_each_fault_fails_its_check(fault, failed):
     result = run(fault)
     seen = [name for name, ok in result["checks"].items() if not ok]
     # a server that died fails whatever needs it afterwards too (probes, the idle gauge)
     assert set(failed) <= set(seen) if fault == "dies" else seen == failed, soak.table(result)
+    if fault == "stalls":  # counted apart from broken connections, and named so in the table
+        assert "timed out: " in soak.table(result) and not any(
+            "0" in result["statuses"][k] for k in ("complete", "cut", "abort")), result["statuses"]
 
 
 
@@ -184,3 +191,14 @@ def test_the_probes_after_a_flush_are_the_probes_before_computed_again():
     flushed = run("prefix-hit-differs", flush_before_probes_after=True)
     assert all(flushed["checks"].values()), soak.table(flushed)
     assert flushed["checks"]["radix cache flushed before the probes after"]
+
+
+def test_a_connect_timeout_is_a_timeout_and_a_reset_is_a_broken_connection():
+    """urllib wraps a connect that runs past the timeout in URLError; a reset or refused connection stays broken."""
+    import socket
+    import urllib.error
+
+    assert soak.failed_status(urllib.error.URLError(socket.timeout("timed out"))) == soak.TIMED_OUT
+    assert soak.failed_status(TimeoutError()) == soak.TIMED_OUT
+    assert soak.failed_status(urllib.error.URLError(ConnectionRefusedError())) == 0
+    assert soak.failed_status(ConnectionResetError()) == 0
