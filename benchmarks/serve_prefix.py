@@ -39,7 +39,7 @@ from pathlib import Path
 from harness import gpu_time
 from harness.bench_serving import METRICS, parse_metrics
 from harness.results import load_results, save_png, stored
-from harness.server_log import peak_running_requests, pool_tokens, prefill_intake
+from harness.server_log import peak_running_requests, pool_tokens, prefill_intake, read_log
 from harness.server import RUN_ENV, RUNS, flush_cache, kill_servers_on_exit, start_server, stop_server, wait_healthy
 
 GSP = "generated-shared-prefix"
@@ -160,13 +160,14 @@ def _busy(m: dict) -> str:
 
 def reparse(results: dict, folder: Path) -> dict:
     """`results` with each row's bench_serving metrics read again from its saved output in `folder` (bench_*.txt), so
-    that a table gains the metrics parse() learned after the run; the server-side fields stay as measured."""
+    that a table gains the metrics parse() learned after the run; the server-side fields stay as measured. The
+    outputs kept under results/ are xz-compressed (`stored`)."""
     for model, backends in results.items():
         for backend, run in backends.items():
             for name, m in run.get("workloads", {}).items():
-                saved = folder / f"bench_{Path(model).name}_{backend}_{name}.txt"
+                saved = stored(folder / f"bench_{Path(model).name}_{backend}_{name}.txt")
                 if saved.exists():
-                    m.update({k: v for k, v in parse(saved.read_text(errors="replace")).items() if v is not None})
+                    m.update({k: v for k, v in parse(read_log(saved)).items() if v is not None})
     return results
 
 

@@ -3,6 +3,8 @@ summary it parses, the table's ratios."""
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import serve_prefix as sp
 
 SUMMARY = """
@@ -56,11 +58,19 @@ def test_parse_and_table(tmp_path: Path):
     assert sp.plot(results, tmp_path / "p.png").exists()
 
 
-def test_redraw_reads_the_saved_outputs_again(tmp_path: Path):
-    """A row saved before parse() knew a metric gains it from its bench_serving output; the server-side fields stay."""
+@pytest.mark.parametrize("compressed", [False, True])
+def test_redraw_reads_the_saved_outputs_again(tmp_path: Path, compressed):
+    """A row saved before parse() knew a metric gains it from its bench_serving output, plain or xz-compressed as
+    results/ keeps it; the server-side fields stay."""
+    import lzma
+
     row = {"output_tok_s": 1.0, "gpu_prefill_s": 3.0}
     results = {"configs/models/v2": {"snapmla": {"workloads": {"shared-4k": row}}}}
-    (tmp_path / "bench_v2_snapmla_shared-4k.txt").write_text(SUMMARY)
+    saved = tmp_path / "bench_v2_snapmla_shared-4k.txt"
+    if compressed:
+        saved.with_name(saved.name + ".xz").write_bytes(lzma.compress(SUMMARY.encode()))
+    else:
+        saved.write_text(SUMMARY)
     sp.reparse(results, tmp_path)
     assert (row["mean_ttft_ms"], row["output_tok_s"], row["gpu_prefill_s"]) == (9900.1, 5935.75, 3.0)
 
