@@ -67,7 +67,9 @@ class RouteCosts:
 # HBM3: 644 TFLOP/s effective for the absorbed pairs, 266 for the prefix up-projection with its memory traffic, 690 for
 # the ragged prefill's pairs; the faster measured route is the cheaper modelled one in all 20 (docs/BENCHMARKS.md).
 # `benchmarks.bench_extend_routes.fit_route_costs` gives these from results/bench/extend_routes_h100.json; the MHA
-# route's up-projection is the BF16 kv_b_proj of a BF16 checkpoint (`--kv-b-proj fp8` times an FP8 checkpoint's).
+# route's up-projection is the BF16 kv_b_proj of a BF16 checkpoint. With an FP8 checkpoint's W8A8 kv_b_proj
+# (`--kv-b-proj fp8`, H200: results/bench/extend_routes_fp8_h200.json) these costs still pick the faster measured
+# route in all 20 cases; that run's own fit differs most in mha_upproj (1.11e-9, 13 % above), so one model serves both.
 ROUTE_COSTS = RouteCosts(absorbed_pair=3.38e-12, absorbed_fixed=2.7e-4, mha_upproj=9.86e-10, mha_pair=9.27e-13,
                          mha_fixed=3.1e-4)
 

@@ -1,5 +1,6 @@
 """The accuracy gate on block-FP8 weights that docs/ACCURACY.md quotes (results/accuracy/gate_fp8_weights_h200): every
-cell of its table and the two prefill routes' agreement recomputed from the probes' saved tokens and logprobs."""
+cell of its table recomputed from the probes' saved tokens and logprobs; and the two prefill routes' agreement from
+the gate run that pinned the MHA route beside snapmla's choice (results/accuracy/gate_fp8_weights_routes_h200)."""
 
 from pathlib import Path
 
@@ -12,14 +13,20 @@ from tools.accuracy_gate import GATE_FACTOR, GATE_SLACK, gate
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "results/accuracy/gate_fp8_weights_h200"
+ROUTES = ROOT / "results/accuracy/gate_fp8_weights_routes_h200"
 LEVELS = ("1", "8", "64", "160", "512", "radix")
-ROWS = {"flashmla-fp8": "| SGLang FP8", "snapmla": "| snapmla (sm_90a", "snapmla-mha": "| snapmla, `SNAPMLA_EXTEND",
+ROWS = {"flashmla-fp8": "| SGLang FP8", "snapmla": "| snapmla (sm_90a",
         "snapmla-capture-view-bug": "| snapmla with the capture-view bug"}
 
 
 @pytest.fixture(scope="module")
 def saved():
     return read_json(DATA / "accuracy_gate.json.xz")
+
+
+@pytest.fixture(scope="module")
+def routes():
+    return read_json(ROUTES / "accuracy_gate.json.xz")
 
 
 def section() -> str:
@@ -41,13 +48,28 @@ def test_table_rows_are_the_gate_recomputed_from_the_probes(saved, run):
 def test_snapmla_against_sglang_fp8_per_level(saved):
     ratios = [saved["summary"]["snapmla"]["levels"][lv]["mean_abs_dlogprob"]
               / saved["summary"]["flashmla-fp8"]["levels"][lv]["mean_abs_dlogprob"] for lv in LEVELS]
-    assert f"{min(ratios):.2f}-{max(ratios):.2f}x SGLang FP8's" in section()
+    quoted = f"{min(ratios):.2f}-{max(ratios):.2f}x SGLang FP8's"
+    assert quoted in section() and quoted in " ".join((ROOT / "README.md").read_text().split())
+    errors = [saved["summary"]["snapmla"]["levels"][lv]["mean_abs_dlogprob"] for lv in LEVELS]
+    assert max(errors) <= saved["summary"]["snapmla"]["floor"]  # "no level is above its level-1 floor"
+    assert f"({min(errors):.4f}-{max(errors):.4f} nats)" in section()
+    train = read_json(DATA / "train_log.json")
+    assert train["device"] == "NVIDIA H200" and f"{train['steps']:,}".replace(",", " ") + " steps" in section()
 
 
-def test_the_two_prefill_routes_agree_within_the_fp8_floor(saved):
+def test_the_gate_ran_the_kernels_as_they_are():
+    """The gate's snapmla servers logged the sm_90a decode (its table row says so)."""
+    from harness.server_log import read_log
+
+    for run in ("snapmla", "snapmla-capture-view-bug"):
+        assert "sm_90a CUDA kernel" in read_log(DATA / f"server_{run}.log.xz"), run
+
+
+def test_the_two_prefill_routes_agree_within_the_fp8_floor(routes):
     """The radix level (a cached prompt's last page prefilled over its prefix) through the absorbed route (snapmla's
     choice there) and the pinned MHA route: their difference to each other is below snapmla's level-1 error against
     BF16, and each stays within the gate's bound; the levels without a cached prefix are the same tokens."""
+    saved = routes
     snap, mha = saved["snapmla"]["levels"], saved["snapmla-mha"]["levels"]
     assert saved["snapmla-mha"]["env"] == {"SNAPMLA_EXTEND_ROUTE": "mha"} and saved["snapmla"]["env"] == {}
     for lv in ("1", "8", "64", "160", "512"):

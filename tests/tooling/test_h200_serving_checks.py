@@ -1,0 +1,158 @@
+"""docs/BENCHMARKS.md's "Soak with bad ids", "A prompt above 64k tokens", "Prefill routes with an FP8 kv_b_proj" and
+"Chat-like traffic at 128 heads (H200, V3 shape)": every figure their tables and prose quote, read back from the runs
+kept in results/ (bench_serving's JSON, the server log excerpts through `benchmarks.server_log_stats`, the soak's and
+the route benchmark's JSON)."""
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_extend_routes as routes
+from benchmarks.server_log_stats import log_stats
+from harness.server_log import read_log
+from helpers import doc_sections
+from sglang_snapmla import extend
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT = ROOT / "results/serve/v3_h200_chat"
+LONG = ROOT / "results/serve/v3_fp8_dp_attention_h200_mha_chunk"
+LABELS = {"snapmla": "snapmla", "flashmla": "flashmla BF16", "flashmla-fp8": "SGLang FP8 cache"}
+
+
+def section(title: str) -> str:
+    return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[title]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def rows_of(folder: Path) -> dict:
+    import json
+
+    return {r["run"]: r for r in json.loads((folder / "serve_bench.json").read_text())}
+
+
+def n(x: float, fmt: str = ",.0f") -> str:
+    return format(x, fmt).replace(",", " ")
+
+
+CHAT_RUNS = [(CHAT, "0.80", "snapmla"), (CHAT, "0.80", "flashmla"),
+             (CHAT / "mem_fraction_060", "0.60", "snapmla"), (CHAT / "mem_fraction_060", "0.60", "flashmla-fp8")]
+
+
+@pytest.mark.parametrize("folder,fraction,run", CHAT_RUNS)
+def test_each_chat_row_is_its_run_and_its_server_log(folder, fraction, run):
+    r = rows_of(folder)[run]
+    stats = log_stats(read_log(folder / f"server_{run}.log.xz"), min_queue=32)
+    row = next(ln for ln in section("Chat-like traffic at 128 heads (H200, V3 shape)").splitlines()
+               if ln.startswith(f"| {LABELS[run]} | {fraction} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2].split(" (")[0] == n(r["output_tok_s"]) and cells[3].split(" (")[0] == n(r["median_ttft_ms"])
+    assert cells[4:8] == [f"{r['median_tpot_ms']:.1f}", f"{r['median_itl_ms']:.1f}", n(r["pool_tokens"]),
+                          str(r["peak_running_req"])]
+    assert r["completed"] == 512 and r["peak_running_req"] == stats["peak_running"] == 256
+    assert cells[8].split(" (")[0] == f"{stats['decode_step_ms_at_peak']:.1f} ms"
+    assert cells[9].split(" (")[0] == n(stats["decode_tok_s_near_peak"])
+    assert cells[10] == f"{stats['prefill_span_s']:.0f}"
+    assert stats["max_token_usage"] <= 0.05  # "the largest token usage any server logged is 5 %"
+
+
+def test_the_chat_ratios_are_against_the_row_of_the_same_run():
+    first, second = rows_of(CHAT), rows_of(CHAT / "mem_fraction_060")
+    step = {(f, run): log_stats(read_log(f / f"server_{run}.log.xz"), 32) for f, _, run in CHAT_RUNS}
+    text = section("Chat-like traffic at 128 heads (H200, V3 shape)")
+    ratio = lambda a, b: f"({a / b:.2f}x)"  # noqa: E731
+    snap, bf16, fp8, snap2 = first["snapmla"], first["flashmla"], second["flashmla-fp8"], second["snapmla"]
+    for quoted in (ratio(snap["output_tok_s"], bf16["output_tok_s"]), ratio(snap["median_ttft_ms"],
+                                                                            bf16["median_ttft_ms"]),
+                   ratio(fp8["output_tok_s"], snap2["output_tok_s"]),
+                   ratio(fp8["median_ttft_ms"], snap2["median_ttft_ms"])):
+        assert quoted in text, quoted
+    s1, b1 = step[(CHAT, "snapmla")], step[(CHAT, "flashmla")]
+    s2, f2 = step[(CHAT / "mem_fraction_060", "snapmla")], step[(CHAT / "mem_fraction_060", "flashmla-fp8")]
+    assert ratio(b1["decode_step_ms_at_peak"], s1["decode_step_ms_at_peak"]) in text
+    assert ratio(f2["decode_step_ms_at_peak"], s2["decode_step_ms_at_peak"]) in text
+    summary = flat(text.split("**")[1])
+    assert (f"1.18x flashmla BF16's output rate at 0.85x its TTFT p50" in summary
+            and f"{snap['output_tok_s'] / bf16['output_tok_s']:.2f}" == "1.18"
+            and f"{snap['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}" == "0.85")
+    assert (f"{b1['decode_step_ms_at_peak'] / s1['decode_step_ms_at_peak']:.2f}x BF16's and "
+            f"{f2['decode_step_ms_at_peak'] / s2['decode_step_ms_at_peak']:.2f}x SGLang FP8's") in summary
+    assert f"{fp8['output_tok_s'] / snap2['output_tok_s']:.2f}x snapmla's output rate" in summary
+    assert f"prefill phase {f2['prefill_span_s'] / s2['prefill_span_s']:.1f}x snapmla's" in summary
+    assert abs(snap2["output_tok_s"] / snap["output_tok_s"] - 1) < 0.01  # "within 1 % of each other"
+
+
+def test_sglang_fp8_ran_out_of_memory_at_the_default_fraction():
+    r = rows_of(CHAT)["flashmla-fp8"]
+    log = read_log(CHAT / "server_flashmla-fp8.log.xz")
+    assert r["completed"] is None and "CUDA out of memory. Tried to allocate 24.21 GiB" in log
+    assert "flashinfer_mla_backend.py" in log and "24.2 GiB asked" in section("Chat-like traffic at 128 heads (H200, "
+                                                                               "V3 shape)")
+
+
+def test_the_long_prompt_rows_are_the_runs():
+    rows = rows_of(LONG)
+    snap, bf16 = rows["snapmla-mha"], rows["flashmla"]
+    assert snap["completed"] == 2 and bf16["completed"] is None
+    text = section("A prompt above 64k tokens")
+    row = next(ln for ln in text.splitlines() if ln.startswith("| snapmla, MHA route |"))
+    assert f"| {n(snap['median_ttft_ms'])} | {n(snap['pool_tokens'])} |" in row
+    assert f"| {n(bf16['pool_tokens'])} |" in next(ln for ln in text.splitlines() if ln.startswith("| flashmla BF16 |"))
+    snap_log, bf16_log = read_log(LONG / "server_snapmla-mha.log.xz"), read_log(LONG / "server_flashmla.log.xz")
+    bound = f"snapmla: SGLANG_MAX_KV_CHUNK_CAPACITY={extend.mha_chunk_capacity(128)} (SGLang's default 131072)"
+    assert bound in snap_log and bound in row
+    assert "an illegal memory access was encountered" in bf16_log and "forward_normal_one_shot_core" in bf16_log
+    chunks = [ln for ln in bf16_log.splitlines() if "Prefill batch" in ln and "#new-token: 8192" in ln]
+    assert len(chunks) == 7 and "tokens 49 152-57 343" in flat(text)  # the last chunk scheduled before it died
+    # snapmla prefilled the 79 936-token prompt (its chunks), hit it in the radix cache, then the 79 616-token one
+    new = [int(ln.split("#new-token: ")[1].split(",")[0]) for ln in snap_log.splitlines() if "Prefill batch" in ln]
+    assert new[-21:] == [8192] * 9 + [6208] + [64] + [8192] * 9 + [5888]
+    assert 9 * 8192 + 6208 == 79936 and 9 * 8192 + 5888 == 79616 and "79 936 and 79 616 tokens" in flat(text)
+
+
+def test_the_route_table_is_the_saved_fp8_run():
+    import json
+
+    rows = json.loads((ROOT / "results/bench/extend_routes_fp8_h200.json").read_text())
+    text = section("Prefill routes with an FP8 kv_b_proj (H200)")
+    for line in routes.table(rows).splitlines()[2:]:
+        assert line in text, line
+    measured_over_model = sorted(r["snapmla_mha_us"] / r["predicted_mha_us"] for r in rows if r["heads"] == 128)
+    short = [x for x in measured_over_model if round(x, 2) >= 1.15]
+    assert len(short) == 7 and f"{short[0]:.2f}-{short[-1]:.2f}x the model's in seven" in flat(text)
+    near = next(r for r in rows if (r["heads"], r["requests"], r["prefix"], r["new"]) == (128, 16, 4096, 512))
+    assert f"MHA's by {100 * (near['snapmla_absorbed_us'] / near['snapmla_mha_us'] - 1):.0f} %" in flat(text)
+    fitted = routes.fit_route_costs(rows)
+    assert f"{100 * (fitted.mha_upproj / extend.ROUTE_COSTS.mha_upproj - 1):.0f} % above" in flat(text)
+    assert f"({fitted.mha_upproj:.2e} against" in flat(text)
+    for r in rows:  # "no case's pick changes" under the FP8 run's own fit
+        absorbed, mha = extend.route_costs([r["prefix"]] * r["requests"], [r["new"]] * r["requests"], r["heads"],
+                                           fitted)
+        assert ("absorbed" if absorbed < mha else "mha") == r["picks"], r
+
+
+def test_the_soak_table_and_verdicts_are_the_saved_soak():
+    import json
+    import re
+
+    folder = ROOT / "results/serve/soak_snapmla_fp8_tp8_h200"
+    soak = json.loads((folder / "soak.json").read_text())
+    text = section("Soak with bad ids")
+    st = soak["statuses"]
+    assert f"| complete | 200: {n(st['complete']['200'])}; no answer: {st['complete']['0']} |" in text
+    for kind in ("cut", "abort"):
+        assert st[kind] == {"200": st[kind]["200"]} and f"| {kind} | 200: {n(st[kind]['200'])} |" in text
+    assert st["malformed"] == {"400": 330} and not soak["unexplained"] and "| malformed | 400: 330, each" in text
+    failed = [name for name, ok in soak["checks"].items() if not ok]
+    assert failed == ["no 5xx or broken connection for well-formed requests"]  # "every check but one"
+    complete = st["complete"]["200"] + st["complete"]["0"]
+    assert f"{st['complete']['0']} of {n(complete)} whole-response requests" in flat(text)
+    assert soak["clients"] == 160 and soak["seconds"] == 240 and soak["retracted_requests"] == 0
+    assert soak["idle_used_tokens"] == 0 and soak["health"] == 200 and soak["tracebacks"] == 0
+    assert soak["probes_after"] == soak["probes_before"] and soak["flush_status"] == 200
+    stamps = [re.match(r"\[\S+ (\S+)\]", ln).group(1) for ln in read_log(folder / "server_excerpt.log.xz").splitlines()
+              if "Prefill batch" in ln or "Decode batch" in ln]
+    gap = next(i for i in range(1, len(stamps)) if stamps[i] == "06:16:50")
+    assert stamps[gap - 1] == "06:15:19" and "(06:15:19-06:16:50 in the excerpt)" in flat(text)
