@@ -21,6 +21,10 @@ every malformed request answered 4xx with a message; the server's tokens in use 
 with `--min-retractions N`, at least N requests retracted by the scheduler (its "#retracted_reqs" log lines: the
 pool was small enough to force them). The retracted count is reported either way.
 
+`--warmup-seconds N` runs the same load for N seconds before the probes before, unchecked (its statuses are kept
+apart): a fresh host's first large batches compile kernels (SGLang's Triton FP8 GEMM and MoE kernels for each new
+batch size) and stall the scheduler for a minute or more, which the timeout check would otherwise count.
+
 The probes after run over a radix cache that holds their prompts, so they prefill only a last page over the cached
 ones: on a trained checkpoint that checks the prefix path too. On dummy weights (`--load-format dummy`) the logits are
 near-flat and another computation can flip the greedy tokens from the first one on, so there
@@ -247,13 +251,17 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
 def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
          probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
          idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0,
-         flush_before_probes_after: bool = False, client_timeout: float = 120) -> dict:
+         flush_before_probes_after: bool = False, client_timeout: float = 120, warmup_seconds: float = 0) -> dict:
     server = Server(port, client_timeout)
     rng = random.Random(seed + 1)
     prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
     log_start = server_log.stat().st_size if server_log and server_log.exists() else 0
     result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab, "malformed": list(malformed),
                     "client_timeout_s": client_timeout}
+    if warmup_seconds:  # another seed: the measured load's prompts are not cached by it
+        warmup = Load(server, vocab, seed + 7919, max_new_tokens, malformed)
+        warmup.run(clients, warmup_seconds)
+        result["warmup_statuses"] = {k: {str(s): n for s, n in c.items()} for k, c in warmup.statuses.items()}
     result["probes_before"] = probes(server, prompts, probe_tokens)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
@@ -307,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-log", type=Path, help="the server's log, read for tracebacks written during the soak")
     ap.add_argument("--idle-seconds", type=float, default=60)
+    ap.add_argument("--warmup-seconds", type=float, default=0,
+                    help="the load run this long first, unchecked (kernels a fresh host compiles at first use)")
     ap.add_argument("--client-timeout", type=float, default=120,
                     help="seconds a request waits for its answer before the client gives up (counted as timed out)")
     ap.add_argument("--start", metavar="BACKEND", help="start a server of this harness run (RUNS) for the soak")
@@ -350,7 +360,8 @@ def run_soak(args) -> dict:
     return soak(args.port, args.seconds, args.clients, vocab, args.seed, max_new_tokens=args.max_new_tokens,
                 server_log=args.server_log, idle_seconds=args.idle_seconds,
                 malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions,
-                flush_before_probes_after=args.flush_before_probes_after, client_timeout=args.client_timeout)
+                flush_before_probes_after=args.flush_before_probes_after, client_timeout=args.client_timeout,
+                warmup_seconds=args.warmup_seconds)
 
 
 def malformed_kinds(without_out_of_range_ids: bool) -> tuple[str, ...]:

@@ -12,6 +12,8 @@ from local_http import QuietHandler, local_http_server
 from tools import soak
 
 VOCAB = 1000
+STALL = 3.0  # seconds a stalled answer takes; the stall tests' client waits STALL_TIMEOUT
+STALL_TIMEOUT = 1.5
 
 
 def stand_in(fault: str | None):
@@ -19,8 +21,9 @@ def stand_in(fault: str | None):
     /health, /metrics (tokens in use = tokens of requests in flight). `fault`: "dies" (after 40 requests every
     answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
     "leaks" (the gauge never returns to 0), "stalls" (every 7th well-formed request of the load answered after
-    1.5 s, past the client's timeout in `run`), "prefix-hit-differs" (a prompt seen before gets other tokens until
-    /flush_cache empties what it remembers: dummy weights' near-flat logits under a prefix hit)."""
+    STALL seconds, past the client's timeout the stall tests set), "stalls-first" (every well-formed one in the
+    load's first second so), "prefix-hit-differs" (a prompt seen before gets other tokens until /flush_cache empties
+    what it remembers: dummy weights' near-flat logits under a prefix hit)."""
     state = {"requests": 0, "in_flight": 0, "lock": threading.Lock(), "cached": set()}
 
     class Handler(QuietHandler):
@@ -78,7 +81,9 @@ def stand_in(fault: str | None):
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
                 return self._send(500, b'{"error": "internal"}')
             if fault == "stalls" and n % 7 == 0 and new >= 8:
-                time.sleep(1.5)
+                time.sleep(STALL)
+            if fault == "stalls-first" and new >= 8 and time.time() - state.setdefault("first", time.time()) < 1.0:
+                time.sleep(STALL)  # the first second of load: a fresh host compiling kernels for new batch sizes
             out = [(sum(ids) + k) % VOCAB for k in range(new)]
             if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
                 out = [(t + 1) % VOCAB for t in out]
@@ -103,10 +108,11 @@ def stand_in(fault: str | None):
     return Handler
 
 
-def run(fault, **kw):
+def run(fault, client_timeout=60.0, **kw):
+    """A 3-second soak of the stand-in; the client's timeout is long unless a stall test shortens it below STALL."""
     with local_http_server(stand_in(fault)) as server:
         return soak.soak(server.server_port, seconds=3, clients=6, vocab=VOCAB, probe_count=3, probe_tokens=4,
-                         max_new_tokens=24, idle_seconds=3, client_timeout=1.0, **kw)
+                         max_new_tokens=24, idle_seconds=3, client_timeout=client_timeout, **kw)
 
 
 def test_a_server_that_holds_up_passes_every_check():
@@ -123,7 +129,7 @@ def test_a_server_that_holds_up_passes_every_check():
     ("stalls", ["every well-formed request answered within the client's timeout"]),
 ])
 def test_each_fault_fails_its_check(fault, failed):
-    result = run(fault)
+    result = run(fault, **({"client_timeout": STALL_TIMEOUT} if fault == "stalls" else {}))
     seen = [name for name, ok in result["checks"].items() if not ok]
     # a server that died fails whatever needs it afterwards too (probes, the idle gauge)
     assert set(failed) <= set(seen) if fault == "dies" else seen == failed, soak.table(result)
@@ -202,3 +208,14 @@ def test_a_connect_timeout_is_a_timeout_and_a_reset_is_a_broken_connection():
     assert soak.failed_status(TimeoutError()) == soak.TIMED_OUT
     assert soak.failed_status(urllib.error.URLError(ConnectionRefusedError())) == 0
     assert soak.failed_status(ConnectionResetError()) == 0
+
+
+def test_a_warmup_takes_a_fresh_hosts_first_stall_out_of_the_checks():
+    """A server that stalls only at its first load (a fresh host compiling kernels) fails the timeout check; with
+    --warmup-seconds the stall falls in the unchecked warm-up, whose statuses are kept apart."""
+    cold = run("stalls-first", client_timeout=STALL_TIMEOUT)
+    assert [name for name, ok in cold["checks"].items() if not ok] == [
+        "every well-formed request answered within the client's timeout"], soak.table(cold)
+    warm = run("stalls-first", client_timeout=STALL_TIMEOUT, warmup_seconds=1.5)
+    assert all(warm["checks"].values()), soak.table(warm)
+    assert sum(warm["warmup_statuses"]["complete"].values()) and "warmup_statuses" not in cold

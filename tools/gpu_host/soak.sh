@@ -4,7 +4,8 @@
 # flags (e.g. "--tp 2 --enable-dp-attention --dp 2"), SOAK_SECONDS sets the soak's length (default 300), SOAK_PORT the
 # first server's port (default 31700; soaks side by side on one host each take their own), SOAK_ARGS more tools.soak
 # options (e.g. "--min-retractions 1" with SERVER_FLAGS="--schedule-conservativeness 0.05"), SOAK_MODEL a bundled config
-# served on dummy weights instead of the checkpoint (configs/models/deepseek-v3-fp8-tp8: the deployment draw). Per backend
+# served on dummy weights instead of the checkpoint (configs/models/deepseek-v3-fp8-tp8: the deployment draw; on a host
+# that has not served it, SOAK_ARGS="--warmup-seconds 120" lets its first batches compile outside the checks). Per backend
 # the table, soak.json and the server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
