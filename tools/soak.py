@@ -196,6 +196,10 @@ class Load:
         with self.lock:
             self.statuses[kind][status] += 1
 
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Per request kind, {HTTP status (as a JSON key): count}."""
+        return {k: {str(s): n for s, n in c.items()} for k, c in self.statuses.items()}
+
     def run(self, clients: int, seconds: float) -> None:
         end = time.time() + seconds
 
@@ -261,7 +265,7 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     if warmup_seconds:  # another seed: the measured load's prompts are not cached by it
         warmup = Load(server, vocab, seed + 7919, max_new_tokens, malformed)
         warmup.run(clients, warmup_seconds)
-        result["warmup_statuses"] = {k: {str(s): n for s, n in c.items()} for k, c in warmup.statuses.items()}
+        result["warmup_statuses"] = warmup.counts()
     result["probes_before"] = probes(server, prompts, probe_tokens)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
@@ -272,7 +276,7 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     inside["probes"] = probes(server, prompts, probe_tokens)
     loader.join()
     result["load_s"] = round(time.time() - t0, 1)
-    result["statuses"] = {k: {str(s): n for s, n in c.items()} for k, c in load.statuses.items()}
+    result["statuses"] = load.counts()
     result["unexplained"] = load.unexplained[:20]
     result["probes_inside_equal"] = sum(a == b for a, b in zip(inside["probes"], result["probes_before"]))
     result["idle_used_tokens"] = wait_idle_tokens(server, idle_seconds)

@@ -79,13 +79,13 @@ def test_sglangs_prefill_dispatch_reads_the_bound_the_plugin_sets(monkeypatch):
     """The bound acts only if SGLang reads the variable when it dispatches a prefill, not once at import: after the
     plugin sets it, the chunk capacity SGLang's ForwardBatch reports (its one-shot / chunked MHA choice and the prefix
     chunks' size) is the bound."""
+    import os
+
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
     monkeypatch.setenv(ENV, "1")
     monkeypatch.delenv(ENV)  # recorded, so that the value set below is undone after the test
     assert envs.SGLANG_MAX_KV_CHUNK_CAPACITY.get() == extend.SGLANG_MHA_CHUNK_DEFAULT
-    import os
-
     extend.bound_mha_chunk_capacity(config("deepseek-v3-fp8-dp-attention"), 128, os.environ)
     assert ForwardBatch.get_max_chunk_capacity(SimpleNamespace()) == extend.mha_chunk_capacity(128) == 65472

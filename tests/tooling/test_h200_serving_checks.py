@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import bench_extend_routes as routes
 from benchmarks.server_log_stats import log_stats
+from harness.results import read_json
 from harness.server_log import read_log
 from helpers import doc_sections
 from sglang_snapmla import extend
@@ -28,9 +29,7 @@ def flat(text: str) -> str:
 
 
 def rows_of(folder: Path) -> dict:
-    import json
-
-    return {r["run"]: r for r in json.loads((folder / "serve_bench.json").read_text())}
+    return {r["run"]: r for r in read_json(folder / "serve_bench.json")}
 
 
 def n(x: float, fmt: str = ",.0f") -> str:
@@ -74,7 +73,7 @@ def test_the_chat_ratios_are_against_the_row_of_the_same_run():
     assert ratio(b1["decode_step_ms_at_peak"], s1["decode_step_ms_at_peak"]) in text
     assert ratio(f2["decode_step_ms_at_peak"], s2["decode_step_ms_at_peak"]) in text
     summary = flat(text.split("**")[1])
-    assert (f"1.18x flashmla BF16's output rate at 0.85x its TTFT p50" in summary
+    assert ("1.18x flashmla BF16's output rate at 0.85x its TTFT p50" in summary
             and f"{snap['output_tok_s'] / bf16['output_tok_s']:.2f}" == "1.18"
             and f"{snap['median_ttft_ms'] / bf16['median_ttft_ms']:.2f}" == "0.85")
     assert (f"{b1['decode_step_ms_at_peak'] / s1['decode_step_ms_at_peak']:.2f}x BF16's and "
@@ -113,9 +112,7 @@ def test_the_long_prompt_rows_are_the_runs():
 
 
 def test_the_route_table_is_the_saved_fp8_run():
-    import json
-
-    rows = json.loads((ROOT / "results/bench/extend_routes_fp8_h200.json").read_text())
+    rows = read_json(ROOT / "results/bench/extend_routes_fp8_h200.json")
     text = section("Prefill routes with an FP8 kv_b_proj (H200)")
     for line in routes.table(rows).splitlines()[2:]:
         assert line in text, line
@@ -134,11 +131,10 @@ def test_the_route_table_is_the_saved_fp8_run():
 
 
 def test_the_soak_table_and_verdicts_are_the_saved_soak():
-    import json
     import re
 
     folder = ROOT / "results/serve/soak_snapmla_fp8_tp8_h200"
-    soak = json.loads((folder / "soak.json").read_text())
+    soak = read_json(folder / "soak.json")
     text = section("Soak with bad ids")
     st = soak["statuses"]
     assert f"| complete | 200: {n(st['complete']['200'])}; no answer: {st['complete']['0']} |" in text
