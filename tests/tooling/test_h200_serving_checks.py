@@ -124,6 +124,9 @@ def test_the_route_table_is_the_saved_fp8_run():
     fitted = routes.fit_route_costs(rows)
     assert f"{100 * (fitted.mha_upproj / extend.ROUTE_COSTS.mha_upproj - 1):.0f} % above" in flat(text)
     assert f"({fitted.mha_upproj:.2e} against" in flat(text)
+    behind = sorted(min(r["snapmla_absorbed_us"], r["snapmla_mha_us"]) / r["flashmla_bf16_absorbed_us"] for r in rows
+                    if r["flashmla_bf16_absorbed_us"] < min(r["snapmla_absorbed_us"], r["snapmla_mha_us"]))
+    assert f"in {len(behind)} of the 20 cases snapmla's faster route takes {behind[0]:.2f}-{behind[-1]:.2f}x" in flat(text)
     for r in rows:  # "no case's pick changes" under the FP8 run's own fit
         absorbed, mha = extend.route_costs([r["prefix"]] * r["requests"], [r["new"]] * r["requests"], r["heads"],
                                            fitted)
