@@ -17,13 +17,17 @@ Checks (the table, JSON under --out; exit 1 if one fails): no 5xx or connection 
 every well-formed request answered within the client's timeout (`--client-timeout`, 120 s: a request still unanswered
 then is counted apart from a broken connection, status TIMED_OUT, shown as "timed out");
 every malformed request answered 4xx with a message; the server's tokens in use back to 0 once idle (its
-/metrics gauge, `--enable-metrics`); probes after == probes before; /health answers; no traceback in the server log;
+/metrics gauge, `--enable-metrics`); probes after == probes before; after a warm-up, the server idle before the
+probes before; /health answers; no traceback in the server log;
 with `--min-retractions N`, at least N requests retracted by the scheduler (its "#retracted_reqs" log lines: the
 pool was small enough to force them). The retracted count is reported either way.
 
 `--warmup-seconds N` runs the same load for N seconds before the probes before, unchecked (its statuses are kept
 apart): a fresh host's first large batches compile kernels (SGLang's Triton FP8 GEMM and MoE kernels for each new
-batch size) and stall the scheduler for a minute or more, which the timeout check would otherwise count.
+batch size) and stall the scheduler for a minute or more, which the timeout check would otherwise count. The probes
+before then wait until the server is idle (its /metrics: no request running, queued or holding pool tokens; the
+warm-up's requests whose clients gave up are still served), up to the client's timeout plus `--idle-seconds`, and a
+check says they did: probes batched with other requests are another computation.
 
 The probes after run over a radix cache that holds their prompts, so they prefill only a last page over the cached
 ones: on a trained checkpoint that checks the prefix path too. On dummy weights (`--load-format dummy`) the logits are
@@ -75,6 +79,9 @@ OUT_OF_RANGE_IDS = ("id-above-vocab", "id-at-vocab", "negative-id", "stop-id-abo
 
 # the status of a request the client gave up on: no answer within its timeout (a stalled server, not a broken one)
 TIMED_OUT = -1
+# SGLang's /metrics gauges that are 0 on an idle server: no request holds pool tokens, runs or waits. A request the
+# client gave up on (TIMED_OUT, a cut stream) still runs to its end in the scheduler.
+IDLE_GAUGES = ("num_used_tokens", "num_running_reqs", "num_queue_reqs")
 
 
 def failed_status(exc: Exception) -> int:
@@ -134,16 +141,29 @@ class Server:
         finally:
             conn.close()
 
-    def used_tokens(self) -> float | None:
-        """Tokens the KV pool holds now (SGLang's /metrics gauge, summed over ranks); None without metrics."""
+    def gauges(self) -> dict[str, float]:
+        """SGLang's /metrics gauges of IDLE_GAUGES that the server exports, each summed over ranks ({} without
+        metrics)."""
         status, body = self.get("/metrics")
-        values = re.findall(r"^sglang:num_used_tokens\{[^}]*\}\s+(\S+)", body.decode("utf-8", "replace"), re.M)
-        return sum(float(v) for v in values) if status == 200 and values else None
+        if status != 200:
+            return {}
+        text, out = body.decode("utf-8", "replace"), {}
+        for name in IDLE_GAUGES:
+            values = re.findall(rf"^sglang:{name}\{{[^}}]*\}}\s+(\S+)", text, re.M)
+            if values:
+                out[name] = sum(float(v) for v in values)
+        return out
 
 
 def generate_payload(ids: list[int], new_tokens: int, greedy: bool = True, **extra) -> dict:
     return {"input_ids": ids, "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0 if greedy else 0.8,
                                                   "ignore_eos": True}, **extra}
+
+
+def probe_prompts(vocab: int, count: int, seed: int = 0) -> list[list[int]]:
+    """The probes' token ids: `count` prompts of 32-699 random ids, the same for a seed."""
+    rng = random.Random(seed + 1)
+    return [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(count)]
 
 
 def probes(server: Server, prompts: list[list[int]], new_tokens: int) -> list[list[int] | str]:
@@ -215,15 +235,15 @@ class Load:
             t.join()
 
 
-def wait_idle_tokens(server: Server, seconds: float) -> float | None:
-    """The pool's tokens in use once idle: polled until 0 or `seconds` pass (the last value seen)."""
-    end, used = time.time() + seconds, None
-    while time.time() < end:
-        used = server.used_tokens()
-        if used == 0 or used is None:
-            return used
+def wait_idle(server: Server, seconds: float) -> float | None:
+    """The pool's tokens in use once the server is idle (every gauge of IDLE_GAUGES it exports at 0), polled until
+    then or until `seconds` pass: the last value seen; None without metrics."""
+    end = time.time() + seconds
+    while True:
+        seen = server.gauges()
+        if not seen or not any(seen.values()) or time.time() >= end:
+            return seen.get("num_used_tokens")
         time.sleep(1)
-    return used
 
 
 def retracted_requests(log_text: str) -> int:
@@ -247,6 +267,8 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
         "server alive (/health)": result["health"] == 200,
         "no traceback in the server log": result["tracebacks"] == 0,
         **(forced if min_retractions else {}),
+        **({"idle before the probes before (the warm-up's requests done)": result["warmup_left_used_tokens"] == 0}
+           if "warmup_left_used_tokens" in result else {}),
         **({"radix cache flushed before the probes after": result["flush_status"] == 200}
            if "flush_status" in result else {}),
     }
@@ -257,15 +279,18 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
          idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0,
          flush_before_probes_after: bool = False, client_timeout: float = 120, warmup_seconds: float = 0) -> dict:
     server = Server(port, client_timeout)
-    rng = random.Random(seed + 1)
-    prompts = [[rng.randrange(100, vocab - 1) for _ in range(rng.randrange(32, 700))] for _ in range(probe_count)]
+    prompts = probe_prompts(vocab, probe_count, seed)
     log_start = server_log.stat().st_size if server_log and server_log.exists() else 0
-    result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab, "malformed": list(malformed),
+    result: dict = {"port": port, "seconds": seconds, "clients": clients, "vocab": vocab, "seed": seed,
+                    "probe_count": probe_count, "malformed": list(malformed),
                     "client_timeout_s": client_timeout}
     if warmup_seconds:  # another seed: the measured load's prompts are not cached by it
         warmup = Load(server, vocab, seed + 7919, max_new_tokens, malformed)
         warmup.run(clients, warmup_seconds)
         result["warmup_statuses"] = warmup.counts()
+        # the probes before run alone: on dummy weights a greedy token depends on the batch it decodes in, and the
+        # warm-up's requests its clients gave up on are still being served
+        result["warmup_left_used_tokens"] = wait_idle(server, client_timeout + idle_seconds)
     result["probes_before"] = probes(server, prompts, probe_tokens)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
@@ -279,7 +304,7 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     result["statuses"] = load.counts()
     result["unexplained"] = load.unexplained[:20]
     result["probes_inside_equal"] = sum(a == b for a, b in zip(inside["probes"], result["probes_before"]))
-    result["idle_used_tokens"] = wait_idle_tokens(server, idle_seconds)
+    result["idle_used_tokens"] = wait_idle(server, idle_seconds)
     if flush_before_probes_after:
         result["flush_status"] = server.post("/flush_cache", b"")[0]
     result["probes_after"] = probes(server, prompts, probe_tokens)

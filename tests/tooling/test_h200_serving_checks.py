@@ -1,5 +1,5 @@
-"""docs/BENCHMARKS.md's "Soak with bad ids", "A prompt above 64k tokens", "Prefill routes with an FP8 kv_b_proj" and
-"Chat-like traffic at 128 heads (H200, V3 shape)": every figure their tables and prose quote, read back from the runs
+"""docs/BENCHMARKS.md's "Soak with bad ids", "A prompt above 64k tokens", "Prefill routes with an FP8 kv_b_proj",
+"Chat-like traffic at 128 heads (H200, V3 shape)" and "Block-FP8 weights: Kimi-K2 per GPU (H200)": every figure their tables and prose quote, read back from the runs
 kept in results/ (bench_serving's JSON, the server log excerpts through `benchmarks.server_log_stats`, the soak's and
 the route benchmark's JSON)."""
 
@@ -13,6 +13,7 @@ from harness.results import read_json
 from harness.server_log import read_log
 from helpers import doc_sections
 from sglang_snapmla import extend
+from tools import soak as soak_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = ROOT / "results/serve/v3_h200_chat"
@@ -155,3 +156,102 @@ def test_the_soak_table_and_verdicts_are_the_saved_soak():
               if "Prefill batch" in ln or "Decode batch" in ln]
     gap = next(i for i in range(1, len(stamps)) if stamps[i] == "06:16:50")
     assert stamps[gap - 1] == "06:15:19" and "(06:15:19-06:16:50 in the excerpt)" in flat(text)
+
+
+def batch_lines(folder: Path, name: str) -> list[tuple[str, str]]:
+    """(time stamp, line) of each Prefill / Decode batch line of a server log excerpt."""
+    import re
+
+    return [(re.match(r"\[\S+ (\S+)\]", ln).group(1), ln)
+            for ln in read_log(folder / name).splitlines() if "Prefill batch" in ln or "Decode batch" in ln]
+
+
+def logged(line: str, field: str) -> int:
+    import re
+
+    return int(re.search(rf"{field}: (\d+)", line).group(1))
+
+
+def test_the_second_soak_is_its_saved_soak_and_its_probes_ran_where_the_log_says():
+    folder = ROOT / "results/serve/soak_snapmla_fp8_tp8_h200_warmup"
+    soak = read_json(folder / "soak.json")
+    text = flat(section("Soak with bad ids"))
+    st = soak["statuses"]
+    for kind in ("complete", "cut", "abort"):
+        assert st[kind] == {"200": st[kind]["200"]} and f"| {kind} | 200: {n(st[kind]['200'])} |" in text
+    assert st["malformed"] == {"400": 340} and not soak["unexplained"] and "| malformed | 400: 340, each" in text
+    assert [name for name, ok in soak["checks"].items() if not ok] == ["probes after == before"]
+    assert soak["seconds"] == 180 and soak["clients"] == 160 and soak["retracted_requests"] == 0
+    assert soak["warmup_statuses"]["complete"] == {"-1": 90} and "none of its 90 whole-response" in text
+    before, after = soak["probes_before"], soak["probes_after"]
+    differ = [i for i in range(8) if before[i] != after[i]]
+    assert differ == [0, 1, 2] and "differed from the probes before in 3 of 8" in text
+    assert all(before[i][0] == after[i][0] and before[i][1] != after[i][1] for i in differ)  # "from its second token"
+    # the probes before: eight one-sequence prefills of their prompts' page-rounded lengths, in order
+    lengths = [-(-len(p) // 64) * 64 for p in soak_tool.probe_prompts(soak["vocab"], 8, seed=0)]
+    lines = batch_lines(folder, "server_excerpt.log.xz")
+    prefills = [(t, ln) for t, ln in lines if "Prefill batch" in ln]
+    start = next(i for i in range(len(prefills) - 7) if all(
+        "Prefill batch, #new-seq: 1," in prefills[i + k][1] and logged(prefills[i + k][1], "#new-token") == lengths[k]
+        for k in range(8)))
+    probes = prefills[start:start + 8]
+    assert [logged(ln, "#running-req") for _, ln in probes] == [38, 32, 5, 0, 0, 0, 0, 0]
+    assert f"({probes[0][0]}-{probes[-1][0]}, " in text
+    assert ", ".join(map(str, lengths[:-1])) + f" and {lengths[-1]} tokens" in text
+    assert "logged 38, 32 and 5 running requests for the first three and none for the other five" in text
+    stamps = [t for t, _ in lines]
+    gap = stamps.index("10:03:49")
+    assert stamps[gap - 1] == "10:01:50" and "no batch from 10:01:50 to 10:03:49 in the excerpt" in text
+
+
+KIMI = {"TP 8, 8 heads": ROOT / "results/serve/kimi_k2_fp8_tp8_h200",
+        "DP attention, 64 heads": ROOT / "results/serve/kimi_k2_fp8_dp_attention_h200"}
+
+
+@pytest.mark.parametrize("shape", KIMI)
+def test_each_kimi_row_is_its_run(shape):
+    rows = rows_of(KIMI[shape])
+    text = section("Block-FP8 weights: Kimi-K2 per GPU (H200)")
+    for run, label in LABELS.items():
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {shape} | {label} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if run not in rows:  # SGLang FP8 at TP 8: started, its bench stopped by the command's limit
+            assert shape == "TP 8, 8 heads" and run == "flashmla-fp8" and cells[4] == "not run"
+            log = read_log(KIMI[shape] / "server_flashmla-fp8.log.xz")
+            assert all(f'"POST {ep} HTTP/1.1" 200' in log for ep in ("/generate", "/v1/completions",
+                                                                     "/v1/chat/completions"))
+            assert "KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 1813056" in log
+            assert cells[2:4] == ["47.0", "1 813 056"]
+            continue
+        r = rows[run]
+        assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
+                             n(r["median_ttft_ms"]), f"{r['median_tpot_ms']:.1f}", str(r["peak_running_req"])]
+        assert r["completed"] == 64 and round(r["retokenized_output_tokens"] / r["output_tokens"], 2) == 1.09
+        assert not any(x != x for x in r["endpoints"]["generate_logprobs"]) and r["endpoints"]["chat"]
+        log = read_log(KIMI[shape] / f"server_{run}.log.xz")
+        assert "k_scale = v_scale = 1.0 on 82 attention layers (checked)" in log
+
+
+def test_the_kimi_ratios_and_the_first_servers_compiles():
+    text = flat(section("Block-FP8 weights: Kimi-K2 per GPU (H200)"))
+    dp = rows_of(KIMI["DP attention, 64 heads"])
+    s, b, f = dp["snapmla"], dp["flashmla"], dp["flashmla-fp8"]
+    assert (f"made {s['output_tok_s'] / b['output_tok_s']:.2f}x flashmla BF16's and "
+            f"{s['output_tok_s'] / f['output_tok_s']:.2f}x SGLang FP8's output rate at "
+            f"{s['median_tpot_ms'] / b['median_tpot_ms']:.2f}x and {s['median_tpot_ms'] / f['median_tpot_ms']:.2f}x "
+            "their TPOT p50") in text
+    for rows in (rows_of(folder) for folder in KIMI.values()):
+        assert f"{rows['snapmla']['pool_tokens'] / rows['flashmla']['pool_tokens']:.2f}x" == "1.79x"
+    assert f"{1612992 / dp['flashmla']['pool_tokens']:.2f}x" == "2.00x" and "SGLang FP8's 2.00x" in text
+    # snapmla at TP 8, the host's first server: two slow 8 192-token prefill batches among 17
+    rates = {}
+    for run in ("snapmla", "flashmla"):
+        lines = [ln for _, ln in batch_lines(KIMI["TP 8, 8 heads"], f"server_{run}.log.xz")
+                 if "#new-token: 8192" in ln]
+        rates[run] = sorted(float(ln.rsplit("input throughput (token/s): ", 1)[1].split(",")[0]) for ln in lines)
+    slow, fast = rates["snapmla"][:2], rates["snapmla"][2:]
+    assert len(rates["snapmla"]) == len(rates["flashmla"]) == 17 and "17 prefill batches of 8 192 tokens" in text
+    assert f"ran at {slow[1] / 1e3:.1f} and {slow[0] / 1e3:.1f} k tokens/s" in text
+    assert f"other 15 ran at {fast[0] / 1e3:.0f}-{fast[-1] / 1e3:.0f} k" in text
+    bf = rates["flashmla"]
+    assert f"(BF16's 17 at {bf[0] / 1e3:.0f}-{bf[-1] / 1e3:.0f} k)" in text

@@ -17,8 +17,9 @@ STALL_TIMEOUT = 1.5
 
 
 def stand_in(fault: str | None):
-    """A handler class: /generate (whole or streamed, greedy output = a function of the prompt), /abort_request,
-    /health, /metrics (tokens in use = tokens of requests in flight). `fault`: "dies" (after 40 requests every
+    """A handler class: /generate (whole or streamed, greedy output = a function of the prompt and of whether other
+    requests are in flight, as dummy weights' near-flat logits are of the batch), /abort_request, /health, /metrics
+    (tokens in use and running requests = those of requests in flight, a stalled one included). `fault`: "dies" (after 40 requests every
     answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
     "leaks" (the gauge never returns to 0), "stalls" (every 7th well-formed request of the load answered after
     STALL seconds, past the client's timeout the stall tests set), "stalls-first" (every well-formed one in the
@@ -46,7 +47,9 @@ def stand_in(fault: str | None):
                 return self._send(200, b"")
             if self.path == "/metrics":
                 used = state["in_flight"] * 100 + (7 if fault == "leaks" else 0)
-                return self._send(200, f'sglang:num_used_tokens{{tp_rank="0"}} {used}\n'.encode(), "text/plain")
+                return self._send(200, (f'sglang:num_used_tokens{{tp_rank="0"}} {used}\n'
+                                        f'sglang:num_running_reqs{{tp_rank="0"}} {state["in_flight"]}\n').encode(),
+                                  "text/plain")
             return self._send(404, b"{}")
 
         def do_POST(self):
@@ -80,16 +83,18 @@ def stand_in(fault: str | None):
                 return self._send(400, json.dumps({"error": {"message": str(e)}}).encode())
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
                 return self._send(500, b'{"error": "internal"}')
-            if fault == "stalls" and n % 7 == 0 and new >= 8:
-                time.sleep(STALL)
-            if fault == "stalls-first" and new >= 8 and time.time() - state.setdefault("first", time.time()) < 1.0:
-                time.sleep(STALL)  # the first second of load: a fresh host compiling kernels for new batch sizes
-            out = [(sum(ids) + k) % VOCAB for k in range(new)]
-            if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
-                out = [(t + 1) % VOCAB for t in out]
-            state["cached"].add(tuple(ids))
-            state["in_flight"] += 1
+            with state["lock"]:
+                batched = state["in_flight"] > 0
+                state["in_flight"] += 1
             try:
+                if fault == "stalls" and n % 7 == 0 and new >= 8:
+                    time.sleep(STALL)
+                if fault == "stalls-first" and new >= 8 and time.time() - state.setdefault("first", time.time()) < 1:
+                    time.sleep(STALL)  # the first second of load: a fresh host compiling kernels for new batch sizes
+                out = [(sum(ids) + k + 2 * batched) % VOCAB for k in range(new)]
+                if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
+                    out = [(t + 1) % VOCAB for t in out]
+                state["cached"].add(tuple(ids))
                 if not req.get("stream"):
                     return self._send(200, json.dumps({"output_ids": out}).encode())
                 self.send_response(200)
@@ -103,7 +108,8 @@ def stand_in(fault: str | None):
             except OSError:  # the client cut the stream
                 self.close_connection = True
             finally:
-                state["in_flight"] -= 1
+                with state["lock"]:
+                    state["in_flight"] -= 1
 
     return Handler
 
@@ -217,5 +223,8 @@ def test_a_warmup_takes_a_fresh_hosts_first_stall_out_of_the_checks():
     assert [name for name, ok in cold["checks"].items() if not ok] == [
         "every well-formed request answered within the client's timeout"], soak.table(cold)
     warm = run("stalls-first", client_timeout=STALL_TIMEOUT, warmup_seconds=1.5)
+    # the warm-up's stalled requests, given up by their clients, are still served when the warm-up ends: the probes
+    # before wait for them (a probe among them gets other tokens)
     assert all(warm["checks"].values()), soak.table(warm)
+    assert warm["checks"]["idle before the probes before (the warm-up's requests done)"]
     assert sum(warm["warmup_statuses"]["complete"].values()) and "warmup_statuses" not in cold
