@@ -221,7 +221,8 @@ def test_each_kimi_row_is_its_run(shape):
             assert all(f'"POST {ep} HTTP/1.1" 200' in log for ep in ("/generate", "/v1/completions",
                                                                      "/v1/chat/completions"))
             assert "KV Cache is allocated. dtype: torch.float8_e4m3fn, #tokens: 1813056" in log
-            assert cells[2:4] == ["47.0", "1 813 056"]
+            printed = (KIMI[shape] / "serve_and_bench.out").read_text()  # its start, as serve_and_bench printed it
+            assert f"serve_and_bench: flashmla-fp8: answered in {cells[2]} s;" in printed and cells[3] == "1 813 056"
             continue
         r = rows[run]
         assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
@@ -255,3 +256,10 @@ def test_the_kimi_ratios_and_the_first_servers_compiles():
     assert f"other 15 ran at {fast[0] / 1e3:.0f}-{fast[-1] / 1e3:.0f} k" in text
     bf = rates["flashmla"]
     assert f"(BF16's 17 at {bf[0] / 1e3:.0f}-{bf[-1] / 1e3:.0f} k)" in text
+    # "By question": the first server's start and the others'
+    printed = (KIMI["TP 8, 8 heads"] / "serve_and_bench.out").read_text()
+    starts = [r["startup_s"] for folder in KIMI.values() for r in rows_of(folder).values()]
+    starts.append(float(printed.split("flashmla-fp8: answered in ")[1].split(" s;")[0]))
+    first, later = starts[0], starts[1:]
+    assert first == max(starts) and (f"Kimi-K2's 41-layer block-FP8 shares {first:.0f} s first, "
+                                     f"{min(later):.0f}-{max(later):.0f} s after") in flat(section("By question"))
