@@ -86,6 +86,12 @@ def stand_in(fault: str | None):
             with state["lock"]:
                 batched = state["in_flight"] > 0
                 state["in_flight"] += 1
+            held = [True]
+
+            def release():  # once the output is made, before its last bytes go out: a client that has read them
+                with state["lock"]:  # and sends its next request finds this one gone, as SGLang frees it first
+                    state["in_flight"] -= held.pop() if held else 0
+
             try:
                 if fault == "stalls" and n % 7 == 0 and new >= 8:
                     time.sleep(STALL)
@@ -96,11 +102,14 @@ def stand_in(fault: str | None):
                     out = [(t + 1) % VOCAB for t in out]
                 state["cached"].add(tuple(ids))
                 if not req.get("stream"):
+                    release()
                     return self._send(200, json.dumps({"output_ids": out}).encode())
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for k in range(len(out)):
+                    if k == len(out) - 1:
+                        release()
                     self.wfile.write(f"data: {json.dumps({'output_ids': out[: k + 1]})}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(0.002)
@@ -108,8 +117,7 @@ def stand_in(fault: str | None):
             except OSError:  # the client cut the stream
                 self.close_connection = True
             finally:
-                with state["lock"]:
-                    state["in_flight"] -= 1
+                release()
 
     return Handler
 
