@@ -235,15 +235,19 @@ class Load:
             t.join()
 
 
-def wait_idle(server: Server, seconds: float) -> float | None:
-    """The pool's tokens in use once the server is idle (every gauge of IDLE_GAUGES it exports at 0), polled until
-    then or until `seconds` pass: the last value seen; None without metrics."""
+def wait_idle(server: Server, seconds: float) -> dict[str, float]:
+    """The server's IDLE_GAUGES, polled until every one it exports is 0 or `seconds` pass: the last seen ({} without
+    metrics)."""
     end = time.time() + seconds
     while True:
         seen = server.gauges()
         if not seen or not any(seen.values()) or time.time() >= end:
-            return seen.get("num_used_tokens")
-        time.sleep(1)
+            return seen
+
+
+def is_idle(gauges: dict[str, float]) -> bool:
+    """No request holds pool tokens, runs or waits (the pool's gauge at least exported)."""
+    return "num_used_tokens" in gauges and not any(gauges.values())
 
 
 def retracted_requests(log_text: str) -> int:
@@ -267,8 +271,8 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
         "server alive (/health)": result["health"] == 200,
         "no traceback in the server log": result["tracebacks"] == 0,
         **(forced if min_retractions else {}),
-        **({"idle before the probes before (the warm-up's requests done)": result["warmup_left_used_tokens"] == 0}
-           if "warmup_left_used_tokens" in result else {}),
+        **({"idle before the probes before (the warm-up's requests done)": is_idle(result["after_warmup"])}
+           if "after_warmup" in result else {}),
         **({"radix cache flushed before the probes after": result["flush_status"] == 200}
            if "flush_status" in result else {}),
     }
@@ -290,7 +294,7 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
         result["warmup_statuses"] = warmup.counts()
         # the probes before run alone: on dummy weights a greedy token depends on the batch it decodes in, and the
         # warm-up's requests its clients gave up on are still being served
-        result["warmup_left_used_tokens"] = wait_idle(server, client_timeout + idle_seconds)
+        result["after_warmup"] = wait_idle(server, client_timeout + idle_seconds)
     result["probes_before"] = probes(server, prompts, probe_tokens)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
@@ -304,7 +308,7 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
     result["statuses"] = load.counts()
     result["unexplained"] = load.unexplained[:20]
     result["probes_inside_equal"] = sum(a == b for a, b in zip(inside["probes"], result["probes_before"]))
-    result["idle_used_tokens"] = wait_idle(server, idle_seconds)
+    result["idle_used_tokens"] = wait_idle(server, idle_seconds).get("num_used_tokens")
     if flush_before_probes_after:
         result["flush_status"] = server.post("/flush_cache", b"")[0]
     result["probes_after"] = probes(server, prompts, probe_tokens)

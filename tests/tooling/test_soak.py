@@ -19,13 +19,14 @@ STALL_TIMEOUT = 1.5
 def stand_in(fault: str | None):
     """A handler class: /generate (whole or streamed, greedy output = a function of the prompt and of whether other
     requests are in flight, as dummy weights' near-flat logits are of the batch), /abort_request, /health, /metrics
-    (tokens in use and running requests = those of requests in flight, a stalled one included). `fault`: "dies" (after 40 requests every
-    answer is 503 / a closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
+    (tokens in use and running requests: those of requests in flight; waiting requests: the stalled ones, which hold
+    no tokens yet, as SGLang's queue during a compile). `fault`: "dies" (after 40 requests every answer is 503 / a
+    closed connection), "500" (every 7th well-formed request of the load), "lets-bad-ids-through",
     "leaks" (the gauge never returns to 0), "stalls" (every 7th well-formed request of the load answered after
     STALL seconds, past the client's timeout the stall tests set), "stalls-first" (every well-formed one in the
     load's first second so), "prefix-hit-differs" (a prompt seen before gets other tokens until /flush_cache empties
     what it remembers: dummy weights' near-flat logits under a prefix hit)."""
-    state = {"requests": 0, "in_flight": 0, "lock": threading.Lock(), "cached": set()}
+    state = {"requests": 0, "in_flight": 0, "queued": 0, "lock": threading.Lock(), "cached": set()}
 
     class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"
@@ -48,7 +49,8 @@ def stand_in(fault: str | None):
             if self.path == "/metrics":
                 used = state["in_flight"] * 100 + (7 if fault == "leaks" else 0)
                 return self._send(200, (f'sglang:num_used_tokens{{tp_rank="0"}} {used}\n'
-                                        f'sglang:num_running_reqs{{tp_rank="0"}} {state["in_flight"]}\n').encode(),
+                                        f'sglang:num_running_reqs{{tp_rank="0"}} {state["in_flight"]}\n'
+                                        f'sglang:num_queue_reqs{{tp_rank="0"}} {state["queued"]}\n').encode(),
                                   "text/plain")
             return self._send(404, b"{}")
 
@@ -83,9 +85,17 @@ def stand_in(fault: str | None):
                 return self._send(400, json.dumps({"error": {"message": str(e)}}).encode())
             if fault == "500" and n % 7 == 0 and new >= 8:  # load requests only (the probes ask for 4 tokens)
                 return self._send(500, b'{"error": "internal"}')
+            stalled = (fault == "stalls" and n % 7 == 0 and new >= 8) or (  # the first second of load: a fresh host
+                fault == "stalls-first" and new >= 8  # compiling kernels for new batch sizes
+                and time.time() - state.setdefault("first", time.time()) < 1)
             with state["lock"]:
-                batched = state["in_flight"] > 0
-                state["in_flight"] += 1
+                batched = state["in_flight"] + state["queued"] > 0
+                state["queued" if stalled else "in_flight"] += 1
+            if stalled:
+                time.sleep(STALL)
+                with state["lock"]:
+                    state["queued"] -= 1
+                    state["in_flight"] += 1
             held = [True]
 
             def release():  # once the output is made, before its last bytes go out: a client that has read them
@@ -93,10 +103,6 @@ def stand_in(fault: str | None):
                     state["in_flight"] -= held.pop() if held else 0
 
             try:
-                if fault == "stalls" and n % 7 == 0 and new >= 8:
-                    time.sleep(STALL)
-                if fault == "stalls-first" and new >= 8 and time.time() - state.setdefault("first", time.time()) < 1:
-                    time.sleep(STALL)  # the first second of load: a fresh host compiling kernels for new batch sizes
                 out = [(sum(ids) + k + 2 * batched) % VOCAB for k in range(new)]
                 if fault == "prefix-hit-differs" and tuple(ids) in state["cached"]:
                     out = [(t + 1) % VOCAB for t in out]
@@ -236,3 +242,12 @@ def test_a_warmup_takes_a_fresh_hosts_first_stall_out_of_the_checks():
     assert all(warm["checks"].values()), soak.table(warm)
     assert warm["checks"]["idle before the probes before (the warm-up's requests done)"]
     assert sum(warm["warmup_statuses"]["complete"].values()) and "warmup_statuses" not in cold
+
+
+def test_a_server_still_busy_after_the_warmup_fails_the_idle_check():
+    """Its gauges never return to 0 ("leaks"): the probes before wait the client's timeout plus --idle-seconds, then
+    run, and the check says they may not have run alone."""
+    result = run("leaks", client_timeout=4.0, warmup_seconds=0.5)
+    assert [name for name, ok in result["checks"].items() if not ok] == [
+        "tokens in use back to 0 when idle", "idle before the probes before (the warm-up's requests done)"]
+    assert result["after_warmup"]["num_used_tokens"] == 7
