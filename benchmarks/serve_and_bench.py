@@ -112,9 +112,11 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
 
 
 def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None) -> dict:
-    """One backend's server, probe and bench. `measured(res)` is called as soon as bench_serving has returned, so the
-    caller can save the row before the server is stopped: a time limit that kills serve_and_bench while the server
-    stops (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill in its pool and peak from the server log)."""
+    """One backend's server, probe and bench. `measured(res)` is called with the row as it grows, so the caller can
+    save it before the run ends: once the server has answered its endpoint probe (start-up time and probe), and as
+    soon as bench_serving has returned. A time limit that kills serve_and_bench during the bench keeps the start-up,
+    and one that kills it while the server stops (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill
+    in its pool and peak from the server log)."""
     t0 = time.time()
     log_path = out_dir / f"server_{name}.log"
     graphs = ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
@@ -130,6 +132,7 @@ def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None
         warn_non_finite(name, res["endpoints"])
         if args.greedy_repeat:
             res["greedy_repeat"] = greedy_repeat(port)
+        measured(res)
         if args.num_prompts:
             if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
                 bench_serving(port, args.model, args.input_len, args.warmup_output_len or args.output_len,

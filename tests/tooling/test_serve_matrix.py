@@ -340,6 +340,38 @@ def test_serve_and_bench_engine_rate_reads_only_the_measured_calls_log_lines(mon
     assert calls == [4, 64] and res["engine_span_s"] == 20.0 and res["engine_output_tok_s"] == 200, res
 
 
+def test_serve_and_bench_keeps_a_runs_start_up_when_its_bench_is_cut(monkeypatch, tmp_path):
+    """main() saves serve_bench.json as each run's row grows: by the time bench_serving starts, the row with the
+    start-up time and the endpoint probe is on disk, so a time limit that kills the call during the bench keeps it."""
+    import json
+    import sys
+    import types
+
+    from benchmarks import serve_and_bench as sb
+
+    on_disk = []
+
+    def fake_bench(*a, **kw):  # what a kill here would leave
+        on_disk.append(json.loads((tmp_path / "serve_bench.json").read_text()))
+        return {"total_tok_s": 1.0, "output_tokens": 8.0}, "text"
+
+    monkeypatch.setattr(sb, "start_server", lambda *a, **k: (types.SimpleNamespace(cmd="c", pid=1), open(a[3], "w")))
+    monkeypatch.setattr(sb, "wait_healthy", lambda *a: None)
+    monkeypatch.setattr(sb, "check_endpoints", lambda *a: {"generate": "text"})
+    monkeypatch.setattr(sb, "stop_server", lambda proc, log: log.close())
+    monkeypatch.setattr(sb, "bench_serving", fake_bench)
+    monkeypatch.setattr(sb, "kill_servers_on_exit", lambda: None)
+    monkeypatch.setattr(sb, "plot", lambda results, path: path)
+    monkeypatch.setattr(sys, "argv", ["serve_and_bench", "--out", str(tmp_path), "--runs", "snapmla", "flashmla",
+                                      "--num-prompts", "4", "--warmup-prompts", "0"])
+    sb.main()
+    first, second = on_disk  # at each run's bench
+    assert [r["run"] for r in first] == ["snapmla"] and "startup_s" in first[0] and "total_tok_s" not in first[0]
+    assert first[0]["endpoints"] == {"generate": "text"}
+    assert [r["run"] for r in second] == ["snapmla", "flashmla"] and second[0]["total_tok_s"] == 1.0
+    assert "startup_s" in second[1] and "total_tok_s" not in second[1]
+
+
 def test_launchers_build_the_two_documented_server_commands(monkeypatch):
     """--launcher: `python -m sglang.launch_server ...`, or the sglang CLI's `serve` subcommand (the console script
     where installed, else what that script runs); the flags are the same; an unknown launcher is an error."""
