@@ -41,6 +41,24 @@ def decode_step_ms_at_peak(decodes: list[dict]) -> float | None:
     return statistics.median(alone) if alone else None
 
 
+def decode_step_fit(decodes: list[dict], min_running: int = 32) -> dict | None:
+    """Least squares of the decode step (1000 x running / rate, ms) on the running requests, over `decode_lines` with
+    at least `min_running` running that follow no prefill batch: {"fixed_ms", "per_request_us", "lines", "rms_ms",
+    "tokens_per_request": (least, most)}. What a step costs whatever the batch, apart from what each request adds;
+    where every request holds about as many tokens, a request's cost includes its cached tokens'. None below three
+    such lines."""
+    pts = [(d["running"], 1000 * d["running"] / d["rate"], d["tokens"] / d["running"]) for d in decodes
+           if d["rate"] and d["running"] >= min_running and not d["prefill_tokens"]]
+    if len(pts) < 3:
+        return None
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    slope, fixed = statistics.linear_regression(xs, ys)
+    rms = statistics.fmean([(fixed + slope * x - y) ** 2 for x, y in zip(xs, ys)]) ** 0.5
+    per_req = [p[2] for p in pts]
+    return {"fixed_ms": fixed, "per_request_us": 1000 * slope, "lines": len(pts), "rms_ms": rms,
+            "tokens_per_request": (min(per_req), max(per_req))}
+
+
 def log_stats(text: str, min_queue: int = 32) -> dict:
     """-> {"peak_running", "decode_tok_s_near_peak", "decode_step_ms_at_peak", "max_token_usage", "prefill_span_s",
     "prefill_batches", "prefill_tok_s_median"}."""
@@ -65,7 +83,21 @@ def main(argv: list[str] | None = None):
     ap.add_argument("logs", nargs="+", type=Path)
     ap.add_argument("--min-queue", type=int, default=32, help="waiting requests that mark the measured run's start")
     ap.add_argument("--startup", action="store_true", help="where each server's start went (startup_report)")
+    ap.add_argument("--step-fit", action="store_true",
+                    help="the decode step as a fixed part plus a cost per running request (decode_step_fit)")
     args = ap.parse_args(argv)
+    if args.step_fit:
+        print("| log | lines | fixed ms | per running request µs | rms ms | cached tokens a request |")
+        print("|---|---:|---:|---:|---:|---|")
+        for path in args.logs:
+            f = decode_step_fit(decode_lines(read_log(path)))
+            if f is None:
+                print(f"| {path.name} | fewer than 3 decode lines decoding alone | | | | |")
+                continue
+            lo, hi = f["tokens_per_request"]
+            print(f"| {path.name} | {f['lines']} | {f['fixed_ms']:.2f} | {f['per_request_us']:.1f} | "
+                  f"{f['rms_ms']:.2f} | {lo:.0f}-{hi:.0f} |")
+        return
     if args.startup:
         print("| log | first line to ready s | weights s | decode graphs s | scheduler s | tokenizer s "
               "| longest silences: s before the line that ended it |")

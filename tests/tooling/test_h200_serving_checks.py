@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import bench_extend_routes as routes
-from benchmarks.server_log_stats import log_stats
+from benchmarks.server_log_stats import decode_step_fit, log_stats
+from harness.server_log import decode_lines
 from harness.results import read_json
 from harness.server_log import read_log
 from helpers import doc_sections
@@ -82,6 +83,24 @@ def test_the_chat_ratios_are_against_the_row_of_the_same_run():
     assert f"{fp8['output_tok_s'] / snap2['output_tok_s']:.2f}x snapmla's output rate" in summary
     assert f"prefill phase {f2['prefill_span_s'] / s2['prefill_span_s']:.1f}x snapmla's" in summary
     assert abs(snap2["output_tok_s"] / snap["output_tok_s"] - 1) < 0.01  # "within 1 % of each other"
+
+
+def test_the_step_fit_table_is_the_chat_logs_fitted():
+    text = section("Chat-like traffic at 128 heads (H200, V3 shape)")
+    fits = {}
+    for folder, fraction, run in [*CHAT_RUNS[:2], *CHAT_RUNS[2:]]:
+        f = decode_step_fit(decode_lines(read_log(folder / f"server_{run}.log.xz")))
+        fits[fraction, run] = f
+        lo, hi = f["tokens_per_request"]
+        assert (f"| {LABELS[run]} | {fraction} | {f['lines']} | {f['fixed_ms']:.2f} | {f['per_request_us']:.1f} | "
+                f"{f['rms_ms']:.2f} | {lo:.0f}-{hi:.0f} |") in text
+    fixed = [f["fixed_ms"] for f in fits.values()]
+    assert f"fixed parts agree within {max(fixed) - min(fixed):.2f} ms" in flat(text)
+    per = {k: round(f["per_request_us"], 1) for k, f in fits.items()}
+    vs_bf16 = per["0.80", "flashmla"] - per["0.80", "snapmla"]
+    vs_fp8 = per["0.60", "flashmla-fp8"] - per["0.60", "snapmla"]
+    assert f"{vs_bf16:.1f} µs a step against BF16 ({vs_bf16 * 256 / 1000:.1f} ms at 256) and {vs_fp8:.1f} µs" \
+        in flat(text)
 
 
 def test_sglang_fp8_ran_out_of_memory_at_the_default_fraction():

@@ -310,6 +310,27 @@ def test_engine_span_runs_from_the_first_admitting_prefill_to_the_last_decode():
     assert engine_span(_batch_line("00:05", "Prefill", 2)) is None
 
 
+def test_the_step_fit_recovers_a_fixed_part_and_a_cost_per_request():
+    """benchmarks.server_log_stats.decode_step_fit: steps of 2 ms + 20 µs a request come back exactly from the lines
+    decoding alone with >= 32 running; a line after a prefill batch or below 32 running does not count; fewer than
+    three lines give None."""
+    from benchmarks.server_log_stats import decode_step_fit
+    from harness.server_log import decode_lines
+
+    def decode(t, running, step_ms):
+        return (f"[2026-01-01 00:00:{t:02d}] Decode batch, #running-req: {running}, #token: {running * 2000}, token "
+                f"usage: 0.10, cuda graph: True, gen throughput (token/s): {1000 * running / step_ms:.6f}, "
+                "#queue-req: 0\n")
+
+    prefill = "[2026-01-01 00:00:30] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, token usage: 0.1\n"
+    log = "".join([decode(1, 64, 3.28), decode(2, 128, 4.56), decode(3, 256, 7.12), prefill, decode(31, 200, 99.0),
+                   decode(32, 8, 50.0), decode(33, 192, 5.84)])
+    f = decode_step_fit(decode_lines(log))
+    assert f["lines"] == 4 and abs(f["fixed_ms"] - 2.0) < 1e-6 and abs(f["per_request_us"] - 20.0) < 1e-6
+    assert f["rms_ms"] < 1e-6 and f["tokens_per_request"] == (2000, 2000)
+    assert decode_step_fit(decode_lines(decode(1, 64, 3.28) + decode(2, 128, 4.56))) is None
+
+
 def test_serve_and_bench_engine_rate_reads_only_the_measured_calls_log_lines(monkeypatch, tmp_path):
     """run_one's engine rate: the output tokens bench_serving reports over the span of the batches the server logged
     during the measured call; the warm-up's batches (logged before it) stay out."""
