@@ -111,8 +111,8 @@ def greedy_repeat(port: int, prompts: int = 8, new_tokens: int = 32) -> dict:
     return {"identical": runs[0] == runs[1], "outputs": runs[0]}
 
 
-def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None) -> dict:
-    """One backend's server, probe and bench. `measured(res)` is called with the row as it grows, so the caller can
+def run_one(name: str, args, out_dir: Path, port: int, save_row=lambda res: None) -> dict:
+    """One backend's server, probe and bench. `save_row(res)` is called with the row as it grows, so the caller can
     save it before the run ends: once the server has answered its endpoint probe (start-up time and probe), and as
     soon as bench_serving has returned. A time limit that kills serve_and_bench during the bench keeps the start-up,
     and one that kills it while the server stops (up to 30 s) keeps the measured run (`--merge` and `--reprint` fill
@@ -132,7 +132,7 @@ def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None
         warn_non_finite(name, res["endpoints"])
         if args.greedy_repeat:
             res["greedy_repeat"] = greedy_repeat(port)
-        measured(res)
+        save_row(res)
         if args.num_prompts:
             if args.warmup_prompts:  # first-use JIT builds (FlashInfer prefill, Triton variants) stay out of the run
                 bench_serving(port, args.model, args.input_len, args.warmup_output_len or args.output_len,
@@ -143,7 +143,7 @@ def run_one(name: str, args, out_dir: Path, port: int, measured=lambda res: None
                                           range_ratio=args.range_ratio)
             (out_dir / f"bench_{name}.txt").write_text(text)
             res.update(metrics)
-            measured(res)
+            save_row(res)
     except Exception as e:  # recorded in the table, never hidden
         res["error"] = repr(e)[:300]
     finally:
@@ -305,7 +305,7 @@ def main():
         (args.out / "serve_bench.json").write_text(json.dumps(rows, indent=1))
 
     for i, name in enumerate(args.runs):
-        r = run_one(name, args, args.out, args.port + i, measured=lambda res: save([*results, res]))
+        r = run_one(name, args, args.out, args.port + i, save_row=lambda res: save([*results, res]))
         results.append(r)
         print(json.dumps({k: v for k, v in r.items() if k not in ("server_log_tail", "greedy_repeat")}
                          | {"greedy_repeat_identical": r.get("greedy_repeat", {}).get("identical")}), flush=True)

@@ -241,7 +241,7 @@ def wait_idle(server: Server, seconds: float) -> dict[str, float]:
     end = time.time() + seconds
     while True:
         seen = server.gauges()
-        if not seen or not any(seen.values()) or time.time() >= end:
+        if not seen or is_idle(seen) or time.time() >= end:
             return seen
 
 

@@ -1,6 +1,6 @@
 """docs/BENCHMARKS.md's "Soak with bad ids", "A prompt above 64k tokens", "Prefill routes with an FP8 kv_b_proj",
-"Chat-like traffic at 128 heads (H200, V3 shape)" and "Block-FP8 weights: Kimi-K2 per GPU (H200)": every figure their tables and prose quote, read back from the runs
-kept in results/ (bench_serving's JSON, the server log excerpts through `benchmarks.server_log_stats`, the soak's and
+"Chat-like traffic at 128 heads (H200, V3 shape)" and "Block-FP8 weights: Kimi-K2 per GPU (H200)": every figure
+their tables and prose quote, read back from the runs kept in results/ (bench_serving's JSON, the server log excerpts through `benchmarks.server_log_stats`, the soak's and
 the route benchmark's JSON)."""
 
 from pathlib import Path
@@ -9,9 +9,8 @@ import pytest
 
 from benchmarks import bench_extend_routes as routes
 from benchmarks.server_log_stats import decode_step_fit, log_stats
-from harness.server_log import decode_lines
 from harness.results import read_json
-from harness.server_log import read_log
+from harness.server_log import BATCH_LINE, decode_lines, field, read_log
 from helpers import doc_sections
 from sglang_snapmla import extend
 from tools import soak as soak_tool
@@ -88,7 +87,7 @@ def test_the_chat_ratios_are_against_the_row_of_the_same_run():
 def test_the_step_fit_table_is_the_chat_logs_fitted():
     text = section("Chat-like traffic at 128 heads (H200, V3 shape)")
     fits = {}
-    for folder, fraction, run in [*CHAT_RUNS[:2], *CHAT_RUNS[2:]]:
+    for folder, fraction, run in CHAT_RUNS:
         f = decode_step_fit(decode_lines(read_log(folder / f"server_{run}.log.xz")))
         fits[fraction, run] = f
         lo, hi = f["tokens_per_request"]
@@ -154,8 +153,6 @@ def test_the_route_table_is_the_saved_fp8_run():
 
 
 def test_the_soak_table_and_verdicts_are_the_saved_soak():
-    import re
-
     folder = ROOT / "results/serve/soak_snapmla_fp8_tp8_h200"
     soak = read_json(folder / "soak.json")
     text = section("Soak with bad ids")
@@ -171,24 +168,15 @@ def test_the_soak_table_and_verdicts_are_the_saved_soak():
     assert soak["clients"] == 160 and soak["seconds"] == 240 and soak["retracted_requests"] == 0
     assert soak["idle_used_tokens"] == 0 and soak["health"] == 200 and soak["tracebacks"] == 0
     assert soak["probes_after"] == soak["probes_before"] and soak["flush_status"] == 200
-    stamps = [re.match(r"\[\S+ (\S+)\]", ln).group(1) for ln in read_log(folder / "server_excerpt.log.xz").splitlines()
-              if "Prefill batch" in ln or "Decode batch" in ln]
+    stamps = [t for t, _ in batch_lines(folder, "server_excerpt.log.xz")]
     gap = next(i for i in range(1, len(stamps)) if stamps[i] == "06:16:50")
     assert stamps[gap - 1] == "06:15:19" and "(06:15:19-06:16:50 in the excerpt)" in flat(text)
 
 
 def batch_lines(folder: Path, name: str) -> list[tuple[str, str]]:
-    """(time stamp, line) of each Prefill / Decode batch line of a server log excerpt."""
-    import re
-
-    return [(re.match(r"\[\S+ (\S+)\]", ln).group(1), ln)
-            for ln in read_log(folder / name).splitlines() if "Prefill batch" in ln or "Decode batch" in ln]
-
-
-def logged(line: str, field: str) -> int:
-    import re
-
-    return int(re.search(rf"{field}: (\d+)", line).group(1))
+    """(time of day, line) of each Prefill / Decode batch line of a server log excerpt."""
+    return [(m.group(1).split()[1], ln) for ln in read_log(folder / name).splitlines() for m in [BATCH_LINE.match(ln)]
+            if m]
 
 
 def test_the_second_soak_is_its_saved_soak_and_its_probes_ran_where_the_log_says():
@@ -211,10 +199,10 @@ def test_the_second_soak_is_its_saved_soak_and_its_probes_ran_where_the_log_says
     lines = batch_lines(folder, "server_excerpt.log.xz")
     prefills = [(t, ln) for t, ln in lines if "Prefill batch" in ln]
     start = next(i for i in range(len(prefills) - 7) if all(
-        "Prefill batch, #new-seq: 1," in prefills[i + k][1] and logged(prefills[i + k][1], "#new-token") == lengths[k]
+        "Prefill batch, #new-seq: 1," in prefills[i + k][1] and field(prefills[i + k][1], "#new-token") == lengths[k]
         for k in range(8)))
     probes = prefills[start:start + 8]
-    assert [logged(ln, "#running-req") for _, ln in probes] == [38, 32, 5, 0, 0, 0, 0, 0]
+    assert [field(ln, "#running-req") for _, ln in probes] == [38, 32, 5, 0, 0, 0, 0, 0]
     assert f"({probes[0][0]}-{probes[-1][0]}, " in text
     assert ", ".join(map(str, lengths[:-1])) + f" and {lengths[-1]} tokens" in text
     assert "logged 38, 32 and 5 running requests for the first three and none for the other five" in text
@@ -268,7 +256,7 @@ def test_the_kimi_ratios_and_the_first_servers_compiles():
     for run in ("snapmla", "flashmla"):
         lines = [ln for _, ln in batch_lines(KIMI["TP 8, 8 heads"], f"server_{run}.log.xz")
                  if "#new-token: 8192" in ln]
-        rates[run] = sorted(float(ln.rsplit("input throughput (token/s): ", 1)[1].split(",")[0]) for ln in lines)
+        rates[run] = sorted(field(ln, "input throughput (token/s)") for ln in lines)
     slow, fast = rates["snapmla"][:2], rates["snapmla"][2:]
     assert len(rates["snapmla"]) == len(rates["flashmla"]) == 17 and "17 prefill batches of 8 192 tokens" in text
     assert f"ran at {slow[1] / 1e3:.1f} and {slow[0] / 1e3:.1f} k tokens/s" in text
