@@ -424,43 +424,87 @@ def test_each_backends_greedy_probe_is_the_same_tokens_in_both_runs():
 
 
 MTP_RUN = ROOT / "results/serve/v3_fp8_dp_attention_h200_mtp"
+TP8_MTP_RUN = ROOT / "results/serve/v3_fp8_tp8_h200_mtp_fan_in"
 MTP_LABELS = {"snapmla-mtp": "snapmla", "flashmla-mtp": "flashmla BF16", "flashmla-fp8-mtp": "SGLang FP8 cache"}
+TP8_MTP_MARKER = "**MTP on the TP 8 shape with the config's routed scaling 1.0"
 
 
-def mtp_row(run: str) -> str:
-    table = dp_section().split("**MTP on this shape")[1]
+def mtp_row(run: str, table: str | None = None) -> str:
+    table = table if table is not None else dp_section().split("**MTP on this shape")[1]
     return next(ln for ln in table.splitlines() if ln.startswith(f"| {MTP_LABELS[run]} | "))
+
+
+def expected_mtp_row(name: str, r: dict, bf16: dict | None) -> str:
+    """An MTP table's row as the saved run gives it: start, output rate (with its ratio against BF16's where `bf16`
+    is given and the row is not BF16's), TPOT, TTFT, pool, accept length, greedy repeat, text share, probe."""
+    from benchmarks.serve_and_bench import non_finite_probe, text_share
+
+    ratio = "" if bf16 is None or name == "flashmla-mtp" else f" ({r['output_tok_s'] / bf16['output_tok_s']:.2f}x)"
+    return (f"| {MTP_LABELS[name]} | {r['startup_s']:.1f} | {r['output_tok_s']:.0f}{ratio} | {r['median_tpot_ms']:.1f} | "
+            f"{r['median_ttft_ms']:,.0f} | {r['pool_tokens']:,} | {r['accept_length']:.2f} | "
+            f"{'identical' if r['greedy_repeat']['identical'] else 'differ'} | {text_share(r)} | "
+            f"{non_finite_probe(r['endpoints'])} |").replace(",", " ")
 
 
 def test_the_mtp_table_is_the_saved_run_on_the_dp_shape():
     """Three MTP runs (NEXTN, 2 steps, top-k 1, 3 draft tokens) of one workload on the DP-attention config: each row's
     start, output rate (ratio against BF16's), TPOT, TTFT, pool, accept length, greedy repeat, text share and probe
     as the JSON holds them; the accept length the section explains is 1.00 in every run."""
-    from benchmarks.serve_and_bench import non_finite_probe, text_share
     from harness.server import MTP
 
     runs = {r["run"]: r for r in read_json(MTP_RUN / "serve_bench.json")}
     assert set(runs) == set(MTP_LABELS) and len({repr(r["workload"]) for r in runs.values()}) == 1
     assert "deepseek-v3-fp8-dp-attention" in runs["snapmla-mtp"]["workload"]["model"]
-    bf16 = runs["flashmla-mtp"]["output_tok_s"]
     for name, r in runs.items():
         assert " ".join(MTP) in r["cmd"] and r["completed"] == 32 and "error" not in r, name
-        rate = f"{r['output_tok_s']:.0f}" + ("" if name == "flashmla-mtp" else f" ({r['output_tok_s'] / bf16:.2f}x)")
-        assert mtp_row(name) == (
-            f"| {MTP_LABELS[name]} | {r['startup_s']:.1f} | {rate} | {r['median_tpot_ms']:.1f} | "
-            f"{r['median_ttft_ms']:,.0f} | {r['pool_tokens']:,} | {r['accept_length']:.2f} | "
-            f"{'identical' if r['greedy_repeat']['identical'] else 'differ'} | {text_share(r)} | "
-            f"{non_finite_probe(r['endpoints'])} |").replace(",", " "), name
+        assert mtp_row(name) == expected_mtp_row(name, r, runs["flashmla-mtp"]), name
         assert r["accept_length"] == 1.0, name
     assert "accept length 1.00" in " ".join(dp_section().split())
+
+
+def tp8_mtp_section() -> str:
+    text = section_text()
+    return text[text.index(TP8_MTP_MARKER):]
+
+
+def test_the_tp8_mtp_table_is_the_saved_run_and_says_what_stopped_sglang_fp8():
+    """The TP 8 shape's MTP runs: a row per saved run as the JSON holds it (no ratio: a fresh host's first server
+    beside a warm one is no comparison, as the text says), the command's model and MTP flags; SGLang FP8's run, which
+    has no row, is in the folder as a log that loaded the MTP layer with the KV-scale check, allocated the pool the
+    text quotes, began its target-verify capture and never finished it."""
+    from harness.server import MTP
+
+    runs = {r["run"]: r for r in read_json(TP8_MTP_RUN / "serve_bench.json")}
+    assert set(runs) == {"snapmla-mtp", "flashmla-mtp"} and len({repr(r["workload"]) for r in runs.values()}) == 1
+    assert runs["snapmla-mtp"]["workload"]["model"] == "configs/models/deepseek-v3-fp8-tp8"
+    section = tp8_mtp_section()
+    for name, r in runs.items():
+        assert " ".join(MTP) in r["cmd"] and r["completed"] == 32 and r["accept_length"] == 1.0, name
+        assert mtp_row(name, section) == expected_mtp_row(name, r, None), name
+    assert not any(ln.startswith("| SGLang FP8 cache |") for ln in section.splitlines())
+    fp8 = read_log(TP8_MTP_RUN / "server_flashmla-fp8-mtp.log.xz")
+    assert "type=DeepseekV3ForCausalLMNextN, quant=fp8" in fp8 and drew_the_fan_in_weights(fp8)
+    assert "k_scale = v_scale = 1.0 on 2 attention layers (checked)" in fp8
+    pool = re.search(r"KV Cache is allocated\. dtype: torch\.float8_e4m3fn, #tokens: (\d+)", fp8).group(1)
+    assert f"an FP8 pool of {int(pool):,} tokens".replace(",", " ") in " ".join(section.split())
+    assert "Capture target verify CUDA graph begin" in fp8 and "Capture target verify CUDA graph end" not in fp8
+    # snapmla's start holds the host's compiles: its decode built here, a long first capture against BF16's
+    snap = read_log(TP8_MTP_RUN / "server_snapmla-mtp.log.xz")
+    assert "SnapMLA decode: sm_90a CUDA kernel, built here with nvcc" in snap
+    captures = {run: float(re.search(r"Capture target verify CUDA graph end\. elapsed=([\d.]+) s",
+                                     read_log(TP8_MTP_RUN / f"server_{run}.log.xz")).group(1))
+                for run in ("snapmla-mtp", "flashmla-mtp")}
+    assert f"{captures['snapmla-mtp']:.0f} s of target-verify capture against BF16's {captures['flashmla-mtp']:.0f} s" \
+        in " ".join(section.split())
 
 
 def test_every_mtp_server_captured_its_three_graphs_at_each_batch_and_drew_the_fan_in_weights():
     """Target verify (3 tokens a request), draft decode and draft extend captured for batches 1, 8, 16, 32 in each
     server's log; the MTP layer loaded with the deployment draw (k_scale = v_scale = 1.0 checked); the verify steps
     ran in graphs."""
-    for run in MTP_LABELS:
-        log = read_log(MTP_RUN / f"server_{run}.log.xz")
+    for folder, run in [(MTP_RUN, run) for run in MTP_LABELS] + [(TP8_MTP_RUN, "snapmla-mtp"),
+                                                                  (TP8_MTP_RUN, "flashmla-mtp")]:
+        log = read_log(folder / f"server_{run}.log.xz")
         for graph, tokens in (("target verify", 3), ("draft decode", 1), ("draft extend", 3)):
             assert (f"Capture {graph} CUDA graph begin. backend=full, num_tokens_per_req={tokens}, "
                     "bs=[1, 8, 16, 32]") in log, (run, graph)
