@@ -8,7 +8,8 @@ servers will use (any `sglang serve` flags; `--attention-backend snapmla` is add
 compiles at its first start (SGLang's FlashInfer and tvm-ffi kernels, the Triton kernels of the decode-graph capture,
 snapmla's decode extension where the package carries no prebuilt library), waits for it, sends requests that reach
 each prefill path once (a prompt, a prompt over its cached prefix with few and with many new tokens -- the two routes
-of `extend.prefers_absorbed` -- a prompt longer than one prefill chunk, a concurrent batch), stops it, and prints the
+of `extend.prefers_absorbed` -- a prompt longer than one prefill chunk, a concurrent batch) and the sampler's FlashInfer
+kernels (requests with top-k / top-p and with min-p), stops it, and prints the
 cache folders it filled with the variables that point a server at them (docs/DEPLOY.md, "Start-up time"). Keep those
 folders in the image (or set the variables to a volume): a server started there compiles nothing, provided its
 environment names the same CUDA toolkit folder (`CUDA_HOME`, printed at the end; the folder need not exist there):
@@ -38,6 +39,11 @@ from .environment import cache_folders
 
 PROMPT_IDS = range(100, 1100)  # token ids every MLA model's vocabulary holds
 PREFIX_TOKENS, FEW_NEW, NEW_TOKENS, BATCH = 2048, 32, 8, 8
+# SGLang's sampler takes argmax for a batch of greedy requests only; a request asking top-k, top-p or min-p (and a
+# sampled request batched with greedy ones, whose top-k of 1 it then applies) goes through FlashInfer's sampling
+# kernels, which FlashInfer builds with nvcc at their first use: on a fresh H200 the server stopped 86 s for it
+# (docs/DEPLOY.md, "Start-up time"), and without nvcc that request fails. One request of each sampling path.
+SAMPLED = ({"temperature": 0.8, "top_p": 0.9, "top_k": 20}, {"temperature": 0.8, "min_p": 0.05})
 
 
 def compiler_home() -> str | None:
@@ -91,9 +97,10 @@ def prompt(n: int, offset: int = 0) -> list[int]:
     return [PROMPT_IDS[(offset + i) % len(PROMPT_IDS)] for i in range(n)]
 
 
-def generate(port: int, ids: list[int]) -> None:
-    out = _call(port, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS,
-                                                                          "temperature": 0}})
+def generate(port: int, ids: list[int], sampling: dict | None = None) -> None:
+    """NEW_TOKENS tokens for `ids`, greedy unless `sampling` gives other sampling parameters."""
+    params = {"max_new_tokens": NEW_TOKENS, **(sampling or {"temperature": 0})}
+    out = _call(port, "/generate", {"input_ids": ids, "sampling_params": params})
     if "output_ids" not in out and "text" not in out:
         raise RuntimeError(f"/generate answered without output: {str(out)[:200]}")
 
@@ -113,6 +120,10 @@ def warm_requests(port: int, max_prompt: int, chunk: int | None) -> list[str]:
     with ThreadPoolExecutor(BATCH) as ex:
         list(ex.map(lambda i: generate(port, prompt(64 + 32 * i, 101 * i)), range(BATCH)))
     sent.append(f"{BATCH} concurrent prompts")
+    with ThreadPoolExecutor(1 + len(SAMPLED)) as ex:
+        list(ex.map(lambda i: generate(port, prompt(96, 53 * i), SAMPLED[i - 1] if i else None),
+                    range(1 + len(SAMPLED))))
+    sent.append("sampled prompts (top-k and top-p; min-p) beside a greedy one")
     return sent
 
 

@@ -46,7 +46,7 @@ STAND_IN = textwrap.dedent('''
         def do_POST(self):
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with open(record, "a") as f:
-                f.write(json.dumps(len(req["input_ids"])) + "\\n")
+                f.write(json.dumps({"tokens": len(req["input_ids"]), "sampling": req["sampling_params"]}) + "\\n")
             if fault == "500" and len(req["input_ids"]) > 8192:
                 return self.send(500, {"error": "internal"})
             self.send(200, {"output_ids": [1] * req["sampling_params"]["max_new_tokens"]})
@@ -80,6 +80,18 @@ def stand_in(tmp_path, monkeypatch):
     return use
 
 
+def sampler_path(params: dict) -> str:
+    """Which of SGLang 0.5.17's sampling paths (layers/sampler.py) one request alone takes: temperature 0 is top-k 1,
+    all greedy is argmax; otherwise min-p, top-k or top-p go to FlashInfer's kernels, and the rest to torch."""
+    if params.get("temperature", 1.0) < 1e-6 or params.get("top_k", -1) == 1:
+        return "argmax"
+    if params.get("min_p", 0.0) > 0:
+        return "flashinfer min-p"
+    if params.get("top_k", -1) not in (-1, 1 << 30) or params.get("top_p", 1.0) != 1.0:
+        return "flashinfer top-k/top-p"
+    return "torch multinomial"
+
+
 def test_prepares_a_snapmla_server_through_every_prefill_path(stand_in, tmp_path, capsys, monkeypatch):
     launched, record = stand_in()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
@@ -90,10 +102,15 @@ def test_prepares_a_snapmla_server_through_every_prefill_path(stand_in, tmp_path
     assert code == 0, out
     cmd = launched[0]
     assert cmd[cmd.index("--attention-backend") + 1] == "snapmla" and cmd[cmd.index("--tp") + 1] == "2"
-    lengths = [json.loads(line) for line in record.read_text().splitlines()]
+    requests = [json.loads(line) for line in record.read_text().splitlines()]
+    lengths = [r["tokens"] for r in requests]
     prefix = prepare.PREFIX_TOKENS
     assert lengths[:4] == [prefix, prefix + prepare.FEW_NEW, 2 * prefix, 8192 + 64]  # then the concurrent batch
-    assert len(lengths) == 4 + prepare.BATCH
+    assert len(lengths) == 4 + prepare.BATCH + 1 + len(prepare.SAMPLED)
+    # the sampler's paths: greedy (argmax), and FlashInfer's kernels for top-k / top-p and for min-p, which
+    # FlashInfer builds with nvcc at first use -- a prepared image without them compiles at the first such request
+    paths = {sampler_path(r["sampling"]) for r in requests}
+    assert paths == {"argmax", "flashinfer top-k/top-p", "flashinfer min-p"}, paths
     # the two requests over the cached prefix take the two routes (SNAPMLA_EXTEND_ROUTE=auto), at every head count
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
     for heads in (8, 16, 32, 64, 128):
