@@ -60,6 +60,15 @@ RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}
            "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"},
            "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"},
            "snapmla-flashmla-schedule": {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}}
+# SGL_USE_DEEPGEMM_BMM=1: SGLang keeps a block-FP8 kv_b_proj's w_kc / w_vc in FP8 and runs the absorbed BMMs on
+# DeepGEMM's masked grouped GEMM, whose q_nope output is head-major with rows padded per head (the layout of
+# tests/product/test_backend.py's "head_major" case; snapmla's log names the layout it met). SGLang honours it only
+# with DeepGEMM's JIT on, which then runs every FP8 GEMM; SGLANG_JIT_DEEPGEMM_PRECOMPILE=0 compiles each kernel at its
+# first use instead of for every batch size before the server answers (docs/DEPLOY.md)
+DEEPGEMM_BMM_ENV = {"SGL_USE_DEEPGEMM_BMM": "1", "SGLANG_ENABLE_JIT_DEEPGEMM": "1", "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "0"}
+for _run in ("snapmla", "flashmla"):
+    RUNS[f"{_run}-deepgemm-bmm"] = RUNS[_run]
+    RUN_ENV[f"{_run}-deepgemm-bmm"] = DEEPGEMM_BMM_ENV
 
 
 def json_request(port: int, path: str, payload: dict) -> urllib.request.Request:
@@ -234,6 +243,19 @@ def draft_worker_refusal(flags: list[str], release: str, has_deep_gemm: bool) ->
             "tools/gpu_host/env.sh) (harness.server.draft_worker_refusal)")
 
 
+def deep_gemm_refusal(model: str, env: dict, has_deep_gemm: bool) -> str | None:
+    """Why a server with environment `env` (RUN_ENV) cannot measure what it is for, naming the fix, or None: DeepGEMM's
+    JIT asked for where deep_gemm is not importable (SGLang would fall back to Triton's FP8 GEMMs), or
+    SGL_USE_DEEPGEMM_BMM=1 on a model without block-FP8 weights (SGLang would run the BF16 BMM it always runs)."""
+    if env.get("SGL_USE_DEEPGEMM_BMM") == "1" and not block_fp8_config(model):
+        return (f"SGL_USE_DEEPGEMM_BMM=1 changes only a block-FP8 checkpoint's kv_b_proj, and {model} has no block-FP8 "
+                "weights: serve a configs/models/*-fp8-* config (harness.server.deep_gemm_refusal)")
+    if env.get("SGLANG_ENABLE_JIT_DEEPGEMM") == "1" and not has_deep_gemm:
+        return ("SGLANG_ENABLE_JIT_DEEPGEMM=1, but deep_gemm is not importable here: install sgl-deep-gemm==0.1.5.post1 "
+                "(on a GPU host: its wheel in .whl, tools/gpu_host/env.sh) (harness.server.deep_gemm_refusal)")
+    return None
+
+
 def dummy_weights_env(model: str, load_format: str) -> dict:
     """The server environment that makes a dummy load of a block-FP8 config draw weights as a deployment's, for every
     backend alike (sglang_snapmla.dummy_weights); empty otherwise."""
@@ -251,8 +273,9 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
     from sglang_snapmla.sglang_release import installed
 
     release = installed()
-    refused = (top1_moe_refusal(model, release)
-               or draft_worker_refusal(flags, release, importlib.util.find_spec("deep_gemm") is not None))
+    has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
+    refused = (top1_moe_refusal(model, release) or draft_worker_refusal(flags, release, has_deep_gemm)
+               or deep_gemm_refusal(model, env or {}, has_deep_gemm))
     if refused:
         raise ValueError(refused)
     env = {**dummy_weights_env(model, load_format), **(env or {})}

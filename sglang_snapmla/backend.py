@@ -116,6 +116,8 @@ class SnapMLAForward:
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
         """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
         lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
+        if not getattr(self, "q_layout_logged", False):
+            self._log_q_layout(q_nope)
         heads = layer.tp_q_head_num
         batch, s_q = plan.batch, plan.s_q
         q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
@@ -124,6 +126,21 @@ class SnapMLAForward:
                                 *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * KV_LORA_RANK)
+
+    def _log_q_layout(self, q_nope) -> None:
+        """Log, once per backend, the layout of the first q_nope [T, H, 512] it attends with: contiguous, or
+        head-major as SGLang's absorbed BMM writes it (with SGL_USE_DEEPGEMM_BMM=1, rows padded per head by DeepGEMM's
+        masked GEMM). Both run (`library.quantize_q` reads strides); the line says which one a server met."""
+        self.q_layout_logged = True
+        tokens, heads, width = q_nope.shape
+        stride = tuple(q_nope.stride())
+        if stride == (heads * width, width, 1):
+            layout = "contiguous"
+        elif stride[0] == width and stride[2] == 1:
+            layout = f"head-major, {stride[1] // width} rows per head for {tokens} tokens"
+        else:
+            layout = f"strides {stride}"
+        logger.info("snapmla: q_nope [tokens, heads, 512] arrives %s", layout)
 
     step_plan: Optional[StepPlan | ExtendPlan] = None  # the plan of the step that `plan_step` saw last
 

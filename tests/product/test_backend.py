@@ -3,6 +3,7 @@
 SnapMLAForward holds the backend's forward paths; SGLang's FlashMLA base class needs sgl_kernel's GPU ops, so here
 the fields those paths read are set directly: the pool, req_to_token, FlashMLA's block table, the draft window."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -103,12 +104,15 @@ def absorbed_q_nope(tokens: int, heads: int, gen, layout: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "head_major"])
-def test_decode_and_target_verify(setup, gen, heads, layout):
+def test_decode_and_target_verify(setup, gen, heads, layout, caplog):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla import backend as backend_module
 
     H = heads
 
     backend, pool, layer = setup
+    caplog.set_level(logging.INFO, logger=backend_module.__name__)
     lens = torch.tensor([130, 70], dtype=torch.int32)
     for b in range(2):
         fill(pool, layer, backend.req_to_token[b, : lens[b] + 2], gen)
@@ -127,6 +131,10 @@ def test_decode_and_target_verify(setup, gen, heads, layout):
                         seq)
         assert out.shape == (2 * s_q, H * 512)
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
+    # the layout the first step met, logged once (a GPU server's log then says which one SGLang handed over)
+    said = [r.getMessage() for r in caplog.records if "q_nope [tokens, heads, 512] arrives" in r.getMessage()]
+    assert said == ["snapmla: q_nope [tokens, heads, 512] arrives " +
+                    ("contiguous" if layout == "contiguous" else "head-major, 7 rows per head for 2 tokens")], said
 
 
 def test_decode_and_target_verify_write_the_new_keys_before_they_attend(setup, gen, heads):

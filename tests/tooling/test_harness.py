@@ -212,3 +212,33 @@ def test_plots_are_kept_as_palette_pngs_that_look_like_the_figure(tmp_path):
     blank = save_png(blank_fig, tmp_path / "blank.png", dpi=110)
     plt.close(blank_fig)
     assert ink_share(blank) < 0.05 < ink_share(kept), (ink_share(blank), ink_share(kept))
+
+
+def test_a_deepgemm_bmm_run_is_refused_where_it_would_not_run_deepgemm(monkeypatch, tmp_path):
+    """The -deepgemm-bmm runs set DeepGEMM's JIT and SGL_USE_DEEPGEMM_BMM=1 for the server; start_server refuses one
+    whose model has no block-FP8 weights (SGLang would keep its BF16 BMM) or where deep_gemm is not importable (its
+    FP8 GEMMs would stay on Triton), before anything starts. A block-FP8 config with deep_gemm starts."""
+    import sglang_snapmla.sglang_release as release
+
+    env = server.RUN_ENV["snapmla-deepgemm-bmm"]
+    assert server.RUNS["snapmla-deepgemm-bmm"] == server.RUNS["snapmla"]
+    assert env == server.RUN_ENV["flashmla-deepgemm-bmm"] and env["SGLANG_JIT_DEEPGEMM_PRECOMPILE"] == "0"
+    models = Path(__file__).resolve().parents[2] / "configs/models"
+    fp8, bf16 = str(models / "deepseek-v3-fp8-tp8"), str(models / "deepseek-v3-shape")
+    assert server.deep_gemm_refusal(fp8, env, has_deep_gemm=True) is None
+    assert server.deep_gemm_refusal(fp8, {}, has_deep_gemm=False) is None
+    started = []
+    monkeypatch.setattr(server.subprocess, "Popen", lambda *a, **k: started.append(k["env"]) or
+                        types.SimpleNamespace(pid=7))
+    monkeypatch.setattr(release, "installed", lambda: "0.5.17")
+    spec = {"deep_gemm": None}
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: spec.get(name, object()))
+    with pytest.raises(ValueError, match="not importable here: install sgl-deep-gemm"):
+        server.start_server(fp8, free_port(), server.RUNS["snapmla-deepgemm-bmm"], tmp_path / "log", env=env)
+    spec["deep_gemm"] = object()
+    with pytest.raises(ValueError, match=f"{bf16} has no block-FP8 weights"):
+        server.start_server(bf16, free_port(), server.RUNS["snapmla-deepgemm-bmm"], tmp_path / "log", env=env)
+    assert not started
+    server.start_server(fp8, free_port(), server.RUNS["snapmla-deepgemm-bmm"], tmp_path / "log", env=env)
+    assert started and started[0]["SGL_USE_DEEPGEMM_BMM"] == "1" and started[0]["SGLANG_ENABLE_JIT_DEEPGEMM"] == "1"
+    server._live_servers.clear()
