@@ -42,7 +42,7 @@ PREFIX_TOKENS, FEW_NEW, NEW_TOKENS, BATCH = 2048, 32, 8, 8
 # SGLang's sampler takes argmax for a batch of greedy requests only; a request asking top-k, top-p or min-p (and a
 # sampled request batched with greedy ones, whose top-k of 1 it then applies) goes through FlashInfer's sampling
 # kernels, which FlashInfer builds with nvcc at their first use: on a fresh H200 the server stopped 86 s for it
-# (docs/DEPLOY.md, "Start-up time"), and without nvcc that request fails. One request of each sampling path.
+# (docs/DEPLOY.md, "Start-up time"), and a machine without nvcc cannot build them. One request of each path.
 SAMPLED = ({"temperature": 0.8, "top_p": 0.9, "top_k": 20}, {"temperature": 0.8, "min_p": 0.05})
 
 

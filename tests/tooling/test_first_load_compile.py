@@ -70,3 +70,13 @@ def test_the_stall_the_doc_quotes_is_the_sampling_build_with_the_gpu_idle():
     # docs/BENCHMARKS.md's soak section quotes the same gap
     soak = " ".join(doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())["Soak with bad ids"].split())
     assert f"at the same place (no batch for {seconds(end) - seconds(start):.0f} s)" in soak
+
+
+def test_the_soak_sections_start_up_figures_are_the_fresh_hosts_capture():
+    """docs/BENCHMARKS.md's soak section: the decode-graph capture of the fresh host's server (batch sizes, their
+    largest, seconds) as its log excerpt has it."""
+    log = read_log(RUN / "server_excerpt.log.xz")
+    sizes = re.search(r"Capture target decode CUDA graph begin\. .*bs=\[([\d, ]+)\]", log).group(1).split(", ")
+    took = float(re.search(r"Capture target decode CUDA graph end\. elapsed=([\d.]+) s", log).group(1))
+    soak = " ".join(doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())["Soak with bad ids"].split())
+    assert f"decode graphs for {len(sizes)} batch sizes up to {sizes[-1]} captured in {took:.0f} s" in soak
