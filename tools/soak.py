@@ -23,11 +23,17 @@ with `--min-retractions N`, at least N requests retracted by the scheduler (its 
 pool was small enough to force them). The retracted count is reported either way.
 
 `--warmup-seconds N` runs the same load for N seconds before the probes before, unchecked (its statuses are kept
-apart): a fresh host's first large batches compile kernels (SGLang's Triton FP8 GEMM and MoE kernels for each new
-batch size) and stall the scheduler for a minute or more, which the timeout check would otherwise count. The probes
+apart): a fresh host's first batches compile kernels (FlashInfer's sampling kernels at the first batch that mixes
+greedy and sampled requests, 86 s on an H200, docs/DEPLOY.md "Start-up time"; SGLang's Triton kernels for new batch
+sizes) and stall the scheduler for a minute or more, which the timeout check would otherwise count. The probes
 before then wait until the server is idle (its /metrics: no request running, queued or holding pool tokens; the
 warm-up's requests whose clients gave up are still served), up to the client's timeout plus `--idle-seconds`, and a
 check says they did: probes batched with other requests are another computation.
+
+`--finish-by S` bounds the whole run, the server's start included, to S seconds from the tool's start (a host that
+ends a command at a time limit): the measured load gets what is left after the idle wait, probes as long as the
+probes before took and FINISH_MARGIN_S, at most `--seconds`; a check fails where that leaves less than
+`--min-load-seconds`. soak.json keeps the asked length (`seconds_asked`) beside the one run (`seconds`).
 
 The probes after run over a radix cache that holds their prompts, so they prefill only a last page over the cached
 ones: on a trained checkpoint that checks the prefix path too. On dummy weights (`--load-format dummy`) the logits are
@@ -53,6 +59,7 @@ from pathlib import Path
 
 WEIGHTS = {"complete": 0.45, "cut": 0.25, "abort": 0.15, "malformed": 0.15}
 PREFIXES, PREFIX_LEN = 8, 512
+FINISH_MARGIN_S = 20  # --finish-by: kept for what is not timed ahead (the /health call, the log's read, the JSON)
 VOCAB_FALLBACK = 32000
 # name -> (body as bytes, or a function of the vocabulary size giving the JSON payload)
 MALFORMED = {
@@ -273,6 +280,8 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
         **(forced if min_retractions else {}),
         **({"idle before the probes before (the warm-up's requests done)": is_idle(result["after_warmup"])}
            if "after_warmup" in result else {}),
+        **({f"a measured load of at least {result['min_load_seconds']:g} s within --finish-by":
+            result["seconds"] >= result["min_load_seconds"]} if "finish_by" in result else {}),
         **({"radix cache flushed before the probes after": result["flush_status"] == 200}
            if "flush_status" in result else {}),
     }
@@ -281,7 +290,11 @@ def checks(result: dict, min_retractions: int = 0) -> dict[str, bool]:
 def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, probe_count: int = 8,
          probe_tokens: int = 16, max_new_tokens: int = 128, server_log: Path | None = None,
          idle_seconds: float = 60, malformed: tuple[str, ...] = tuple(MALFORMED), min_retractions: int = 0,
-         flush_before_probes_after: bool = False, client_timeout: float = 120, warmup_seconds: float = 0) -> dict:
+         flush_before_probes_after: bool = False, client_timeout: float = 120, warmup_seconds: float = 0,
+         finish_by: float | None = None, started: float | None = None, min_load_seconds: float = 60) -> dict:
+    """The soak (module docstring). `finish_by`: seconds from `started` (time.monotonic(), default now) within which
+    the run is to end; the measured load is shortened to fit, and checked to be at least `min_load_seconds`."""
+    started = time.monotonic() if started is None else started
     server = Server(port, client_timeout)
     prompts = probe_prompts(vocab, probe_count, seed)
     log_start = server_log.stat().st_size if server_log and server_log.exists() else 0
@@ -295,13 +308,20 @@ def soak(port: int, seconds: float, clients: int, vocab: int, seed: int = 0, pro
         # the probes before run alone: on dummy weights a greedy token depends on the batch it decodes in, and the
         # warm-up's requests its clients gave up on are still being served
         result["after_warmup"] = wait_idle(server, client_timeout + idle_seconds)
+    probes_start = time.monotonic()
     result["probes_before"] = probes(server, prompts, probe_tokens)
+    if finish_by is not None:
+        # what follows the load, bounded: the idle wait, the probes after (as long as the probes before took), a margin
+        after = idle_seconds + (time.monotonic() - probes_start) + FINISH_MARGIN_S
+        seconds = max(0.0, min(seconds, finish_by - (time.monotonic() - started) - after))
+        result.update(seconds_asked=result["seconds"], seconds=round(seconds, 1), finish_by=finish_by,
+                      min_load_seconds=min_load_seconds)
     load = Load(server, vocab, seed, max_new_tokens, malformed)
     t0 = time.time()
     inside = {}
     loader = threading.Thread(target=load.run, args=(clients, seconds), daemon=True)
     loader.start()
-    time.sleep(min(seconds / 2, 30))
+    time.sleep(min(seconds / 2, 30))  # (with no time left for a load, the probes inside run alone)
     inside["probes"] = probes(server, prompts, probe_tokens)
     loader.join()
     result["load_s"] = round(time.time() - t0, 1)
@@ -369,8 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-retractions", type=int, default=0,
                     help="fail unless the server log shows at least this many retracted requests (a pool small "
                          "enough to force them)")
+    ap.add_argument("--finish-by", type=float, default=None,
+                    help="end the whole run (the server's start included) within this many seconds of the tool's "
+                         "start: the measured load is shortened to fit")
+    ap.add_argument("--min-load-seconds", type=float, default=60,
+                    help="with --finish-by: fail unless the measured load left runs at least this long")
     ap.add_argument("--out", type=Path, default=Path("soak_out"))
+    started = time.monotonic()
     args = ap.parse_args(argv)
+    args.started = started
     args.out.mkdir(parents=True, exist_ok=True)
     if args.start:
         from harness.server import RUNS, kill_servers_on_exit, serving
@@ -394,7 +421,8 @@ def run_soak(args) -> dict:
                 server_log=args.server_log, idle_seconds=args.idle_seconds,
                 malformed=malformed_kinds(args.without_out_of_range_ids), min_retractions=args.min_retractions,
                 flush_before_probes_after=args.flush_before_probes_after, client_timeout=args.client_timeout,
-                warmup_seconds=args.warmup_seconds)
+                warmup_seconds=args.warmup_seconds, finish_by=args.finish_by,
+                started=getattr(args, "started", None), min_load_seconds=args.min_load_seconds)
 
 
 def malformed_kinds(without_out_of_range_ids: bool) -> tuple[str, ...]:

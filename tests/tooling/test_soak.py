@@ -251,3 +251,23 @@ def test_a_server_still_busy_after_the_warmup_fails_the_idle_check():
     assert [name for name, ok in result["checks"].items() if not ok] == [
         "tokens in use back to 0 when idle", "idle before the probes before (the warm-up's requests done)"]
     assert result["after_warmup"]["num_used_tokens"] == 7
+
+
+def test_finish_by_shortens_the_load_to_end_in_time_and_fails_when_too_little_is_left(monkeypatch):
+    """--finish-by: the measured load is cut to what the budget leaves after the idle wait, the probes after and the
+    margin, and the run ends within the budget; a budget that leaves less than --min-load-seconds fails its check;
+    one that leaves more than --seconds keeps the asked length."""
+    import time
+
+    monkeypatch.setattr(soak, "FINISH_MARGIN_S", 0.5)
+    roomy = run(None, finish_by=60, min_load_seconds=2)
+    assert roomy["seconds"] == roomy["seconds_asked"] == 3 and all(roomy["checks"].values()), soak.table(roomy)
+    started = time.monotonic()
+    cut = run(None, finish_by=6, started=started, min_load_seconds=0.5)  # idle 3 s + probes + 0.5 s leave < 3 s
+    took = time.monotonic() - started
+    assert cut["seconds_asked"] == 3 and 0.5 <= cut["seconds"] <= 2.5 and cut["load_s"] < 3, cut
+    assert all(cut["checks"].values()) and took < 6 + 1.5, (took, soak.table(cut))
+    short = run(None, finish_by=6, started=time.monotonic() - 1, min_load_seconds=2.5)  # 1 s of it already gone
+    assert 0.5 <= short["seconds"] < 2.5, short
+    assert [n for n, ok in short["checks"].items() if not ok] == [
+        "a measured load of at least 2.5 s within --finish-by"], soak.table(short)

@@ -5,8 +5,10 @@
 # first server's port (default 31700; soaks side by side on one host each take their own), SOAK_ARGS more tools.soak
 # options (e.g. "--min-retractions 1" with SERVER_FLAGS="--schedule-conservativeness 0.05"), SOAK_MODEL a bundled config
 # served on dummy weights instead of the checkpoint (configs/models/deepseek-v3-fp8-tp8: the deployment draw; on a host
-# that has not served it, SOAK_ARGS="--warmup-seconds 120" lets its first batches compile outside the checks). Per backend
-# the table, soak.json and the server log under $OUT/soak_BACKEND.
+# that has not served it, SOAK_ARGS="--warmup-seconds 120" lets its first batches compile outside the checks),
+# SOAK_FINISH_BY the seconds each backend's whole run may take, its server's start included (tools.soak --finish-by:
+# the measured load is shortened to fit, e.g. 540 under a 600 s command limit). Per backend the table, soak.json and
+# the server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
@@ -23,6 +25,7 @@ for backend in ${@:-snapmla flashmla}; do
   # other backends get no out-of-range ids: SGLang sends them to the GPU and the server dies (sglang PR #8383)
   case $backend in snapmla*) ids="" ;; *) ids="--without-out-of-range-ids" ;; esac
   python3 -m tools.soak --start "$backend" $MODEL --port $port --seconds "${SOAK_SECONDS:-300}" $ids ${SOAK_ARGS:-} \
+    ${SOAK_FINISH_BY:+--finish-by $SOAK_FINISH_BY} \
     --server-flags "--max-total-tokens 65536 --max-running-requests 256 ${SERVER_FLAGS:-}" --out "$OUT/soak_$backend"
   echo "$backend: soak exit $?"
   port=$((port + 10))
