@@ -116,7 +116,7 @@ class SnapMLAForward:
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
         """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
         lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
-        if not getattr(self, "q_layout_logged", False):
+        if not self.q_layout_logged:
             self._log_q_layout(q_nope)
         heads = layer.tp_q_head_num
         batch, s_q = plan.batch, plan.s_q
@@ -126,6 +126,8 @@ class SnapMLAForward:
                                 *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * KV_LORA_RANK)
+
+    q_layout_logged = False  # set on the backend once `_log_q_layout` has logged
 
     def _log_q_layout(self, q_nope) -> None:
         """Log, once per backend, the layout of the first q_nope [T, H, 512] it attends with: contiguous, or

@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from harness.server_log import read_log
+from harness.server_log import BATCH_LINE, read_log
 from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +25,9 @@ def seconds(stamp: str) -> float:
 
 
 def batch_stamps() -> list[str]:
-    return re.findall(r"^\[\S+ (\d\d:\d\d:\d\d)\] (?:Prefill|Decode) batch", read_log(RUN / "server_excerpt.log.xz"),
-                      re.M)
+    """The time of day of each Prefill / Decode batch line of the server log's excerpt."""
+    lines = read_log(RUN / "server_excerpt.log.xz").splitlines()
+    return [m.group(1).split()[1] for m in map(BATCH_LINE.match, lines) if m]
 
 
 def cache_times() -> dict[str, str]:
