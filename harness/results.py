@@ -92,7 +92,7 @@ def save_png(fig, path: Path, dpi: int) -> Path:
 # what the benchmarks read back from a kept server log (harness.server_log: batches, pool size, peak batch, the
 # engine's rate) and what the docs quote from one (graph capture, start-up, the plugin's own messages)
 EXCERPT_KEEP = re.compile(r"(Prefill|Decode) batch|max_total_num_tokens|CUDA graph|Engine startup|Load weight|snapmla:"
-                          r"|snapmla dummy weights|SnapMLA decode:")
+                          r"|snapmla dummy weights|SnapMLA decode:|fired up and ready|Try DeepGEMM JIT Compiling")
 SERVER_ARGS_CHARS = 600
 
 

@@ -116,8 +116,7 @@ class SnapMLAForward:
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
         """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
         lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
-        if not self.q_layout_logged:
-            self._log_q_layout(q_nope)
+        self._log_q_layout(q_nope)
         heads = layer.tp_q_head_num
         batch, s_q = plan.batch, plan.s_q
         q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
@@ -127,21 +126,28 @@ class SnapMLAForward:
                                 block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
         return out.view(-1, heads * KV_LORA_RANK)
 
-    q_layout_logged = False  # set on the backend once `_log_q_layout` has logged
+    q_layouts_logged: frozenset = frozenset()  # the kinds of q_nope layout `_log_q_layout` has logged
 
     def _log_q_layout(self, q_nope) -> None:
-        """Log, once per backend, the layout of the first q_nope [T, H, 512] it attends with: contiguous, or
-        head-major as SGLang's absorbed BMM writes it (with SGL_USE_DEEPGEMM_BMM=1, rows padded per head by DeepGEMM's
-        masked GEMM). Both run (`library.quantize_q` reads strides); the line says which one a server met."""
-        self.q_layout_logged = True
+        """Log each kind of q_nope [T, H, 512] layout once per backend: contiguous; head-major as SGLang's absorbed
+        BMM writes it ([H, T, 512] transposed); or head-major with more rows per head than tokens, as DeepGEMM's masked
+        GEMM writes it under SGL_USE_DEEPGEMM_BMM=1 (rows aligned to 256: a graph captured at a batch of 256 shows it
+        only at the next size). All run (`library.quantize_q` reads strides); the lines say which ones a server met."""
         tokens, heads, width = q_nope.shape
         stride = tuple(q_nope.stride())
+        rows = stride[1] // width
         if stride == (heads * width, width, 1):
-            layout = "contiguous"
+            kind, layout = "contiguous", "contiguous"
+        elif stride[0] == width and stride[2] == 1 and rows == tokens:
+            kind, layout = "head-major", "head-major (the absorbed BMM's [heads, tokens, 512], transposed)"
         elif stride[0] == width and stride[2] == 1:
-            layout = f"head-major, {stride[1] // width} rows per head for {tokens} tokens"
+            kind = "head-major, padded"
+            layout = f"head-major, padded: {rows} rows per head for {tokens} tokens (DeepGEMM's masked GEMM)"
         else:
-            layout = f"strides {stride}"
+            kind = layout = f"strides {stride}"
+        if kind in self.q_layouts_logged:
+            return
+        self.q_layouts_logged = self.q_layouts_logged | {kind}
         logger.info("snapmla: q_nope [tokens, heads, 512] arrives %s", layout)
 
     step_plan: Optional[StepPlan | ExtendPlan] = None  # the plan of the step that `plan_step` saw last

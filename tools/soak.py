@@ -89,6 +89,10 @@ TIMED_OUT = -1
 # SGLang's /metrics gauges that are 0 on an idle server: no request holds pool tokens, runs or waits. A request the
 # client gave up on (TIMED_OUT, a cut stream) still runs to its end in the scheduler.
 IDLE_GAUGES = ("num_used_tokens", "num_running_reqs", "num_queue_reqs")
+# An idle SGLang 0.5.17 scheduler republishes those gauges only 30 s after its last report, unless its running gauge
+# disagrees with the running batch (scheduler_components/metrics_reporter.py): after a last report from a prefill
+# with none running, a shorter idle wait reads the pool tokens that prefill held. --idle-seconds is at least this.
+MIN_IDLE_SECONDS = 40
 
 
 def failed_status(exc: Exception) -> int:
@@ -367,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--server-log", type=Path, help="the server's log, read for tracebacks written during the soak")
-    ap.add_argument("--idle-seconds", type=float, default=60)
+    ap.add_argument("--idle-seconds", type=float, default=60,
+                    help=f"the longest wait for the server's idle gauges (at least {MIN_IDLE_SECONDS}: SGLang "
+                         "republishes them 30 s after its last report)")
     ap.add_argument("--warmup-seconds", type=float, default=0,
                     help="the load run this long first, unchecked (kernels a fresh host compiles at first use)")
     ap.add_argument("--client-timeout", type=float, default=120,
@@ -397,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("soak_out"))
     started = time.monotonic()
     args = ap.parse_args(argv)
+    if args.idle_seconds < MIN_IDLE_SECONDS:
+        ap.error(f"--idle-seconds {args.idle_seconds:g} is shorter than SGLang's 30 s window for idle gauges: an idle "
+                 f"server can still report a finished prefill's pool tokens; give --idle-seconds {MIN_IDLE_SECONDS} "
+                 "or more")
     args.started = started
     args.out.mkdir(parents=True, exist_ok=True)
     if args.start:

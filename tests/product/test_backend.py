@@ -93,17 +93,26 @@ def assert_extend_matches_spec(backend, pool, out, q, qr, ext, seq):
 
 
 def absorbed_q_nope(tokens: int, heads: int, gen, layout: str) -> torch.Tensor:
-    """q_nope [T, H, 512] as the model hands it to the attention: "contiguous", or "head_major" as SGLang 0.5.17's
-    absorbed path makes it (the per-head BMM's [H, T, 512] output, transposed) -- with SGL_USE_DEEPGEMM_BMM=1 from
-    DeepGEMM's masked GEMM, whose output holds an aligned number of rows per head (here T + 5), cut to T."""
+    """q_nope [T, H, 512] as the model hands it to the attention: "contiguous"; "head_major" as SGLang 0.5.17's
+    absorbed path makes it (the per-head BMM's [H, T, 512] output, transposed); "head_major_padded" as it makes it
+    with SGL_USE_DEEPGEMM_BMM=1 from DeepGEMM's masked GEMM, whose output holds an aligned number of rows per head
+    (here T + 5), cut to T."""
     if layout == "contiguous":
         return torch.randn(tokens, heads, 512, generator=gen).to(torch.bfloat16)
-    out = torch.randn(heads, tokens + 5, 512, generator=gen).to(torch.bfloat16)[:, :tokens, :].transpose(0, 1)
-    assert out.stride() == (512, (tokens + 5) * 512, 1)
+    rows = tokens + 5 if layout == "head_major_padded" else tokens
+    out = torch.randn(heads, rows, 512, generator=gen).to(torch.bfloat16)[:, :tokens, :].transpose(0, 1)
+    assert out.stride() == (512, rows * 512, 1)
     return out
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "head_major"])
+Q_LAYOUT_LINES = {
+    "contiguous": "contiguous",
+    "head_major": "head-major (the absorbed BMM's [heads, tokens, 512], transposed)",
+    "head_major_padded": "head-major, padded: 7 rows per head for 2 tokens (DeepGEMM's masked GEMM)",
+}
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "head_major", "head_major_padded"])
 def test_decode_and_target_verify(setup, gen, heads, layout, caplog):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -131,10 +140,26 @@ def test_decode_and_target_verify(setup, gen, heads, layout, caplog):
                         seq)
         assert out.shape == (2 * s_q, H * 512)
         assert_close(out.float().view(2, s_q, H, 512), ref, rel_l2=1e-2, what=str(mode))
-    # the layout the first step met, logged once (a GPU server's log then says which one SGLang handed over)
+    # each kind of layout logged once (a GPU server's log then says which ones SGLang handed over)
     said = [r.getMessage() for r in caplog.records if "q_nope [tokens, heads, 512] arrives" in r.getMessage()]
-    assert said == ["snapmla: q_nope [tokens, heads, 512] arrives " +
-                    ("contiguous" if layout == "contiguous" else "head-major, 7 rows per head for 2 tokens")], said
+    assert said == ["snapmla: q_nope [tokens, heads, 512] arrives " + Q_LAYOUT_LINES[layout]], said
+
+
+def test_each_q_layout_is_logged_once_in_the_order_a_graph_capture_meets_them(gen, caplog):
+    """A DeepGEMM BMM server captures its graphs from 256 requests down: at 256 its rows per head equal the tokens
+    (256-aligned), so only the next size shows the padding. Each kind is logged the first time, never again."""
+    from sglang_snapmla import backend as backend_module
+
+    caplog.set_level(logging.INFO, logger=backend_module.__name__)
+    forward = backend_module.SnapMLAForward.__new__(backend_module.SnapMLAForward)
+    for tokens, rows in ((256, 256), (192, 256), (8, 256), (1, 256)):
+        q = torch.empty(2, rows, 512, dtype=torch.bfloat16)[:, :tokens].transpose(0, 1)
+        forward._log_q_layout(q)
+    forward._log_q_layout(torch.empty(3, 2, 512, dtype=torch.bfloat16))
+    said = [r.getMessage().split("arrives ")[1] for r in caplog.records if "arrives" in r.getMessage()]
+    assert said == [Q_LAYOUT_LINES["head_major"],
+                    "head-major, padded: 256 rows per head for 192 tokens (DeepGEMM's masked GEMM)", "contiguous"], said
+    assert backend_module.SnapMLAForward.q_layouts_logged == frozenset()  # per backend, not per class
 
 
 def test_decode_and_target_verify_write_the_new_keys_before_they_attend(setup, gen, heads):

@@ -3,6 +3,7 @@
 their tables and prose quote, read back from the runs kept in results/ (bench_serving's JSON, the server log excerpts through `benchmarks.server_log_stats`, the soak's and
 the route benchmark's JSON)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,84 @@ def test_the_soak_table_and_verdicts_are_the_saved_soak():
     stamps = [t for t, _ in batch_lines(folder, "server_excerpt.log.xz")]
     gap = next(i for i in range(1, len(stamps)) if stamps[i] == "06:16:50")
     assert stamps[gap - 1] == "06:15:19" and "(06:15:19-06:16:50 in the excerpt)" in flat(text)
+
+
+SOAKS = {kind: ROOT / f"results/serve/soak_snapmla_fp8_tp8_h200_{kind}"
+         for kind in ("second_server", "fresh_host", "deepgemm_jit")}
+
+
+def start_times(folder: Path) -> dict:
+    """From a soak's log excerpt: seconds from the server's start to ready, the decode capture's seconds, and the time
+    of day of the start, of ready and of each DeepGEMM shape's compile."""
+    log = read_log(folder / "server_excerpt.log.xz")
+    stamp = lambda pattern: re.search(r"\[\d{4}-\d\d-\d\d ([\d:]+)\] " + pattern, log).group(1)
+    start, ready = stamp("server_args="), stamp("The server is fired up")
+    return {"start": start, "ready": ready, "ready_s": seconds(ready) - seconds(start),
+            "capture_s": float(re.search(r"Capture target decode CUDA graph end\. elapsed=([\d.]+) s", log).group(1)),
+            "capture_end": stamp("Capture target decode CUDA graph end"),
+            "deepgemm": re.findall(r"\[\S+ ([\d:]+)\] Try DeepGEMM JIT Compiling for <\w+> N=(\d+), K=(\d+)", log)}
+
+
+def test_the_passing_soak_and_the_fresh_hosts_are_their_saved_runs():
+    """"Soak with bad ids": the passing soak's table and sentences, the fresh host's start, gap and load, and the
+    DeepGEMM start, each as soak.json and the log excerpt of its run have them."""
+    text = flat(section("Soak with bad ids"))
+    passing = read_json(SOAKS["second_server"] / "soak.json")
+    st = passing["statuses"]
+    for kind in ("complete", "cut", "abort"):
+        assert st[kind] == {"200": st[kind]["200"]} and f"| {kind} | 200: {n(st[kind]['200'])} |" in text
+    assert st["malformed"] == {"400": st["malformed"]["400"]} and not passing["unexplained"]
+    assert f"| malformed | 400: {n(st['malformed']['400'])}, each with a message |" in text
+    assert all(passing["checks"].values()) and "passes every check of the soak" in text
+    assert passing["clients"] == 160 and passing["retracted_requests"] == 0 and passing["idle_used_tokens"] == 0
+    assert passing["probes_after"] == passing["probes_before"] and passing["health"] == 200
+    assert passing["warmup_statuses"]["complete"] == {"200": 284} and "warm-up's 284 whole-response" in text
+    assert f"left the measured load {passing['load_s']} s of the {passing['seconds_asked']:.0f} asked" in text
+    assert f"--finish-by {passing['finish_by']:.0f}" in text and passing["load_s"] / 60 == pytest.approx(2.5, abs=0.05)
+    times = start_times(SOAKS["second_server"])
+    assert f"ready {times['ready_s']} s after its start (decode graphs captured in {times['capture_s']:.1f} s)" in text
+    # the fresh host's first server
+    fresh = read_json(SOAKS["fresh_host"] / "soak.json")
+    assert [name for name, ok in fresh["checks"].items() if not ok] == ["a measured load of at least 60 s within "
+                                                                        "--finish-by"]
+    assert f"the load left was {fresh['load_s']} s" in text and f"leaves its load {fresh['load_s']:.0f} s" in text
+    assert fresh["warmup_statuses"]["complete"] == {"-1": 90} and "none of the warm-up's 90 whole-response" in text
+    times = start_times(SOAKS["fresh_host"])
+    assert f"ready {times['ready_s']} s after its start (decode graphs {times['capture_s']:.1f} s)" in text
+    stamps = [t for t, _ in batch_lines(SOAKS["fresh_host"], "server_excerpt.log.xz")]
+    after = [t for t in stamps if t > times["ready"]]
+    gap = max(range(1, len(after)), key=lambda i: seconds(after[i]) - seconds(after[i - 1]))
+    took = seconds(after[gap]) - seconds(after[gap - 1])
+    assert f"no batch for {took} s from the warm-up's first prefills ({after[gap - 1]}-{after[gap]} in the" in text
+    second_prefill = [t for t, ln in batch_lines(SOAKS["fresh_host"], "server_excerpt.log.xz")
+                      if "Prefill batch" in ln and field(ln, "#new-token") == 8192][1]
+    whole = seconds(second_prefill) - seconds(times["start"])
+    assert f"({times['start']}-{second_prefill}) took {whole} s" in text and f"take {whole / 60:.1f} minutes" in text
+    # DeepGEMM's JIT on a fresh host
+    times = start_times(SOAKS["deepgemm_jit"])
+    inside = [c for c in times["deepgemm"] if c[0] < times["capture_end"]]
+    later = [c for c in times["deepgemm"] if c[0] > times["capture_end"]]
+    assert len(later) == 1 and later[0][0] < times["ready"]
+    n_, k_ = later[0][1:]
+    assert f"for {len(inside)} GEMM shapes inside its first decode-graph capture ({times['capture_s']:.0f} s)" in text
+    assert f"and for a 7th (N {n(int(n_))}, K {n(int(k_))}) at its first request, and was ready {times['ready_s']} s" \
+        in text and len(inside) + 1 == 7
+    # DEPLOY's start-up paragraph and the "By question" start-up row quote the same starts
+    fresh_ready = start_times(SOAKS["fresh_host"])["ready_s"]
+    deploy = flat((ROOT / "docs/DEPLOY.md").read_text())
+    assert f"inside its first capture ({times['capture_s']:.0f} s) and a 7th at its first request, and was ready " \
+        f"after {times['ready_s']} s, against {fresh_ready} s for the same start without DeepGEMM" in deploy
+    row = next(ln for ln in (ROOT / "docs/BENCHMARKS.md").read_text().splitlines()
+               if ln.startswith("| How long does a server take to start? |"))
+    assert f"with DeepGEMM's JIT {times['ready_s']} s as a fresh host's first (8 decode-graph sizes;" in row
+    idle = read_json(SOAKS["deepgemm_jit"] / "soak.json")
+    assert f"read {idle['idle_used_tokens']:.0f} tokens in use after a 20 s idle" in text
+    assert f"refuses an idle wait under {soak_tool.MIN_IDLE_SECONDS} s" in text
+
+
+def seconds(stamp: str) -> int:
+    h, m, s = map(int, stamp.split(":"))
+    return 3600 * h + 60 * m + s
 
 
 def batch_lines(folder: Path, name: str) -> list[tuple[str, str]]:

@@ -209,6 +209,19 @@ def test_start_loads_the_checkpoint_or_a_config_on_dummy_weights(monkeypatch, tm
     assert seen["flags"][:3] == ["--attention-backend", "snapmla", "--enable-metrics"]
 
 
+def test_an_idle_wait_shorter_than_sglangs_gauge_window_is_refused(monkeypatch, tmp_path, capsys):
+    """SGLang 0.5.17 republishes an idle server's gauges 30 s after its last report: a 20 s wait can read a finished
+    prefill's pool tokens as a leak (an H200 soak whose load had no time left did). The CLI refuses such a wait before
+    it starts a server, and names the fix."""
+    monkeypatch.setattr(soak, "run_soak", lambda args: pytest.fail("a soak ran with a too-short idle wait"))
+    with pytest.raises(SystemExit) as exit_:
+        soak.main(["--port", "1", "--idle-seconds", "20", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and f"--idle-seconds {soak.MIN_IDLE_SECONDS} or more" in capsys.readouterr().err
+    monkeypatch.setattr(soak, "run_soak", lambda args: {"checks": {"holds": True}})
+    monkeypatch.setattr(soak, "table", lambda result: "")
+    assert soak.main(["--port", "1", "--idle-seconds", str(soak.MIN_IDLE_SECONDS), "--out", str(tmp_path)]) == 0
+
+
 def test_the_probes_after_a_flush_are_the_probes_before_computed_again():
     """A server whose prefix hits give other tokens (dummy weights) fails the probe check over its cache and passes it
     with --flush-before-probes-after, which is then a check of its own (the flush answered)."""

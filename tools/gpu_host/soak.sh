@@ -7,11 +7,14 @@
 # served on dummy weights instead of the checkpoint (configs/models/deepseek-v3-fp8-tp8: the deployment draw; on a host
 # that has not served it, SOAK_ARGS="--warmup-seconds 120" lets its first batches compile outside the checks),
 # SOAK_FINISH_BY the seconds each backend's whole run may take, its server's start included (tools.soak --finish-by:
-# the measured load is shortened to fit, e.g. 540 under a 600 s command limit). Per backend the table, soak.json and
-# the server log under $OUT/soak_BACKEND.
+# the measured load is shortened to fit, e.g. 540 under a 600 s command limit). FP8 GEMMs run on SGLang's Triton
+# kernels unless DEEPGEMM=1: with deep_gemm in the runtime, DeepGEMM's JIT pre-compiles every GEMM shape for all M
+# at the first graph capture (237 s on a fresh H200 for the TP 8 shape). Per backend the table, soak.json and the
+# server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
+export SGLANG_ENABLE_JIT_DEEPGEMM=${DEEPGEMM:-0}
 if [ -n "${SOAK_MODEL:-}" ]; then
   # near-flat dummy logits: the probes after a prefix hit are another computation (tools/soak.py's docstring)
   MODEL="--model $SOAK_MODEL --load-format dummy --context-length 32768 --flush-before-probes-after"
