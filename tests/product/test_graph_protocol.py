@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import assert_close
-from sglang_graph_protocol import MODES, GraphProtocol
+from sglang_graph_protocol import MODES, GraphProtocol, zeros_in_layout
 from sglang_snapmla import cuda_ext, decode_plan
 from sglang_snapmla.kernels.triton import decode as tdecode
 from sglang_snapmla.kernels.triton import quant as tquant
@@ -85,7 +85,7 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
     log = LaunchLog(monkeypatch)
     fb = proto.capture_metadata(mode)
     assert proto.backend.forward_metadata.block_kv_indices.shape[1] == 1  # SGLang's capture view, as in serving
-    proto.forward(mode, fb, torch.zeros_like(q), torch.zeros_like(q_rope))
+    proto.forward(mode, fb, zeros_in_layout(q), zeros_in_layout(q_rope))
     captured = log.take()
     fb = proto.replay_metadata(mode)
     out = proto.forward(mode, fb, q, q_rope)

@@ -30,6 +30,13 @@ from helpers import poison_unwritten
 from sglang_snapmla import numerics as nx
 
 MODES = ("decode", "target_verify", "draft_extend")
+QK_NOPE_DIM = 128  # DeepSeek-V3's non-RoPE query width per head, before the absorbed BMM
+
+
+def zeros_in_layout(t: torch.Tensor) -> torch.Tensor:
+    """Zeros with `t`'s strides and offset (a graph's static input: capture and replay see one layout)."""
+    storage = torch.zeros(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device=t.device)
+    return storage.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def install_stand_in(module: str, **functions) -> None:
@@ -167,10 +174,13 @@ class GraphProtocol:
         return self.lens if mode != "draft_extend" else self.kv_lens(mode)
 
     def queries(self, mode):
+        """q_nope [T, H, 512], q_rope [T, H, 64] in the layouts SGLang 0.5.17's absorbed forward hands the backend:
+        q_nope the per-head BMM's [H, T, 512] output transposed (head-major), q_rope the RoPE slice of the projected
+        q [T, H, 192] (a token stride of H x 192)."""
         rows = self.bs * self.s_q(mode)
-        q = torch.randn(rows, self.heads, nx.KV_LORA_RANK, generator=self.gen).to(torch.bfloat16).to(self.device)
-        qr = torch.randn(rows, self.heads, nx.ROPE_DIM, generator=self.gen).to(torch.bfloat16).to(self.device)
-        return q, qr
+        q = torch.randn(self.heads, rows, nx.KV_LORA_RANK, generator=self.gen).to(torch.bfloat16).to(self.device)
+        projected = torch.randn(rows, self.heads, QK_NOPE_DIM + nx.ROPE_DIM, generator=self.gen)
+        return q.transpose(0, 1), projected.to(torch.bfloat16).to(self.device)[..., QK_NOPE_DIM:]
 
     def forward(self, mode, fb, q, q_rope):
         if mode == "decode":
@@ -206,7 +216,7 @@ class GraphProtocol:
 
     def graphed(self, mode, q, q_rope):
         """GPU: capture with the fill values, replay with the batch; returns the replayed output."""
-        q_static, qr_static = torch.zeros_like(q), torch.zeros_like(q_rope)
+        q_static, qr_static = zeros_in_layout(q), zeros_in_layout(q_rope)
         fb = self.capture_metadata(mode)
         self.forward(mode, fb, q_static, qr_static)  # warm-up (compiles), as the runner does before capture
         graph = torch.cuda.CUDAGraph()
@@ -225,7 +235,8 @@ class GraphProtocol:
     def reference(self, mode, q, q_rope):
         """The spec over the pool's contents: out [bs * s_q, H * 512] fp32."""
         s_q = self.s_q(mode)
-        qq = nx.quantize_q(q.cpu().view(self.bs, s_q, self.heads, -1), q_rope.cpu().view(self.bs, s_q, self.heads, -1))
+        qq = nx.quantize_q(q.cpu().reshape(self.bs, s_q, self.heads, -1),
+                           q_rope.cpu().reshape(self.bs, s_q, self.heads, -1))
         cache = nx.LatentCache(*(t.cpu() for t in self.pool.snapmla_buffers(0)))
         out, _ = nx.snapmla_decode_reference(qq, cache, self.block_tables, torch.tensor(self.kv_lens(mode)),
                                              self.layer.scaling)
