@@ -17,6 +17,8 @@ export NCCL_NVLS_ENABLE=0  # multi-GPU hosts: NVLink multicast stays off
 export TRITON_CACHE_DIR=$PWD/.gpucache/triton TORCH_EXTENSIONS_DIR=$PWD/.gpucache/torch_extensions \
   FLASHINFER_WORKSPACE_BASE=$PWD/.gpucache TORCHINDUCTOR_CACHE_DIR=$PWD/.gpucache/inductor \
   XDG_CACHE_HOME=$PWD/.gpucache
+# a fresh host starts from the compile caches an earlier one saved, where .gpucache-seed is carried
+bash tools/gpu_host/compile_cache.sh restore || exit 1
 # Wheels the bundle lacks, carried in .gpu/wheels (or in .whl, a second transfer to the same machine where the runtime
 # and they exceed one): SGLang 0.5.17's MTP worker (speculative/eagle_worker_v2.py) imports
 # deep_gemm for every backend, and tools/gpu_host/build-runtime.sh's bundle has none. Fetch it where a package index is reachable:
