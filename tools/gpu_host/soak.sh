@@ -8,8 +8,8 @@
 # that has not served it, SOAK_ARGS="--warmup-seconds 120" lets its first batches compile outside the checks),
 # SOAK_FINISH_BY the seconds each backend's whole run may take, its server's start included (tools.soak --finish-by:
 # the measured load is shortened to fit, e.g. 540 under a 600 s command limit). FP8 GEMMs run on SGLang's Triton
-# kernels unless DEEPGEMM=1: with deep_gemm in the runtime, DeepGEMM's JIT pre-compiles every GEMM shape for all M
-# at the first graph capture (237 s on a fresh H200 for the TP 8 shape). Per backend the table, soak.json and the
+# kernels unless DEEPGEMM=1: with deep_gemm in the runtime, DeepGEMM's JIT pre-compiles each GEMM shape for all M
+# at its first use (the TP 8 shape's first decode-graph capture: 247 s on a fresh H200, 129 s without DeepGEMM). Per backend the table, soak.json and the
 # server log under $OUT/soak_BACKEND.
 #   usage: bash tools/gpu_host/soak.sh [backend...]
 set -uo pipefail
