@@ -77,10 +77,17 @@ def test_q_quant_rows_plan():
                        torch.zeros(2, 4, 64, dtype=torch.bfloat16, device=DEV), rows=3)
 
 
-def test_append_kv_bit_exact_and_only_at_loc(gen):
+@pytest.mark.parametrize("layout", ["contiguous", "sglang"])
+def test_append_kv_bit_exact_and_only_at_loc(gen, layout):
+    """"sglang": the layouts SGLang 0.5.17's absorbed forward hands set_mla_kv_buffer: the latent normed into a new
+    [T, 1, 512] tensor, the RoPE key a view of the kv_a projection's [T, 576] output (a token stride of 576)."""
     N, T = 200, 37
     c = (torch.randn(T, 1, 512, generator=gen) * 4).to(torch.bfloat16)
-    r = (torch.randn(T, 1, 64, generator=gen) * 50).to(torch.bfloat16)
+    if layout == "contiguous":
+        r = (torch.randn(T, 1, 64, generator=gen) * 50).to(torch.bfloat16)
+    else:
+        r = (torch.randn(T, 576, generator=gen) * 50).to(torch.bfloat16)[:, 512:].unsqueeze(1)
+        assert r.stride() == (576, 64, 1)
     c[3] = 0
     r[5, 0, :4] = 1000.0
     loc = (torch.randperm(N - 1, generator=gen)[:T] + 1).to(torch.int64)
