@@ -77,17 +77,19 @@ def test_q_quant_rows_plan():
                        torch.zeros(2, 4, 64, dtype=torch.bfloat16, device=DEV), rows=3)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "sglang"])
+@pytest.mark.parametrize("layout", ["contiguous", "sglang_absorbed", "one_latent"])
 def test_append_kv_bit_exact_and_only_at_loc(gen, layout):
-    """"sglang": the layouts SGLang 0.5.17's absorbed forward hands set_mla_kv_buffer: the latent normed into a new
-    [T, 1, 512] tensor, the RoPE key a view of the kv_a projection's [T, 576] output (a token stride of 576)."""
+    """"sglang_absorbed": the layouts SGLang 0.5.17's absorbed forward hands set_mla_kv_buffer: the latent normed into
+    a new [T, 1, 512] tensor, the RoPE key a view of the kv_a projection's [T, 576] output (a token stride of 576);
+    "one_latent": both views of one [T, 576] latent, as the pool's set_kv_buffer splits it."""
     N, T = 200, 37
     c = (torch.randn(T, 1, 512, generator=gen) * 4).to(torch.bfloat16)
-    if layout == "contiguous":
-        r = (torch.randn(T, 1, 64, generator=gen) * 50).to(torch.bfloat16)
-    else:
-        r = (torch.randn(T, 576, generator=gen) * 50).to(torch.bfloat16)[:, 512:].unsqueeze(1)
-        assert r.stride() == (576, 64, 1)
+    r = (torch.randn(T, 1, 64, generator=gen) * 50).to(torch.bfloat16)
+    if layout != "contiguous":
+        latent = torch.cat([c[:, 0], r[:, 0]], dim=1)
+        r = latent[:, 512:].unsqueeze(1)
+        c = latent[:, :512].unsqueeze(1) if layout == "one_latent" else c
+        assert r.stride() == (576, 64, 1) and c.stride()[0] == (576 if layout == "one_latent" else 512)
     c[3] = 0
     r[5, 0, :4] = 1000.0
     loc = (torch.randperm(N - 1, generator=gen)[:T] + 1).to(torch.int64)
