@@ -29,6 +29,14 @@ def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, wh
     return m
 
 
+def clock_seconds(stamp: str) -> float:
+    """Seconds since midnight of a log's time of day, "HH:MM:SS" or "HH:MM:SS.ffffff"."""
+    from datetime import datetime
+
+    return (datetime.strptime(stamp[:15], "%H:%M:%S.%f" if "." in stamp else "%H:%M:%S") - datetime(1900, 1, 1)) \
+        .total_seconds()
+
+
 def doc_sections(doc: str) -> dict[str, str]:
     """A markdown doc's sections: heading text (## or ###) -> its text, from the heading to the next heading of its
     level or above (subsections included)."""

@@ -4,10 +4,10 @@ file to `sampling.so`), and every process sample inside it has the GPU idle and 
 
 import lzma
 import re
-from datetime import datetime
 from pathlib import Path
 
 from harness.server_log import BATCH_LINE, read_log
+from helpers import clock_seconds as seconds
 from helpers import doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,11 +17,6 @@ COMPILER_STAGES = {"cicc", "ptxas", "cc1plus", "cudafe++", "nvcc", "fatbinary", 
 
 def section() -> str:
     return " ".join(doc_sections((ROOT / "docs/DEPLOY.md").read_text())["Start-up time"].split())
-
-
-def seconds(stamp: str) -> float:
-    return (datetime.strptime(stamp[:15], "%H:%M:%S.%f" if "." in stamp else "%H:%M:%S") - datetime(1900, 1, 1)) \
-        .total_seconds()
 
 
 def batch_stamps() -> list[str]:

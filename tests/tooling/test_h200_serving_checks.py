@@ -11,7 +11,8 @@ import pytest
 from benchmarks import bench_extend_routes as routes
 from benchmarks.server_log_stats import decode_step_fit, log_stats
 from harness.results import read_json
-from harness.server_log import BATCH_LINE, decode_lines, field, read_log
+from harness.server_log import BATCH_LINE, decode_lines, field, read_log, startup_report
+from helpers import clock_seconds as seconds
 from helpers import doc_sections
 from sglang_snapmla import extend
 from tools import soak as soak_tool
@@ -179,13 +180,13 @@ SOAKS = {kind: ROOT / f"results/serve/soak_snapmla_fp8_tp8_h200_{kind}"
 
 
 def start_times(folder: Path) -> dict:
-    """From a soak's log excerpt: seconds from the server's start to ready, the decode capture's seconds, and the time
-    of day of the start, of ready and of each DeepGEMM shape's compile."""
+    """From a soak's log excerpt: its start (`startup_report`: first log line to ready, the decode capture's
+    seconds) and the time of day of the start, of ready, of the capture's end and of each DeepGEMM shape's compile."""
     log = read_log(folder / "server_excerpt.log.xz")
     stamp = lambda pattern: re.search(r"\[\d{4}-\d\d-\d\d ([\d:]+)\] " + pattern, log).group(1)
-    start, ready = stamp("server_args="), stamp("The server is fired up")
-    return {"start": start, "ready": ready, "ready_s": seconds(ready) - seconds(start),
-            "capture_s": float(re.search(r"Capture target decode CUDA graph end\. elapsed=([\d.]+) s", log).group(1)),
+    report = startup_report(log)
+    return {"start": stamp("server_args="), "ready": stamp("The server is fired up"),
+            "ready_s": round(report["log_to_ready_s"]), "capture_s": report["engine"]["cuda_graph.decode"],
             "capture_end": stamp("Capture target decode CUDA graph end"),
             "deepgemm": re.findall(r"\[\S+ ([\d:]+)\] Try DeepGEMM JIT Compiling for <\w+> N=(\d+), K=(\d+)", log)}
 
@@ -216,15 +217,14 @@ def test_the_passing_soak_and_the_fresh_hosts_are_their_saved_runs():
     assert fresh["warmup_statuses"]["complete"] == {"-1": 90} and "none of the warm-up's 90 whole-response" in text
     times = start_times(SOAKS["fresh_host"])
     assert f"ready {times['ready_s']} s after its start (decode graphs {times['capture_s']:.1f} s)" in text
-    stamps = [t for t, _ in batch_lines(SOAKS["fresh_host"], "server_excerpt.log.xz")]
-    after = [t for t in stamps if t > times["ready"]]
+    lines = batch_lines(SOAKS["fresh_host"], "server_excerpt.log.xz")
+    after = [t for t, _ in lines if t > times["ready"]]
     gap = max(range(1, len(after)), key=lambda i: seconds(after[i]) - seconds(after[i - 1]))
     took = seconds(after[gap]) - seconds(after[gap - 1])
-    assert f"no batch for {took} s from the warm-up's first prefills ({after[gap - 1]}-{after[gap]} in the" in text
-    second_prefill = [t for t, ln in batch_lines(SOAKS["fresh_host"], "server_excerpt.log.xz")
-                      if "Prefill batch" in ln and field(ln, "#new-token") == 8192][1]
+    assert f"no batch for {took:.0f} s from the warm-up's first prefills ({after[gap - 1]}-{after[gap]} in the" in text
+    second_prefill = [t for t, ln in lines if "Prefill batch" in ln and field(ln, "#new-token") == 8192][1]
     whole = seconds(second_prefill) - seconds(times["start"])
-    assert f"({times['start']}-{second_prefill}) took {whole} s" in text and f"take {whole / 60:.1f} minutes" in text
+    assert f"({times['start']}-{second_prefill}) took {whole:.0f} s" in text and f"take {whole / 60:.1f} minutes" in text
     # DeepGEMM's JIT on a fresh host
     times = start_times(SOAKS["deepgemm_jit"])
     inside = [c for c in times["deepgemm"] if c[0] < times["capture_end"]]
@@ -245,11 +245,6 @@ def test_the_passing_soak_and_the_fresh_hosts_are_their_saved_runs():
     idle = read_json(SOAKS["deepgemm_jit"] / "soak.json")
     assert f"read {idle['idle_used_tokens']:.0f} tokens in use after a 20 s idle" in text
     assert f"refuses an idle wait under {soak_tool.MIN_IDLE_SECONDS} s" in text
-
-
-def seconds(stamp: str) -> int:
-    h, m, s = map(int, stamp.split(":"))
-    return 3600 * h + 60 * m + s
 
 
 def batch_lines(folder: Path, name: str) -> list[tuple[str, str]]:
