@@ -135,14 +135,18 @@ class SnapMLAForward:
         only at the next size). All run (`library.quantize_q` reads strides); the lines say which ones a server met."""
         tokens, heads, width = q_nope.shape
         stride = tuple(q_nope.stride())
-        rows = stride[1] // width
-        if stride == (heads * width, width, 1):
+        token_stride, head_stride, unit = stride
+        if tokens == 1:  # a lone token's stride is whatever SGLang's last view made it: the heads' stride decides
+            token_stride = heads * width if head_stride == width else width
+        rows = head_stride // width
+        if (token_stride, head_stride, unit) == (heads * width, width, 1):
             kind, layout = "contiguous", "contiguous"
-        elif stride[0] == width and stride[2] == 1 and rows == tokens:
+        elif token_stride == width and unit == 1 and rows == tokens:
             kind, layout = "head-major", "head-major (the absorbed BMM's [heads, tokens, 512], transposed)"
-        elif stride[0] == width and stride[2] == 1:
+        elif token_stride == width and unit == 1:
             kind = "head-major, padded"
-            layout = f"head-major, padded: {rows} rows per head for {tokens} tokens (DeepGEMM's masked GEMM)"
+            layout = (f"head-major, padded: {rows} rows per head for {tokens} token{'s' * (tokens != 1)} "
+                      "(DeepGEMM's masked GEMM)")
         else:
             kind = layout = f"strides {stride}"
         if kind in self.q_layouts_logged:

@@ -147,18 +147,23 @@ def test_decode_and_target_verify(setup, gen, heads, layout, caplog):
 
 def test_each_q_layout_is_logged_once_in_the_order_a_graph_capture_meets_them(gen, caplog):
     """A DeepGEMM BMM server captures its graphs from 256 requests down: at 256 its rows per head equal the tokens
-    (256-aligned), so only the next size shows the padding. Each kind is logged the first time, never again."""
+    (256-aligned), so only the next size shows the padding. Each kind is logged the first time, never again. SGLang
+    views q_nope as [tokens, heads, 512] after slicing the padded rows, which at one token makes its token stride
+    heads x rows x 512 (what an H200 server logged at batch 1): still the padded layout, and a lone token of a
+    contiguous q is contiguous whatever its token stride."""
     from sglang_snapmla import backend as backend_module
 
     caplog.set_level(logging.INFO, logger=backend_module.__name__)
     forward = backend_module.SnapMLAForward.__new__(backend_module.SnapMLAForward)
+    forward._log_q_layout(torch.empty(1, 2, 512, dtype=torch.bfloat16).as_strided((1, 2, 512), (7, 512, 1)))
     for tokens, rows in ((256, 256), (192, 256), (8, 256), (1, 256)):
-        q = torch.empty(2, rows, 512, dtype=torch.bfloat16)[:, :tokens].transpose(0, 1)
+        q = torch.empty(2, rows, 512, dtype=torch.bfloat16)[:, :tokens].transpose(0, 1).view(tokens, 2, 512)
         forward._log_q_layout(q)
+    assert q.stride() == (2 * 256 * 512, 256 * 512, 1)  # the lone token's stride as the view leaves it
     forward._log_q_layout(torch.empty(3, 2, 512, dtype=torch.bfloat16))
     said = [r.getMessage().split("arrives ")[1] for r in caplog.records if "arrives" in r.getMessage()]
-    assert said == [Q_LAYOUT_LINES["head_major"],
-                    "head-major, padded: 256 rows per head for 192 tokens (DeepGEMM's masked GEMM)", "contiguous"], said
+    assert said == ["contiguous", Q_LAYOUT_LINES["head_major"],
+                    "head-major, padded: 256 rows per head for 192 tokens (DeepGEMM's masked GEMM)"], said
     assert backend_module.SnapMLAForward.q_layouts_logged == frozenset()  # per backend, not per class
 
 
