@@ -14,7 +14,7 @@ import pytest
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
 from harness.server_log import decode_lines, read_log
-from helpers import doc_sections
+from helpers import clock_seconds, doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results/serve/v3_fp8_tp8_h200_long"
@@ -462,9 +462,145 @@ def test_the_mtp_table_is_the_saved_run_on_the_dp_shape():
     assert "accept length 1.00" in " ".join(dp_section().split())
 
 
+TP8_MTP_WARM_RUN = ROOT / "results/serve/v3_fp8_tp8_h200_mtp_warm_host"
+TP8_MTP_WARM_MARKER = "**The same MTP setup with SGLang FP8 beside snapmla, on a warm host"
+
+
 def tp8_mtp_section() -> str:
+    """The TP 8 MTP paragraph of the first run, up to the warm host's."""
     text = section_text()
-    return text[text.index(TP8_MTP_MARKER):]
+    return text[text.index(TP8_MTP_MARKER):text.index(TP8_MTP_WARM_MARKER)]
+
+
+def tp8_mtp_warm_section() -> str:
+    text = section_text()
+    return text[text.index(TP8_MTP_WARM_MARKER):text.index("### SGL_USE_DEEPGEMM_BMM=1")]
+
+
+def prefill_rates(log: str, tokens: int = 8192) -> list[float]:
+    """The input rates (tokens/s) of a log's prefill batches of `tokens` new tokens, in order."""
+    return [float(m.group(1)) for m in re.finditer(
+        rf"Prefill batch, #new-seq: \d+, #new-token: {tokens}, .*input throughput \(token/s\): ([\d.]+)", log)]
+
+
+def k_range(rates: list[float]) -> str:
+    return f"{min(rates) / 1e3:.1f}-{max(rates) / 1e3:.1f} k"
+
+
+def test_the_tp8_mtp_warm_host_table_is_the_saved_run_with_sglang_fp8_beside_snapmla():
+    """SGLang FP8 and snapmla with MTP in one command on a warm host: each row as the JSON holds it, the ratios of
+    the bold line recomputed from the two rows, the capture times and the prefill rates that set the TTFT ratio read
+    from the two server logs, every MTP graph captured at the four sizes."""
+    from harness.server import MTP
+
+    runs = {r["run"]: r for r in read_json(TP8_MTP_WARM_RUN / "serve_bench.json")}
+    assert set(runs) == {"snapmla-mtp", "flashmla-fp8-mtp"} and len({repr(r["workload"]) for r in runs.values()}) == 1
+    assert runs["snapmla-mtp"]["workload"]["model"] == "configs/models/deepseek-v3-fp8-tp8"
+    text = tp8_mtp_warm_section()
+    flat = " ".join(text.split())
+    for name, r in runs.items():
+        assert " ".join(MTP) in r["cmd"] and r["completed"] == 32 and r["accept_length"] == 1.0, name
+        assert mtp_row(name, text) == expected_mtp_row(name, r, None), name
+    s, f = runs["snapmla-mtp"], runs["flashmla-fp8-mtp"]
+    assert "--kv-cache-dtype fp8_e4m3" in f["cmd"] and "--attention-backend snapmla" in s["cmd"]
+    assert (f"snapmla made {s['output_tok_s'] / f['output_tok_s']:.2f}x its output rate at "
+            f"{s['median_tpot_ms'] / f['median_tpot_ms']:.2f}x its TPOT p50 and "
+            f"{s['median_ttft_ms'] / f['median_ttft_ms']:.2f}x its TTFT p50") in flat
+    logs = {name: read_log(TP8_MTP_WARM_RUN / f"server_{name}.log.xz") for name in runs}
+    def capture(log: str, graph: str) -> str:
+        return f"{float(re.search(rf'Capture {graph} CUDA graph end. elapsed=([0-9.]+) s', log).group(1)):.1f} s"
+
+    captures = {name: [capture(log, g) for g in ("target verify", "draft decode", "draft extend")]
+                for name, log in logs.items()}
+    c = captures["flashmla-fp8-mtp"]
+    assert f"(SGLang FP8 {c[0]}, {c[1]} and {c[2]}," in flat
+    c = captures["snapmla-mtp"]
+    assert f"snapmla {c[0]}, {c[1]} and {c[2]})" in flat
+    rates = {name: prefill_rates(log) for name, log in logs.items()}
+    assert all(len(r) == 4 for r in rates.values())
+    assert (f"{k_range(rates['flashmla-fp8-mtp'])} tokens/s for SGLang FP8 and {k_range(rates['snapmla-mtp'])} "
+            "for snapmla") in flat
+    durations = sorted(r["duration_s"] for r in runs.values())
+    assert f"(32 requests in {durations[0]:.0f}-{durations[1]:.0f} s)" in flat
+    for name, log in logs.items():
+        assert drew_the_fan_in_weights(log) and "k_scale = v_scale = 1.0 on 2 attention layers (checked)" in log, name
+        for graph, tokens in (("target verify", 3), ("draft decode", 1), ("draft extend", 3)):
+            assert (f"Capture {graph} CUDA graph begin. backend=full, num_tokens_per_req={tokens}, "
+                    "bs=[1, 8, 16, 32]") in log, (name, graph)
+        assert re.search(r"Decode batch, #running-req: 32, .*accept len: 1\.00, .*cuda graph: True", log), name
+
+
+BMM_RUN = ROOT / "results/serve/v3_fp8_tp8_h200_deepgemm_bmm"
+BMM_FRESH = ROOT / "results/serve/v3_fp8_tp8_h200_deepgemm_bmm_fresh_host"
+BMM_LABELS = {"snapmla-deepgemm-bmm": "snapmla", "flashmla-deepgemm-bmm": "flashmla BF16"}
+
+
+def bmm_section() -> str:
+    return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())["SGL_USE_DEEPGEMM_BMM=1"]
+
+
+def test_the_deepgemm_bmm_rows_ratios_and_prefill_rates_are_the_saved_runs():
+    """snapmla and flashmla BF16 with SGL_USE_DEEPGEMM_BMM=1 on a warm host: each row as the JSON holds it, the
+    ratios recomputed, the padded head-major layout named in snapmla's log, the prefill rates the section blames
+    read from both logs and, for the run without DeepGEMM, from the MTP run's snapmla log on the same host."""
+    from benchmarks.serve_and_bench import non_finite_probe, text_share
+    from harness.server import DEEPGEMM_BMM_ENV
+
+    runs = {r["run"]: r for r in read_json(BMM_RUN / "serve_bench.json")}
+    assert set(runs) == set(BMM_LABELS) and len({repr(r["workload"]) for r in runs.values()}) == 1
+    text = bmm_section()
+    flat = " ".join(text.split())
+    env = " ".join(f"{k}={v}" for k, v in DEEPGEMM_BMM_ENV.items())
+    assert f"Both runs set `{env}`" in flat
+    for name, r in runs.items():
+        assert all(f"{k}={v}" in r["cmd"] for k, v in DEEPGEMM_BMM_ENV.items()) and r["completed"] == 32, name
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {BMM_LABELS[name]} |"))
+        assert row == (f"| {BMM_LABELS[name]} | {r['startup_s']:.1f} | {r['output_tok_s']:,.0f} | "
+                       f"{r['median_tpot_ms']:.1f} | {r['median_ttft_ms']:,.0f} | {r['pool_tokens']:,} | "
+                       f"{text_share(r)} | {non_finite_probe(r['endpoints'])} |").replace(",", " "), name
+    s, b = runs["snapmla-deepgemm-bmm"], runs["flashmla-deepgemm-bmm"]
+    assert (f"it made {s['output_tok_s'] / b['output_tok_s']:.2f}x flashmla BF16's output rate (same flags) at "
+            f"{s['median_tpot_ms'] / b['median_tpot_ms']:.2f}x its TPOT p50 and "
+            f"{s['median_ttft_ms'] / b['median_ttft_ms']:.2f}x its TTFT p50") in flat
+    assert f"{s['pool_tokens'] / b['pool_tokens']:.2f}x BF16's tokens" in flat
+    snap = read_log(BMM_RUN / "server_snapmla-deepgemm-bmm.log.xz")
+    assert ("snapmla: q_nope [tokens, heads, 512] arrives head-major, padded: 256 rows per head for 32 tokens "
+            "(DeepGEMM's masked GEMM)") in snap and "arrives contiguous" in snap
+    assert "Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 8, 16, 32]" in snap
+    assert "arrives strides (2097152, 131072, 1)" in snap and "arrives strides (2097152, 131072, 1)" in flat
+    bf16 = read_log(BMM_RUN / "server_flashmla-deepgemm-bmm.log.xz")
+    without = read_log(TP8_MTP_WARM_RUN / "server_snapmla-mtp.log.xz")
+    assert (f"its prefill batches ran at {k_range(prefill_rates(snap))} tokens/s against BF16's "
+            f"{k_range(prefill_rates(bf16))}, where without DeepGEMM on the same host (the MTP run above) snapmla's "
+            f"ran at {k_range(prefill_rates(without))}") in flat
+    deploy = " ".join((ROOT / "docs/DEPLOY.md").read_text().split())
+    assert (f"at {s['output_tok_s'] / b['output_tok_s']:.2f}x flashmla BF16's output rate on 32 requests of 1 024 / "
+            f"256 on a warm host, but its prefill batches ran at {k_range(prefill_rates(snap))} tokens/s against "
+            f"BF16's {k_range(prefill_rates(bf16))}") in deploy
+
+
+def test_the_deepgemm_bmm_fresh_host_start_is_its_saved_run():
+    """The first start with DeepGEMM's JIT: snapmla's capture time, the 103 s of SGLang's own warm-up request between
+    capture and ready (stamps and its prefill's logged rate), its start, the warm-up that timed out; BF16's start,
+    TTFT and rate after it."""
+    runs = {r["run"]: r for r in read_json(BMM_FRESH / "serve_bench.json")}
+    s, b = runs["snapmla-deepgemm-bmm"], runs["flashmla-deepgemm-bmm"]
+    assert "TimeoutExpired" in s["error"] and "'--random-output-len', '8'" in s["error"] and "output_tok_s" not in s
+    flat = " ".join(bmm_section().split())
+    log = read_log(BMM_FRESH / "server_snapmla-deepgemm-bmm.log.xz")
+    capture = re.search(r"\[\S+ ([\d:]+)\] Capture target decode CUDA graph end\. elapsed=([\d.]+) s", log)
+    ready = re.search(r"\[\S+ ([\d:]+)\] The server is fired up", log).group(1)
+    first = re.search(r"\[\S+ ([\d:]+)\] Prefill batch, #new-seq: 1, #new-token: 64, .*input throughput "
+                      r"\(token/s\): ([\d.]+)", log)
+    warm = re.search(r"Prefill batch, #new-seq: 1, #new-token: 1216, .*input throughput \(token/s\): ([\d.]+)", log)
+    gap = int(clock_seconds(ready) - clock_seconds(capture.group(1)))
+    assert first.group(1) == ready and gap == 103
+    assert (f"captured its decode graphs in {float(capture.group(2)):.1f} s (ended {capture.group(1)}), then spent "
+            f"{gap} s on SGLang's own 64-token warm-up request (its prefill logged {float(first.group(2)):.2f} "
+            f"tokens/s; ready at {ready}) and answered after {s['startup_s']:.1f} s") in flat
+    assert f"a 1 216-token prefill that logged {float(warm.group(1)):.1f} tokens/s" in flat
+    assert (f"BF16 after it answered in {b['startup_s']:.1f} s and its bench's TTFT p50 was "
+            f"{b['median_ttft_ms'] / 1e3:.1f} s ({b['output_tok_s']:.1f} output tokens/s)") in flat
 
 
 def test_the_tp8_mtp_table_is_the_saved_run_and_says_what_stopped_sglang_fp8():

@@ -344,3 +344,24 @@ def test_the_kimi_ratios_and_the_first_servers_compiles():
     first, later = starts[0], starts[1:]
     assert first == max(starts) and (f"Kimi-K2's 41-layer block-FP8 shares {first:.0f} s first, "
                                      f"{min(later):.0f}-{max(later):.0f} s after") in flat(section("By question"))
+
+
+KIMI_WARM = ROOT / "results/serve/kimi_k2_fp8_tp8_h200_warm_host"
+
+
+def test_the_kimi_warm_host_rows_are_their_runs_and_draw_no_ratio():
+    """SGLang FP8 and snapmla at TP 8 on a warm host, two commands merged into one folder: each row as the JSON
+    holds it (one workload), both logs with the KV-scale check, and no ratio between the two in the text."""
+    rows = rows_of(KIMI_WARM)
+    assert set(rows) == {"snapmla", "flashmla-fp8"} and len({repr(r["workload"]) for r in rows.values()}) == 1
+    text = section("Block-FP8 weights: Kimi-K2 per GPU (H200)")
+    warm = text[text.index("**At TP 8 on a warm host"):]
+    for run, r in rows.items():
+        row = next(ln for ln in warm.splitlines() if ln.startswith(f"| TP 8, 8 heads, warm host | {LABELS[run]} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
+                             n(r["median_ttft_ms"]), f"{r['median_tpot_ms']:.1f}", str(r["peak_running_req"])]
+        assert r["completed"] == 64 and round(r["retokenized_output_tokens"] / r["output_tokens"], 2) == 1.09
+        assert not any(x != x for x in r["endpoints"]["generate_logprobs"]) and r["workload"]["input_len"] == 2048
+        assert "k_scale = v_scale = 1.0 on 82 attention layers (checked)" in read_log(KIMI_WARM / f"server_{run}.log.xz")
+    assert "no ratio is drawn" in flat(warm) and not re.search(r"\d\.\d\dx", warm)
