@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
-from harness.server_log import decode_lines, read_log
+from harness.server_log import BATCH_LINE, decode_lines, field, read_log, startup_report
 from helpers import clock_seconds, doc_sections
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -479,8 +479,8 @@ def tp8_mtp_warm_section() -> str:
 
 def prefill_rates(log: str, tokens: int = 8192) -> list[float]:
     """The input rates (tokens/s) of a log's prefill batches of `tokens` new tokens, in order."""
-    return [float(m.group(1)) for m in re.finditer(
-        rf"Prefill batch, #new-seq: \d+, #new-token: {tokens}, .*input throughput \(token/s\): ([\d.]+)", log)]
+    return [field(ln, "input throughput (token/s)") for ln in log.splitlines()
+            if (m := BATCH_LINE.match(ln)) and m.group(3) == "Prefill" and field(ln, "#new-token") == tokens]
 
 
 def k_range(rates: list[float]) -> str:
@@ -507,11 +507,8 @@ def test_the_tp8_mtp_warm_host_table_is_the_saved_run_with_sglang_fp8_beside_sna
             f"{s['median_tpot_ms'] / f['median_tpot_ms']:.2f}x its TPOT p50 and "
             f"{s['median_ttft_ms'] / f['median_ttft_ms']:.2f}x its TTFT p50") in flat
     logs = {name: read_log(TP8_MTP_WARM_RUN / f"server_{name}.log.xz") for name in runs}
-    def capture(log: str, graph: str) -> str:
-        return f"{float(re.search(rf'Capture {graph} CUDA graph end. elapsed=([0-9.]+) s', log).group(1)):.1f} s"
-
-    captures = {name: [capture(log, g) for g in ("target verify", "draft decode", "draft extend")]
-                for name, log in logs.items()}
+    captures = {name: [f"{startup_report(log)['engine'][f'cuda_graph.{graph}']:.1f} s"
+                       for graph in ("target_verify", "draft_decode", "draft_extend")] for name, log in logs.items()}
     c = captures["flashmla-fp8-mtp"]
     assert f"(SGLang FP8 {c[0]}, {c[1]} and {c[2]}," in flat
     c = captures["snapmla-mtp"]

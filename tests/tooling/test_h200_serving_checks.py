@@ -305,13 +305,17 @@ def test_each_kimi_row_is_its_run(shape):
             printed = (KIMI[shape] / "serve_and_bench.out").read_text()  # its start, as serve_and_bench printed it
             assert f"serve_and_bench: flashmla-fp8: answered in {cells[2]} s;" in printed and cells[3] == "1 813 056"
             continue
-        r = rows[run]
-        assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
-                             n(r["median_ttft_ms"]), f"{r['median_tpot_ms']:.1f}", str(r["peak_running_req"])]
-        assert r["completed"] == 64 and round(r["retokenized_output_tokens"] / r["output_tokens"], 2) == 1.09
-        assert not any(x != x for x in r["endpoints"]["generate_logprobs"]) and r["endpoints"]["chat"]
-        log = read_log(KIMI[shape] / f"server_{run}.log.xz")
-        assert "k_scale = v_scale = 1.0 on 82 attention layers (checked)" in log
+        assert_kimi_row(cells, rows[run], KIMI[shape] / f"server_{run}.log.xz")
+
+
+def assert_kimi_row(cells: list[str], r: dict, log: Path) -> None:
+    """A Kimi-K2 table row's cells after shape and backend as the saved run gives them; the run's 64 requests
+    decoded to text, its probe finite, its server log with the KV-scale check."""
+    assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
+                         n(r["median_ttft_ms"]), f"{r['median_tpot_ms']:.1f}", str(r["peak_running_req"])]
+    assert r["completed"] == 64 and round(r["retokenized_output_tokens"] / r["output_tokens"], 2) == 1.09
+    assert not any(x != x for x in r["endpoints"]["generate_logprobs"]) and r["endpoints"]["chat"]
+    assert "k_scale = v_scale = 1.0 on 82 attention layers (checked)" in read_log(log)
 
 
 def test_the_kimi_ratios_and_the_first_servers_compiles():
@@ -358,10 +362,6 @@ def test_the_kimi_warm_host_rows_are_their_runs_and_draw_no_ratio():
     warm = text[text.index("**At TP 8 on a warm host"):]
     for run, r in rows.items():
         row = next(ln for ln in warm.splitlines() if ln.startswith(f"| TP 8, 8 heads, warm host | {LABELS[run]} |"))
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[2:] == [f"{r['startup_s']:.1f}", n(r["pool_tokens"]), n(r["output_tok_s"]),
-                             n(r["median_ttft_ms"]), f"{r['median_tpot_ms']:.1f}", str(r["peak_running_req"])]
-        assert r["completed"] == 64 and round(r["retokenized_output_tokens"] / r["output_tokens"], 2) == 1.09
-        assert not any(x != x for x in r["endpoints"]["generate_logprobs"]) and r["workload"]["input_len"] == 2048
-        assert "k_scale = v_scale = 1.0 on 82 attention layers (checked)" in read_log(KIMI_WARM / f"server_{run}.log.xz")
+        assert_kimi_row([c.strip() for c in row.strip("|").split("|")], r, KIMI_WARM / f"server_{run}.log.xz")
+        assert r["workload"]["input_len"] == 2048
     assert "no ratio is drawn" in flat(warm) and not re.search(r"\d\.\d\dx", warm)
