@@ -365,3 +365,42 @@ def test_the_kimi_warm_host_rows_are_their_runs_and_draw_no_ratio():
         assert_kimi_row([c.strip() for c in row.strip("|").split("|")], r, KIMI_WARM / f"server_{run}.log.xz")
         assert r["workload"]["input_len"] == 2048
     assert "no ratio is drawn" in flat(warm) and not re.search(r"\d\.\d\dx", warm)
+
+
+PREPARED = ROOT / "results/serve/prepare_sampled_no_compiler_h200"
+GREEDY_PREPARED = ROOT / "results/serve/soak_snapmla_no_compiler_h200"
+
+
+def prepare_report(folder: Path) -> dict:
+    """What `python -m sglang_snapmla.prepare` printed in a run of tools/gpu_host/no_compiler.sh: its seconds to
+    ready and in all, what it sent, and the MB of each cache folder it filled."""
+    text = read_log(folder / "prepare.log.xz")
+    return {"ready_s": int(re.search(r"^ready after (\d+) s$", text, re.M).group(1)),
+            "done_s": int(re.search(r"^done in (\d+) s;", text, re.M).group(1)),
+            "sent": re.search(r"^sent: (.*)$", text, re.M).group(1),
+            "mb": {m.group(1): float(m.group(2))
+                   for m in re.finditer(r"^\| ([^|]+?) \| \w+ \| \S+ \| ([\d.]+) \|$", text, re.M)}}
+
+
+def test_the_prepared_no_compiler_start_is_its_saved_run():
+    """DEPLOY's check of a prepared image without nvcc: prepare's times, its FlashInfer folder against the greedy-only
+    prepare's, the sampled requests it sent; the server on those caches with no nvcc, its start from its first log
+    line to ready, the prebuilt decode, and a soak of 160 clients whose every check passed."""
+    deploy = flat((ROOT / "docs/DEPLOY.md").read_text())
+    now, before = prepare_report(PREPARED), prepare_report(GREEDY_PREPARED)
+    flashinfer = "FlashInfer JIT (SGLang's norms, sampling, prefill)"
+    assert "sampled prompts (top-k and top-p; min-p)" in now["sent"] and "sampled" not in before["sent"]
+    assert (f"On a fresh H200 `prepare` took {now['done_s']} s (the server ready after {now['ready_s']} s) and filled "
+            f"{now['mb'][flashinfer]} MB of FlashInfer kernels ({before['mb'][flashinfer]} MB in the same table where "
+            "it sent greedy requests only)") in deploy
+    assert "no nvcc on PATH" in (PREPARED / "compiler.txt").read_text()
+    assert "hidden in a private mount namespace" in (PREPARED / "hiding.txt").read_text()
+    lines = read_log(PREPARED / "server_lines.log.xz")
+    start = re.search(r"^\[\S+ ([\d:]+)\] server_args=", lines, re.M).group(1)
+    ready = re.search(r"^\[\S+ ([\d:]+)\] The server is fired up", lines, re.M).group(1)
+    assert "SnapMLA decode: sm_90a CUDA kernel, prebuilt library" in lines
+    soak = read_json(PREPARED / "soak.json")
+    assert len(soak["checks"]) == 7 and all(soak["checks"].values()) and soak["tracebacks"] == 0
+    assert (f"a snapmla server started on those caches in {seconds(ready) - seconds(start):.0f} s on the prebuilt "
+            f"sm_90a decode and passed a {soak['load_s'] / 60:.0f}-minute soak of {soak['clients']} clients") in deploy
+    assert f"the soak ran as the script runs it, {soak['seconds']:.0f} s," in deploy
