@@ -540,12 +540,6 @@ def bmm_section() -> str:
     return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())["SGL_USE_DEEPGEMM_BMM=1"]
 
 
-def x_range(values: list[float]) -> str:
-    """Ratios as the docs quote several runs: 'a.bbx' where they agree to two places, else 'lo-hix'."""
-    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-    return f"{lo}x" if lo == hi else f"{lo}-{hi}x"
-
-
 def test_the_deepgemm_bmm_rows_ratios_and_prefill_rates_are_the_saved_runs():
     """snapmla and flashmla BF16 with SGL_USE_DEEPGEMM_BMM=1, three runs on warm hosts: each row as its JSON holds it
     (in its command's order), with the 8 192-token prefill rates of its server log; the per-run ratios and the bold
@@ -559,16 +553,18 @@ def test_the_deepgemm_bmm_rows_ratios_and_prefill_rates_are_the_saved_runs():
     env = " ".join(f"{k}={v}" for k, v in DEEPGEMM_BMM_ENV.items())
     assert f"Every run sets `{env}`" in flat
     rows = [ln for ln in text.splitlines() if re.match(r"\| \d \| (snapmla|flashmla BF16) \|", ln)]
-    expected, ratios, rates, workloads = [], [], [], set()
+    expected, ratios, rates, workloads, first_in_command = [], [], [], set(), []
     for n, folder in enumerate(BMM_RUNS, 1):
         saved = read_json(folder / "serve_bench.json")
         runs = {r["run"]: r for r in saved}
         assert set(runs) == set(BMM_LABELS) and len(saved) == 2, folder
+        first_in_command.append(saved[0]["run"])
         logs = {name: read_log(folder / f"server_{name}.log.xz") for name in runs}
+        rates.append({name: prefill_rates(log) for name, log in logs.items()})
         for r in saved:
             assert all(f"{k}={v}" in r["cmd"] for k, v in DEEPGEMM_BMM_ENV.items()) and r["completed"] == 32, folder
             workloads.add(repr(r["workload"]))
-            batches = prefill_rates(logs[r["run"]])
+            batches = rates[-1][r["run"]]
             assert len(batches) == 4, (folder, r["run"])
             expected.append((f"| {n} | {BMM_LABELS[r['run']]} | {r['startup_s']:.1f} | {r['output_tok_s']:,.0f} | "
                              f"{r['median_tpot_ms']:.1f} | {r['median_ttft_ms']:,.0f} | "
@@ -579,15 +575,13 @@ def test_the_deepgemm_bmm_rows_ratios_and_prefill_rates_are_the_saved_runs():
         ratios.append((s["output_tok_s"] / b["output_tok_s"], s["median_tpot_ms"] / b["median_tpot_ms"],
                        s["median_ttft_ms"] / b["median_ttft_ms"]))
         assert f"| {n} | {ratios[-1][0]:.2f}x | {ratios[-1][1]:.2f}x | {ratios[-1][2]:.2f}x |" in text, n
-        rates.append({name: prefill_rates(log) for name, log in logs.items()})
         assert ("snapmla: q_nope [tokens, heads, 512] arrives head-major, padded: 256 rows per head for 32 tokens "
                 "(DeepGEMM's masked GEMM)") in logs["snapmla-deepgemm-bmm"], folder
         assert f"{s['pool_tokens'] / b['pool_tokens']:.2f}x BF16's tokens" in flat
     assert rows == expected and len(workloads) == 1
     # the second run's command lists BF16 first, the others snapmla
-    assert [read_json(f / "serve_bench.json")[0]["run"] for f in BMM_RUNS] == [
-        "snapmla-deepgemm-bmm", "flashmla-deepgemm-bmm", "snapmla-deepgemm-bmm"]
-    out, tpot, ttft = (x_range([r[i] for r in ratios]) for i in range(3))
+    assert first_in_command == ["snapmla-deepgemm-bmm", "flashmla-deepgemm-bmm", "snapmla-deepgemm-bmm"]
+    out, tpot, ttft = (quoted_range([f"{r[i]:.2f}x" for r in ratios]) for i in range(3))
     assert (f"snapmla made {out} BF16's output rate at {tpot} its TPOT p50 and {ttft} its TTFT p50") in flat
     first = rates[0]
     assert (f"In the first its 8 192-token prefill batches ran at {k_range(first['snapmla-deepgemm-bmm'])} tokens/s "
