@@ -1,5 +1,6 @@
-"""Every figure the README quotes in "Why use it" and its measurement table is in the docs section it cites, and that
-section names its data in results/ (a missing file, a section renamed away, a figure that is not the section's fail)."""
+"""Every figure the README quotes in "Why use it", its measurement table and the notes under it is in the docs section
+it cites, and that section names its data in results/ (a missing file, a section renamed away, a figure that is not
+the section's fail). Figures: ratios (1.33x) and measured quantities (µs, ms, TB/s, tok/s, %, nats)."""
 
 import re
 from pathlib import Path
@@ -35,10 +36,15 @@ def citations(text: str) -> list[tuple[str, str]]:
 
 
 def figures(text: str) -> list[str]:
-    """The ratios a text quotes: every number of "1.33x", "0.76-0.80x", "1.73x / 1.31x"."""
+    """The figures a text quotes: every number of a ratio ("1.33x", "0.76-0.80x", "1.73x / 1.31x") or of a measured
+    quantity ("340.3 µs", "3.8-4.05 TB/s", "97.8 / 94.7 %", "0.017-0.018 nats", "498 against 298 tok/s")."""
     out = []
     for low, high in re.findall(r"(\d+\.\d+)(?:-(\d+\.\d+))?x", text):
         out += [low] + ([high] if high else [])
+    number = r"\d+(?:\.\d+)?"
+    quantity = rf"((?:{number}(?:-{number})?(?: / | against ))*{number}(?:-{number})?) ?(?:µs|ms|TB/s|tok/s|%|nats)\b"
+    for run in re.findall(quantity, text):
+        out += re.findall(number, run)
     return out
 
 
@@ -93,3 +99,24 @@ def test_each_why_use_it_figure_is_in_what_it_cites(bullet):
     assert cited, f"this bullet cites nothing: {bullet[:80]}"
     missing = [f for f in figures(bullet_text) if f not in cited]
     assert not missing, f"{missing} not in what the bullet cites ({names})"
+
+
+def notes_under_the_table() -> list[str]:
+    """The paragraphs between the measurement table and the next section, which quote figures of their own."""
+    part = README[README.index("## Measurements"):README.index("## Correct where it is used")]
+    after = part[part.rindex("\n| "):].split("\n\n")[1:]
+    return [p for p in after if figures(p)]
+
+
+@pytest.mark.parametrize("note", notes_under_the_table(), ids=lambda n: n[:20])
+def test_each_note_under_the_table_is_in_what_it_cites(note):
+    text = re.sub(r"\s+", " ", note)
+    sentences = re.split(r"(?<=\.) (?=[A-Z])", text)
+    for sentence in sentences:
+        if not figures(sentence):
+            continue
+        cited = "".join(cited_section(name, doc) for doc, name in citations(sentence))
+        for doc in re.findall(r"docs/([\w-]+\.md)(?! \")", sentence):  # a whole doc named without a section
+            cited += DOCS[doc]
+        missing = [f for f in figures(sentence) if f not in cited]
+        assert cited and not missing, f"{missing} not in what this sentence cites: {sentence[:120]}"
