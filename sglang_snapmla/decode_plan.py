@@ -86,19 +86,20 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device,
 
 # Memoized (~30 us of Python per ask for 64 candidates): the backend asks once per step and per absorbed-extend
 # launch of a batch, and the same shapes recur step after step; the answer depends on these shapes only.
+def predicted_decode_us(batch: int, rows: int, max_pages: int, splits: int, sms: int) -> float:
+    """The cost model's time of the sm_90a decode and its combine, in us, for `batch` sequences of `rows` query rows
+    and `max_pages` pages in `splits` splits; `sms` > 0 counts the waves of batch x tiles x splits CTAs on that many
+    SMs, 0 prices every count as one wave."""
+    waves = math.ceil(batch * math.ceil(rows / CUDA_ROWS) * splits / sms) if sms else 1
+    partial_mb = batch * rows * splits * KV_LORA_RANK * 4 / 1e6
+    return (waves * (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_WAVE_US)
+            + CUDA_PARTIAL_US_PER_MB * partial_mb + CUDA_COMBINE_US_PER_SPLIT * splits)
+
+
 @functools.lru_cache(maxsize=4096)
 def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int, sms: int) -> int:
-    """The cheapest count in 1..most; `sms` > 0 counts the waves of batch x tiles x splits CTAs on that many SMs,
-    0 prices every count as one wave."""
-    tiles = math.ceil(rows / CUDA_ROWS)
-
-    def cost(splits: int) -> float:
-        waves = math.ceil(batch * tiles * splits / sms) if sms else 1
-        partial_mb = batch * rows * splits * KV_LORA_RANK * 4 / 1e6
-        return (waves * (CUDA_PAGE_US * math.ceil(max_pages / splits) + CUDA_WAVE_US)
-                + CUDA_PARTIAL_US_PER_MB * partial_mb + CUDA_COMBINE_US_PER_SPLIT * splits)
-
-    return min(range(1, most + 1), key=lambda s: (cost(s), -s))
+    """The cheapest count in 1..most under `predicted_decode_us` (`sms` as there)."""
+    return min(range(1, most + 1), key=lambda s: (predicted_decode_us(batch, rows, max_pages, s, sms), -s))
 
 
 # The sm_90a decode stores a CTA's fp32 partial rows from the accumulator layout (a warp store covers 32 B of 8 rows),

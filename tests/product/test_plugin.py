@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -551,6 +552,20 @@ def pool(plugin):
 LAYER = SimpleNamespace(layer_id=1)
 
 
+@pytest.mark.parametrize("change,says", [({"page_size": 16}, "--page-size 64"), ({"page_size": 128}, "--page-size 64"),
+                                         ({"kv_lora_rank": 256}, "kv_lora_rank=512"),
+                                         ({"qk_rope_head_dim": 32}, "qk_rope_head_dim=64")])
+def test_a_pool_the_layout_cannot_hold_is_refused_naming_the_fix(plugin, change, says):
+    """Built directly (not through the server's arguments, which pin page size 64), the pool still refuses what the
+    644-byte layout and the kernels' 64-token pages cannot hold, saying what to pass instead."""
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    kw = dict(size=256, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=1,
+              device="cpu", enable_memory_saver=False)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        SnapMLATokenToKVPool(**{**kw, **change})
+
+
 @pytest.mark.cpu_interpreter
 def test_pool_layout_and_size(pool):
     n = 256 + 64
@@ -578,6 +593,10 @@ def test_pool_set_get_roundtrip_equals_quantize_dequantize(pool, gen):
     ref_nope, ref_rope = nx.dequantize_kv(nx.quantize_kv(nope[:, 0], rope[:, 0]))
     assert got_nope.shape == (T, 1, 512) and got_rope.shape == (T, 1, 64)
     assert torch.equal(got_nope[:, 0], ref_nope) and torch.equal(got_rope[:, 0], ref_rope)
+    # rows in the dtype the caller asks for (the dequantized fp32 products, rounded once to it)
+    wide_nope, wide_rope = pool.get_mla_kv_buffer(LAYER, loc, torch.float32)
+    assert wide_nope.dtype == wide_rope.dtype == torch.float32
+    assert torch.equal(wide_nope[:, 0], ref_nope.float()) and torch.equal(wide_rope[:, 0], ref_rope.float())
     # the concatenated 576-wide write path stores the same bytes
     loc2 = loc.flip(0)
     pool.set_kv_buffer(LAYER, loc2, torch.cat([nope, rope], -1), None)
