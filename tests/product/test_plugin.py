@@ -316,13 +316,14 @@ V3 = ROOT / "configs/models/deepseek-v3-shape"
     (["--disaggregation-mode", "prefill", "--pp-size", "2"], "pp-size 1 on PD servers"),
     (["--flashinfer-mla-disable-ragged"], "flashinfer-mla-disable-ragged"),
     (["--dtype", "float16"], "--dtype bfloat16"),
+    (["--dtype", "half"], "--dtype bfloat16"),
     (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(V3)], "EAGLE3 is not supported"),
     (["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(V3)], "STANDALONE is not"),
     (["--speculative-algorithm", "NEXTN", "--speculative-eagle-topk", "2", "--speculative-num-steps", "2",
       "--speculative-num-draft-tokens", "4"], "eagle-topk 1"),
     (["--enable-unified-memory"], "enable-unified-memory is not supported"),
     (["--enable-kv-cache-sharding", "--tp", "2"], "enable-kv-cache-sharding is not supported"),
-], ids=["dcp", "pd-offload", "pd-pp", "no-ragged", "fp16", "eagle3", "standalone", "tree-draft", "unified-memory",
+], ids=["dcp", "pd-offload", "pd-pp", "no-ragged", "fp16", "half", "eagle3", "standalone", "tree-draft", "unified-memory",
         "kv-sharding"])
 def test_setups_that_assume_sglangs_pool_fail_at_startup(plugin, extra, match):
     """Options whose code paths read SGLang's 576-wide pool or need a kernel snapmla lacks: refused while the

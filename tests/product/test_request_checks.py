@@ -16,8 +16,10 @@ VOCAB = 32000
 @pytest.mark.parametrize("ids,params,logprob_ids,field", [
     ([1000000000, -5, 3], {}, None, "input_ids[0] = 1000000000"),
     ([3, -5], {}, None, "input_ids[1] = -5"),
+    ([-1, 3], {}, None, "input_ids[0] = -1"),
     ([0, VOCAB], {}, None, f"input_ids[1] = {VOCAB}"),
     ([1, 2], {"stop_token_ids": [7, VOCAB + 3]}, None, "sampling_params.stop_token_ids[1]"),
+    ([1, 2], {"stop_token_ids": [7, 2.5]}, None, "sampling_params.stop_token_ids[1] = 2.5"),  # scattered as an index
     ([1, 2], {"logit_bias": {"5": 1.0, "-1": 2.0}}, None, "sampling_params.logit_bias[1] = -1"),
     ([1, 2], {}, [4, VOCAB], "token_ids_logprob[1]"),
 ])
