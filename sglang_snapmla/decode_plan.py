@@ -84,8 +84,6 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device,
                                  sms or _num_sms(device.index or 0))
 
 
-# Memoized (~30 us of Python per ask for 64 candidates): the backend asks once per step and per absorbed-extend
-# launch of a batch, and the same shapes recur step after step; the answer depends on these shapes only.
 def predicted_decode_us(batch: int, rows: int, max_pages: int, splits: int, sms: int) -> float:
     """The cost model's time of the sm_90a decode and its combine, in us, for `batch` sequences of `rows` query rows
     and `max_pages` pages in `splits` splits; `sms` > 0 counts the waves of batch x tiles x splits CTAs on that many
@@ -96,6 +94,8 @@ def predicted_decode_us(batch: int, rows: int, max_pages: int, splits: int, sms:
             + CUDA_PARTIAL_US_PER_MB * partial_mb + CUDA_COMBINE_US_PER_SPLIT * splits)
 
 
+# Memoized (~30 us of Python per ask for 64 candidates): the backend asks once per step and per absorbed-extend
+# launch of a batch, and the same shapes recur step after step; the answer depends on these shapes only.
 @functools.lru_cache(maxsize=4096)
 def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int, sms: int) -> int:
     """The cheapest count in 1..most under `predicted_decode_us` (`sms` as there)."""
