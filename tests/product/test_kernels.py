@@ -1,6 +1,5 @@
 """Triton kernels vs the reference numerics (CPU: interpreter with the fix-up; same tests run on a GPU)."""
 
-import json
 import math
 import re
 from pathlib import Path
@@ -8,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.results import read_json
 from helpers import HARD_DECODE_CASES, assert_close, golden_args, paged_problem, pool_arrays
 from sglang_snapmla import numerics as nx
 from sglang_snapmla import decode_plan, ops
@@ -465,7 +465,7 @@ def test_the_split_cost_model_predicts_the_measured_sweep():
     every time within 13 % (10.5-12.1 % at most now) and at least 76 of the 84 pairs of counts in the measured order
     (78 now). The partials' term decides both: without it b96 at 8 splits is predicted 22 % fast and 68 pairs keep
     their order."""
-    data = json.loads((ROOT / "results/bench/split_sweep_h200_h128_between_waves.json").read_text())
+    data = read_json(ROOT / "results/bench/split_sweep_h200_h128_between_waves.json")
     ordered = pairs = 0
     for name, run in data.items():
         batch, s_k = (int(x) for x in re.fullmatch(r"h128_b(\d+)_sk(\d+)", name).groups())

@@ -542,12 +542,17 @@ def test_fresh_process_registers_through_load_plugins():
 # ------------------------------------------------------------------------------------------------------------
 # pool
 # ------------------------------------------------------------------------------------------------------------
+# the pool's arguments as SGLang passes them for a DeepSeek-shaped model on the interpreter's device; tests add the
+# size and the layers
+CPU_POOL = dict(page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64, device="cpu",
+                enable_memory_saver=False)
+
+
 @pytest.fixture
 def pool(plugin):
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
-    return SnapMLATokenToKVPool(size=256, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
-                                layer_num=2, device="cpu", enable_memory_saver=False)
+    return SnapMLATokenToKVPool(size=256, layer_num=2, **CPU_POOL)
 
 
 LAYER = SimpleNamespace(layer_id=1)
@@ -561,10 +566,8 @@ def test_a_pool_the_layout_cannot_hold_is_refused_naming_the_fix(plugin, change,
     644-byte layout and the kernels' 64-token pages cannot hold, saying what to pass instead."""
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
-    kw = dict(size=256, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64, layer_num=1,
-              device="cpu", enable_memory_saver=False)
     with pytest.raises(ValueError, match=re.escape(says)):
-        SnapMLATokenToKVPool(**{**kw, **change})
+        SnapMLATokenToKVPool(size=256, layer_num=1, **{**CPU_POOL, **change})
 
 
 @pytest.mark.cpu_interpreter
@@ -654,8 +657,7 @@ def test_disaggregation_transfer_reproduces_the_cache(plugin, gen):
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
     def make():
-        return SnapMLATokenToKVPool(size=64 * 8, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512,
-                                    qk_rope_head_dim=64, layer_num=2, device="cpu", enable_memory_saver=False)
+        return SnapMLATokenToKVPool(size=64 * 8, layer_num=2, **CPU_POOL)
 
     src, dst = make(), make()
     src_pages, dst_pages = [3, 5, 1], [7, 2, 4]
@@ -707,8 +709,7 @@ def test_a_pipeline_stage_pool_indexes_its_own_layers(plugin, gen):
     back their own rows, from arrays 0 and 1."""
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
-    stage = SnapMLATokenToKVPool(size=128, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512, qk_rope_head_dim=64,
-                                 layer_num=2, device="cpu", enable_memory_saver=False, start_layer=5, end_layer=7)
+    stage = SnapMLATokenToKVPool(size=128, layer_num=2, start_layer=5, end_layer=7, **CPU_POOL)
     loc = torch.randperm(127, generator=gen)[:9] + 1
     rows = {}
     for layer_id in (5, 6):
