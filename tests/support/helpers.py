@@ -60,3 +60,42 @@ def ink_share(png) -> float:
         rgb = im.convert("RGB")
     background = max(rgb.getcolors(rgb.size[0] * rgb.size[1]))[0]
     return 1 - background / (rgb.size[0] * rgb.size[1])
+
+
+def doc_tables(section: str) -> list[list[dict[str, str]]]:
+    """The markdown tables of a doc section, in order: each a list of rows, heading -> cell (stripped), with an empty
+    first cell filled from the row above (the docs leave a group's name out under its first row)."""
+    import re
+
+    tables = []
+    for block in re.findall(r"(?:^\|.*\|[ \t]*\n?)+", section, re.M):
+        cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in block.strip().splitlines()]
+        head, rows = cells[0], [dict(zip(cells[0], r, strict=True)) for r in cells[2:]]
+        for above, row in zip(rows, rows[1:]):
+            if row[head[0]] == "":
+                row[head[0]] = above[head[0]]
+        tables.append(rows)
+    return tables
+
+
+def cell_numbers(cell: str) -> list[tuple[float | None, float]]:
+    """The numbers a table cell shows, each as (value, half a unit of its last printed digit): '**5 189** (1.04x)' ->
+    5189 and 1.04, '2.12M' -> 2.12e6 (+-5e3), '38 ms (1 500 running)' -> 38 and 1500; a cell that is only '-' ->
+    [(None, 0)]. Thousands are separated by spaces, as the docs print them."""
+    import re
+
+    if cell.replace("*", "").strip() == "-":
+        return [(None, 0.0)]
+    out = []
+    for whole, frac, mega in re.findall(r"(\d{1,3}(?: \d{3})+|\d+)(\.\d+)?(M?)", cell.replace("*", "")):
+        scale, decimals = (1e6 if mega else 1.0), (len(frac) - 1 if frac else 0)
+        out.append((float(whole.replace(" ", "") + frac) * scale, 0.5 * 10.0 ** -decimals * scale))
+    return out
+
+
+def shows(cell: str, values: list, rel: float = 1e-9) -> bool:
+    """Whether a table cell shows exactly `values` (None for '-') at the precision it prints."""
+    numbers = cell_numbers(cell)
+    return len(numbers) == len(values) and all(
+        (shown is None) == (value is None) and (value is None or abs(shown - value) <= half + rel * abs(value))
+        for (shown, half), value in zip(numbers, values))
