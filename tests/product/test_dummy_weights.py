@@ -206,6 +206,22 @@ def test_loaded_model_check_names_a_kv_scale_that_is_not_one():
         dummy_weights.check_loaded_model(m)
 
 
+def test_the_load_check_runs_only_where_deployment_weights_were_asked_for(monkeypatch):
+    """The hook around DummyModelLoader.load_model: without the switch a dummy load keeps SGLang's random KV scales
+    (a BF16 config's server, or one measuring SGLang's own draw, must start); with it, a scale that is not 1.0 stops
+    the start, naming the layer."""
+    def load(loader):
+        m = tiny_block_fp8_model()
+        m.attn.k_scale_float, m.attn.v_scale_float = 0.00031, 0.00042  # SGLang's draw, after its processing
+        return m
+
+    monkeypatch.delenv(DUMMY_WEIGHTS_ENV, raising=False)
+    assert dummy_weights.load_model_check_hook(load, None).attn.k_scale_float == 0.00031
+    monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "deployment")
+    with pytest.raises(RuntimeError, match=r"attn: k_scale 0.00031, v_scale 0.00042"):
+        dummy_weights.load_model_check_hook(load, None)
+
+
 def test_an_unknown_switch_value_is_refused(monkeypatch):
     monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "real")
     with pytest.raises(ValueError, match="'deployment'"):
