@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-CITATION = re.compile(r'docs/((?:history/)?[\w-]+\.md)[,;:]?\s*((?:"[^"]+"(?:\s*(?:and|,|or)\s*)?)+)')
+CITATION = re.compile(r'docs/([\w-]+\.md)[,;:]?\s*((?:"[^"]+"(?:\s*(?:and|,|or)\s*)?)+)')
 
 
 def citing_files() -> list[Path]:
