@@ -151,3 +151,31 @@ def test_a_changed_figure_is_caught():
     for col in ("output tok/s (bench_serving)", "engine output tok/s", "step at the peak", "pool tokens"):
         changed = {**snap, col: re.sub(r"\d(?=\D*$)", lambda m: str((int(m.group()) + 1) % 10), snap[col], count=1)}
         assert [m.split(":")[0] for m in mismatches([changed, table[1]], runs)] == [f"snapmla / {col}"], col
+
+
+def test_the_startup_table_is_its_saved_run():
+    """docs/BENCHMARKS.md "Start-up, cold and warm": each row's phases (`benchmarks.startup.phases`) and longest
+    silence are the saved run's (results/serve/startup_h200x4/startup.json)."""
+    from benchmarks import startup
+    from harness.results import read_json
+
+    (section,) = [t for h, t in doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text()).items()
+                  if h.startswith("Start-up, cold and warm")]
+    rows = read_json(SERVE / "startup_h200x4" / "startup.json")["rows"]
+    models = {"V3 shape": "deepseek-v3-shape", "V2-Lite shape": "deepseek-v2-lite-shape"}
+    backends = {"snapmla": "snapmla", BASE: "flashmla"}
+    table = doc_tables(section)[0]
+    assert len(table) == len(rows)
+    bad = []
+    for row in table:
+        (run,) = [r for r in rows if (r["model"], r["pass"], r["backend"]) == (models[row["model"]], row["pass"],
+                                                                              backends[row["backend"]])]
+        p = startup.phases(run)
+        expected = {"to ready s": p["ready_s"], "before the log s": p["before_log_s"], "weights s": p["weights_s"],
+                    "decode graphs s": p["graphs_s"], "first request s": p["first_request_s"],
+                    "longest silence": run["log"]["silences"][0][0]}
+        assert set(row) - {"model", "pass", "backend"} == set(expected), row
+        bad += [f"{row['model']} {row['pass']} {row['backend']} / {col}: {row[col]!r} against {value}"
+                for col, value in expected.items()
+                if not shows(row[col].split(" before")[0].split(",")[0], [value])]
+    assert not bad, "\n".join(bad)

@@ -21,6 +21,8 @@ TABLES = [
     ("BENCHMARKS-PREFIX-CACHE.md", "With the record kernels", "hicache_record_kernels_h200"),
     ("BENCHMARKS-SEVERAL-GPUS.md", "Prefix-heavy serving, two GPUs under DP attention", "v3_h200x2_dp2_prefix"),
     ("BENCHMARKS-SEVERAL-GPUS.md", "Four GPUs under DP attention", "v3_h200x4_dp4"),
+    ("BENCHMARKS-H100.md", "Prefix-heavy serving (H100, V2-Lite shape)", "v2lite_h100_prefix"),
+    ("BENCHMARKS.md", "Kimi-K2 shape (one H200)", "kimi_k2_h200"),
 ]
 
 BACKENDS = {"snapmla": "snapmla", "flashmla BF16": "flashmla", "flashmla FP8": "flashmla-fp8",
@@ -57,6 +59,7 @@ COLUMNS = {
     "vs flashmla BF16 + HiCache": lambda m, ref: [_ratio(m["output_tok_s"], ref["flashmla-hicache"]["output_tok_s"])],
     "TTFT p50 / mean vs BF16": lambda m, ref: [_ratio(m[k], ref["flashmla"][k]) for k in ("median_ttft_ms",
                                                                                            "mean_ttft_ms")],
+    "TTFT p50 vs BF16": lambda m, ref: [_ratio(m["median_ttft_ms"], ref["flashmla"]["median_ttft_ms"])],
     "TTFT p50 vs flashmla BF16 + HiCache": lambda m, ref: [_ratio(m["median_ttft_ms"],
                                                                    ref["flashmla-hicache"]["median_ttft_ms"])],
     "TTFT p50 vs it": lambda m, ref: [_ratio(m["median_ttft_ms"], ref["flashmla-hicache"]["median_ttft_ms"])],
