@@ -28,3 +28,51 @@ def test_rounds_reduce_to_their_median_and_the_table_compares_with_the_first_run
 def test_the_schedule_run_is_snapmla_with_flashmlas_schedule_computed():
     assert RUNS["snapmla-flashmla-schedule"] == RUNS["snapmla"]
     assert RUN_ENV["snapmla-flashmla-schedule"] == {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}
+
+
+def _section(title: str) -> str:
+    from pathlib import Path
+
+    from helpers import doc_sections
+
+    root = Path(__file__).resolve().parents[2]
+    return doc_sections((root / "docs" / "DESIGN.md").read_text())[title]
+
+
+def test_design_doc_tpot_tables_are_the_saved_runs():
+    """docs/DESIGN.md "Per-step metadata (H200)": its two TPOT tables are `serve_tpot.table` of the saved runs, cell
+    for cell (the second without the one-round column, a run that died shown as such)."""
+    from pathlib import Path
+
+    from harness.results import read_json
+    from helpers import doc_tables
+
+    root = Path(__file__).resolve().parents[2]
+    doc = [t for t in doc_tables(_section("Per-step metadata (H200)")) if "concurrency" in t[0]]
+    for table, folder in zip(doc, ("v3_h200_tpot_flashmla_schedule", "v3_h200_tpot_backends"), strict=True):
+        saved = read_json(root / "results" / "serve" / folder / "serve_tpot.json")["summary"]
+        (printed,) = doc_tables(st.table(saved))
+        assert len(table) == len(printed), folder
+        for row, want in zip(table, printed):
+            printed_col = {col: col if col in want else col.replace(" BF16", "") for col in row}  # the run's label
+            if row["median TPOT ms"] == "-":  # the run that died: nothing measured
+                assert want["median TPOT ms"] == "None" and list(row.values())[-1] == "died", row
+                continue
+            assert {col: want[printed_col[col]] for col in row} == row, (folder, row)
+
+
+def test_design_doc_step_metadata_table_is_the_saved_run():
+    """The host-time table of "Per-step metadata (H200)" is results/bench/step_metadata_h200's rows."""
+    from pathlib import Path
+
+    from harness.results import read_json
+    from helpers import doc_tables, shows
+
+    root = Path(__file__).resolve().parents[2]
+    rows = read_json(root / "results" / "bench" / "step_metadata_h200" / "step_metadata.json")["rows"]
+    (table,) = [t for t in doc_tables(_section("Per-step metadata (H200)")) if "heads" in t[0]]
+    assert len(table) == len(rows)
+    for row, r in zip(table, rows):
+        values = [r["heads"], r["batch"], r["flashmla_schedule_us"], r["left_of_schedule_us"], r["snapmla_plan_us"],
+                  r["attention_layer_us"], 100 * r["schedule_share"]]
+        assert all(shows(cell, [v]) for cell, v in zip(row.values(), values, strict=True)), (row, r)
