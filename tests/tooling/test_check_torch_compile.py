@@ -41,3 +41,31 @@ def test_every_server_is_compared_with_flashmla_bf16_eager_when_it_ran():
     assert "| snapmla compiled | 1 | 0/1 | 0.00000 |" in ctc.reference_table(against)
     assert ctc.against_reference({"snapmla": results["snapmla"]}) == {}  # no reference run: no table rows
     assert ctc.against_reference({**results, "flashmla": {"eager": {"error": "x"}, "compiled": {"error": "x"}}}) == {}
+
+
+def test_the_accuracy_doc_quotes_the_saved_check():
+    """docs/ACCURACY.md "torch.compile": both tables are the tool's tables of
+    results/accuracy/torch_compile_h200 (the second regrouped by level, at 4 decimals)."""
+    import re
+    from pathlib import Path
+
+    from harness.results import read_json
+    from helpers import doc_sections, doc_tables
+    from tools import check_torch_compile as ctc
+
+    root = Path(__file__).resolve().parents[2]
+    section = doc_sections((root / "docs" / "ACCURACY.md").read_text())[
+        "torch.compile (`--enable-torch-compile`) against eager"]
+    doc_runs, doc_reference = doc_tables(section)[:2]
+    results = read_json(root / "results" / "accuracy" / "torch_compile_h200" / "check_torch_compile.json")
+    (printed,) = doc_tables(ctc.table(results))
+    assert [list(r.values()) for r in doc_runs] == [list(r.values()) for r in printed]
+    reference = {(r["server"], r["level"]): r for r in doc_tables(ctc.reference_table(ctc.against_reference(
+        results)))[0]}
+    assert len(doc_reference) == len({server for server, _ in reference}) - 1  # flashmla BF16 eager is the reference
+    for row in doc_reference:
+        server = re.sub(r"^SGLang FP8 \(flashmla-fp8\)", "flashmla-fp8", row["server"]).replace("flashmla BF16",
+                                                                                                 "flashmla")
+        for level, cell in (("1", row["level 1: mean abs dlogprob, identical"]), ("8", row["level 8"])):
+            r = reference[(server, level)]
+            assert cell == f"{float(r['mean abs dlogprob']):.4f}, {r['identical to flashmla eager']}", (row, r)
