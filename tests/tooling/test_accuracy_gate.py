@@ -139,3 +139,88 @@ def test_eviction_runs_between_the_level_one_and_the_radix_pass(monkeypatch, tmp
     assert evicting and all(k == "other" and new == 1 for k, _, new in evicting)
     assert sum(len(ids) for _, ids, _ in evicting) >= 20000
     assert len({ids[0] for _, ids, _ in evicting}) == len(evicting)  # no two share a cached prefix
+
+
+# Every gate table of docs/ACCURACY.md, in the doc's order: the saved run it shows (None: the tensor-parallel table,
+# printed by the script on a host whose data was not kept, as the doc says) and its rows' runs.
+GATE_TABLES = [
+    ("results/accuracy/accuracy_gate_fp8_h128.json", {"flashmla FP8 (SGLang)": "flashmla-fp8",
+                                                       "FlashInfer MLA, FP8 cache (SGLang)": "flashinfer-fp8",
+                                                       "snapmla (sm_90a decode)": "snapmla"}),
+    ("results/accuracy/accuracy_gate_fp8_h64.json", {"flashmla FP8 (SGLang)": "flashmla-fp8",
+                                                      "snapmla (sm_90a decode)": "snapmla"}),
+    ("results/accuracy/accuracy_gate.json", {"SGLang FP8 (flashmla, `--kv-cache-dtype fp8_e4m3`)": "flashmla-fp8",
+                                             "snapmla (sm_90a decode)": "snapmla",
+                                             "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    ("results/accuracy/gate_narrow_h200/accuracy_gate.json", {
+        "snapmla (sm_90a narrow decode)": "snapmla", "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    ("results/accuracy/gate_fillers160/accuracy_gate.json", {
+        "SGLang FP8": "flashmla-fp8", "snapmla (sm_90a decode)": "snapmla",
+        "snapmla with the capture-view bug": "snapmla-capture-view-bug",
+        "snapmla, `SNAPMLA_DECODE_IMPL=triton`": "snapmla-triton"}),
+    ("results/accuracy/accuracy_gate_h128.json", {"snapmla (sm_90a decode)": "snapmla",
+                                                  "snapmla, `SNAPMLA_DECODE_IMPL=triton`": "snapmla-triton",
+                                                  "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    (None, {}),
+    ("results/accuracy/accuracy_gate_h128_dp2.json", {"flashmla FP8 (`fp8_e4m3`)": "flashmla-fp8",
+                                                      "snapmla (sm_90a decode)": "snapmla",
+                                                      "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    ("results/accuracy/accuracy_gate_h128_dp4.json", {"flashmla FP8 (`fp8_e4m3`)": "flashmla-fp8",
+                                                      "snapmla (sm_90a decode)": "snapmla",
+                                                      "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    ("results/serve/pp2_h200x2/accuracy_gate.json", {"snapmla, `--pp-size 2`": "snapmla"}),
+    ("results/accuracy/gate_fp8_weights_h200/accuracy_gate.json", {
+        "SGLang FP8 (flashmla, `--kv-cache-dtype fp8_e4m3`)": "flashmla-fp8",
+        "snapmla (sm_90a decode; radix prefill absorbed)": "snapmla",
+        "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+]
+
+
+def gate_tables() -> list[tuple[str, list[dict[str, str]]]]:
+    """(the text before it since the previous table, the table) for each gate table of docs/ACCURACY.md."""
+    import re
+    from pathlib import Path
+
+    from helpers import doc_tables
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "ACCURACY.md").read_text()
+    out, start = [], 0
+    for m in re.finditer(r"^\| run \| largest decode batch.*\n(?:\|.*\n?)+", doc, re.M):
+        out.append((doc[start:m.start()], doc_tables(m.group())[0]))
+        start = m.end()
+    return out
+
+
+def gate_cells(saved: dict, run: str) -> list[str]:
+    """A row's cells as the gate prints them: largest decode batch, each level's error and identical probes, the
+    verdict (the levels that did not hold all their fillers beside it)."""
+    from tools.accuracy_gate import gate, not_held
+
+    verdict = gate(saved[run]["levels"], saved["flashmla"]["levels"])
+    short = not_held(saved[run]["levels"])
+    return [str(saved[run]["max_running"]),
+            *(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/32"
+              for v in (verdict["levels"][lv] for lv in ("1", "8", "64", "160", "512", "radix"))),
+            verdict["gate"] + (f" (fewer fillers: {', '.join(short)})" if short else "")]
+
+
+def test_every_gate_table_of_the_accuracy_doc_is_its_saved_run():
+    """Each cell of each gate table in docs/ACCURACY.md recomputed from the probes' saved tokens and logprobs
+    against flashmla BF16's (`accuracy_gate.gate`), the run named in the text above the table."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    root = Path(__file__).resolve().parents[2]
+    tables = gate_tables()
+    assert len(tables) == len(GATE_TABLES)
+    for (before, table), (data, rows) in zip(tables, GATE_TABLES):
+        if data is None:
+            assert "as the script printed it" in before
+            continue
+        assert data.rsplit("/accuracy_gate.json", 1)[0] in before or data in before, data
+        saved = read_json(root / data)
+        assert [r["run"] for r in table] == list(rows), data
+        for row in table:
+            cells = list(row.values())[1:]
+            assert cells == gate_cells(saved, rows[row["run"]]), (data, row["run"])
