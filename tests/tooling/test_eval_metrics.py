@@ -77,3 +77,24 @@ def test_the_summary_keeps_the_tables_figures_without_the_token_lists(monkeypatc
     assert lines[3] == ("| other | 10.5000 | 1.0500 | 66.7 % | 100.0 % | 0.0 % | 1/1 | 1 | 0.050 | 100 % | 100.0 % "
                         "| 50.0 % |")
     assert lines[4].startswith("| broken | error: died |")
+
+
+def test_the_accuracy_doc_quotes_the_saved_fp8_path_evaluation():
+    """docs/ACCURACY.md "The serving gate and the trained-model evaluation with SGLang's FP8 paths": the evaluation
+    table is `eval_trained_model.table` of results/accuracy/eval_trained_model_fp8_h128, number for number."""
+    from pathlib import Path
+
+    from harness.results import read_json
+    from helpers import cell_numbers, doc_sections, doc_tables
+    from tools import eval_trained_model as etm
+
+    root = Path(__file__).resolve().parents[2]
+    section = doc_sections((root / "docs" / "ACCURACY.md").read_text())[
+        "The serving gate and the trained-model evaluation with SGLang's FP8 paths"]
+    (doc,) = [t for t in doc_tables(section) if "backend" in t[0]]
+    saved = read_json(root / "results/accuracy/eval_trained_model_fp8_h128.json")
+    (printed,) = doc_tables(etm.table(etm.summarize(saved)))
+    assert len(doc) == len(printed)
+    for row, want in zip(doc, printed):
+        assert [cell_numbers(c) for c in list(row.values())[1:]] == [
+            cell_numbers(c.replace("- %", "-")) for c in list(want.values())[1:]], (row, want)
