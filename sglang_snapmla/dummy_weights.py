@@ -32,15 +32,14 @@ block-FP8 config (`harness.server.dummy_weights_env`).
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from .block_fp8 import quantize_block_fp8
+from .settings import DUMMY_WEIGHTS_ENV, requested_dummy_weights
 
 logger = logging.getLogger(__name__)
 
-DUMMY_WEIGHTS_ENV = "SNAPMLA_DUMMY_WEIGHTS"  # deployment: the fix below; unset or "sglang": SGLang's own draw
 HOOK_TARGET = "sglang.srt.model_loader.loader.initialize_dummy_weights"
 CHECK_TARGET = "sglang.srt.model_loader.loader.DummyModelLoader.load_model"
 SEED = 4321
@@ -49,7 +48,7 @@ ROW_CHUNK = 4096  # rows (or experts) quantized at once: bounds the float32 temp
 
 def requested() -> bool:
     """Whether this process asks for deployment-like dummy weights; any value but the two named is refused."""
-    value = os.environ.get(DUMMY_WEIGHTS_ENV, "sglang")
+    value = requested_dummy_weights()
     if value not in ("sglang", "deployment"):
         raise ValueError(f"{DUMMY_WEIGHTS_ENV}={value!r}: set it to 'deployment' (block-FP8 dummy weights as a "
                          "deployment's, docs/DEPLOY.md) or 'sglang' (SGLang's own draw), or unset it")

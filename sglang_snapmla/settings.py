@@ -1,4 +1,6 @@
-"""The environment switches of sglang-snapmla, all read here (docs/DEPLOY.md, "Environment variables").
+"""The environment switches of sglang-snapmla, all read here (docs/DEPLOY.md, "Environment variables"; the kernel
+development switch SNAPMLA_CUDA_SOURCE_DIR: docs/DEVELOPING.md). SGLang's own SGLANG_MAX_KV_CHUNK_CAPACITY, which
+snapmla bounds on block-FP8 weights, is read and set where it is bounded (`extend.bound_mha_chunk_capacity`).
 
 Each is read when it is used, not at import: a test, or a process that sets one after importing the plugin, sees
 the value of the moment.
@@ -17,6 +19,8 @@ HICACHE_COPIES_ENV = "SNAPMLA_HICACHE_COPIES"  # kernels (default) | torch: what
 # (measuring what skipping it saves, benchmarks/serve_tpot.py)
 FLASHMLA_SCHEDULE_ENV = "SNAPMLA_FLASHMLA_SCHEDULE"
 CUDA_SOURCE_DIR_ENV = "SNAPMLA_CUDA_SOURCE_DIR"  # kernel development: build the CUDA decode from another source dir
+# deployment | sglang (default): how `--load-format dummy` draws a block-FP8 model (`dummy_weights`)
+DUMMY_WEIGHTS_ENV = "SNAPMLA_DUMMY_WEIGHTS"
 
 
 def interpreter_mode() -> bool:
@@ -50,3 +54,7 @@ def flashmla_schedule_computed() -> bool:
 
 def cuda_source_dir() -> str | None:
     return os.environ.get(CUDA_SOURCE_DIR_ENV) or None
+
+
+def requested_dummy_weights() -> str:
+    return os.environ.get(DUMMY_WEIGHTS_ENV, "sglang")
