@@ -16,6 +16,7 @@ def test_groups_keep_padding_under_a_third_and_skip_empty_spans():
     for g in groups:
         assert all(lens[i] >= extend.LAUNCH_FILL * lens[g[0]] for i in g)
     assert sorted(i for g in groups for i in g) == [i for i, e in enumerate(lens) if e]
+    assert extend.group_requests([4, 3, 2]) == [[0, 1], [2]]  # exactly 3/4 of the longest still joins: 33 % padding
 
 
 @pytest.mark.parametrize("heads", [16, 128])

@@ -59,6 +59,16 @@ def test_a_users_value_above_the_capacity_is_refused_with_the_fix_and_one_below_
     assert env == {ENV: "32768"}
 
 
+def test_the_refusal_starts_one_token_above_the_capacity():
+    """At 128 heads 65 536 tokens (64 Ki, a value a user picks) make kv_b_proj's output exactly 2^31 elements, one
+    past what the GEMM addresses: refused; the capacity itself, 65 472, is kept."""
+    fp8 = config("deepseek-v3-fp8-dp-attention")
+    for value in ("65536", "65473"):
+        with pytest.raises(SnapMLAInputError, match=f"{ENV}={value} is above 65472"):
+            extend.bound_mha_chunk_capacity(fp8, 128, {ENV: value})
+    assert extend.bound_mha_chunk_capacity(fp8, 128, {ENV: "65472"}) == 65472
+
+
 def test_the_plugin_bounds_it_where_it_builds_the_backend(monkeypatch):
     """`plugin._create_backend`, SGLang's factory for `--attention-backend snapmla`, bounds the capacity from the
     model's config and the backend's heads per GPU, in the process that builds it."""
