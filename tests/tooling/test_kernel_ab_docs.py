@@ -1,0 +1,85 @@
+"""docs/KERNEL.md "What is in the schedule, and why": each H200 A/B row that names its run in results/bench/ quotes that
+run's times. Every "before → after" pair of the row (a time, or the range of the two interleaved rounds) is one
+shape's of the run, and each head count's percentage range is the run's over its shapes."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.results import read_json
+from helpers import doc_sections, doc_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rounds(name: str) -> tuple[list[dict], list[dict]]:
+    """(rounds of the schedule before, rounds of the schedule in this tree): shape -> µs per round."""
+    d = read_json(ROOT / "results" / "bench" / name)
+    if "us" in d:
+        u = d["us"]
+        return [u["replaced softmax"], u["replaced softmax #2"]], [u["this kernel"], u["this kernel #2"]]
+    if "main" in d:
+        return [d["base"], d["base#2"]], [d["main"], d["main#2"]]
+    if "two_fragment_sets" in d:
+        return d["one_fragment_set"], d["two_fragment_sets"]
+
+    def by_shape(rows):
+        return {f"h{r['h']}x{r['b']}x{r['sk']}": r["us"] for r in rows if r["kernel"] == "snapmla_cuda_sm90"}
+    return [by_shape(d["published_after_next_qk"])], [by_shape(d["published_at_once"])]
+
+
+def _shown(values: list[float]) -> set[str]:
+    """How a doc may print these times: the range of the rounds in whole µs ('391-396', '100'), a half rounded
+    either way."""
+    ends = [{int(v + 0.5), int(v)} if abs(v - int(v) - 0.5) < 1e-9 else {round(v)} for v in (min(values), max(values))]
+    return {f"{lo:,}".replace(",", " ") if lo == hi else f"{lo}-{hi}".replace(",", " ")
+            for lo in ends[0] for hi in ends[1]}
+
+
+def rows_with_runs() -> list[tuple[str, str]]:
+    section = doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["What is in the schedule, and why"]
+    out = []
+    for row in doc_tables(section)[0]:
+        effect = list(row.values())[1]
+        m = re.search(r"results/bench/(kernels_h200_\w+_ab)\.json", effect)
+        if m and effect.startswith("H200"):
+            out.append((f"{m.group(1)}.json", effect))
+    return out
+
+
+PAIR = re.compile(r"(\d{1,3}(?: \d{3})*(?:-\d+)?) → (\d{1,3}(?: \d{3})*(?:-\d+)?)")  # "391-396 → 360-363"
+
+
+def times_of(effect: str) -> str:
+    """The row without what names a shape (heads, s_q, batch and keys), so that 's_q 2 394' is not read as 2 394."""
+    return re.sub(r"s_q \d|h\d+|b\d+ s_k \d+k", "", effect)
+
+
+def mismatches(name: str, effect: str) -> list[str]:
+    before, after = _rounds(name)
+    pairs = {(b, a) for shape in before[0] for b in _shown([r[shape] for r in before])
+             for a in _shown([r[shape] for r in after])}
+    bad = [f"{m.group(1)} → {m.group(2)}" for m in PAIR.finditer(times_of(effect))
+           if (m.group(1), m.group(2)) not in pairs]
+    for m in re.finditer(r"h(\d+) (-\d+\.\d) to (-\d+\.\d) %", effect):
+        change = sorted(100 * (after[0][s] / before[0][s] - 1) for s in before[0] if s.startswith(f"h{m.group(1)}x"))
+        if {f"{change[0]:.1f}", f"{change[-1]:.1f}"} != {m.group(2), m.group(3)}:
+            bad.append(f"h{m.group(1)} {m.group(2)} to {m.group(3)} %: the run's {change[0]:.1f} to {change[-1]:.1f}")
+    return bad
+
+
+@pytest.mark.parametrize("name, effect", rows_with_runs(), ids=[n for n, _ in rows_with_runs()])
+def test_each_h200_ab_row_quotes_its_run(name, effect):
+    assert len(PAIR.findall(times_of(effect))) == effect.count("→") >= 2  # every pair read
+    bad = mismatches(name, effect)
+    assert not bad, bad
+
+
+def test_the_rows_with_runs_are_found_and_a_changed_time_is_caught():
+    rows = dict(rows_with_runs())
+    assert len(rows) == 4
+    softmax = rows["kernels_h200_narrow_softmax_ab.json"].replace("391-396 → 360-363", "391-396 → 361-363")
+    assert mismatches("kernels_h200_narrow_softmax_ab.json", softmax)
+    p8 = rows["kernels_h200_p8_publication_ab.json"]
+    assert mismatches("kernels_h200_p8_publication_ab.json", p8.replace("h64 -2.0 to", "h64 -2.1 to"))
