@@ -75,6 +75,21 @@ def not_held(levels: dict) -> list[str]:
     return [f"c{lv}: {k}/{n}" for lv, v in levels.items() for k, n in [held(v)] if k < n]
 
 
+def level_columns() -> tuple[str, ...]:
+    """The table's level columns, in order (read when called: a test may run fewer LEVELS)."""
+    return (*map(str, LEVELS), RADIX)
+
+
+def row_cells(max_running: int, verdict: dict, short: list[str]) -> list[str]:
+    """A gate table row after the run's name: its largest decode batch, each level's error and identical probes ('-'
+    where the level did not run), the verdict (`gate`) with the levels that did not hold all their fillers (`not_held`)
+    beside it."""
+    return [str(max_running),
+            *(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/{PROBES}" if v else "-"
+              for v in (verdict["levels"].get(lv) for lv in level_columns())),
+            verdict["gate"] + (f" (fewer fillers: {', '.join(short)})" if short else "")]
+
+
 def max_running(log_path: Path) -> int:
     """The largest '#running-req' SGLang's scheduler logged (its decode batch)."""
     found = [int(m) for m in re.findall(r"#running-req: (\d+)", log_path.read_text(errors="replace"))]
@@ -171,10 +186,9 @@ def main():
     ref = results[ref_name]
     print(f"\nmodel {args.model}; server flags {args.server_flags or '(none)'}; reference {ref_name}; {PROBES} probes "
           f"x {PROBE_TOKENS} tokens; gate: error at every level <= {GATE_FACTOR} x level-1 error + {GATE_SLACK}")
-    columns = [*map(str, LEVELS), RADIX]
     print("| run | max decode batch | " + " | ".join(f"{lv if lv == RADIX else 'c' + lv}: mean abs dlogprob, identical"
-                                                   for lv in columns) + " | gate |")
-    print("|---|---:|" + "---:|" * len(columns) + "---|")
+                                                   for lv in level_columns()) + " | gate |")
+    print("|---|---:|" + "---:|" * len(level_columns()) + "---|")
     summary = {}
     for name, _, _ in runs[1:]:
         r = results[name]
@@ -183,13 +197,9 @@ def main():
             print(f"| {name} | error: {error} |")
             summary[name] = {"gate": "error"}
             continue
-        summary[name] = {**gate(r["levels"], ref["levels"]), "max_running": r["max_running"]}
-        cells = " | ".join(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/{PROBES}" if v else "-"
-                           for v in (summary[name]["levels"].get(lv) for lv in columns))
         short = not_held(r["levels"])
-        summary[name]["not_held"] = short
-        print(f"| {name} | {r['max_running']} | {cells} | {summary[name]['gate']}"
-              f"{' (fewer fillers: ' + ', '.join(short) + ')' if short else ''} |")
+        summary[name] = {**gate(r["levels"], ref["levels"]), "max_running": r["max_running"], "not_held": short}
+        print(f"| {name} | " + " | ".join(row_cells(r["max_running"], summary[name], short)) + " |")
     if "error" not in ref:
         short = not_held(ref["levels"])
         print(f"reference {ref_name}: " + ("fewer fillers at " + ", ".join(short) if short else

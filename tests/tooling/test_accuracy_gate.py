@@ -191,19 +191,6 @@ def gate_tables() -> list[tuple[str, list[dict[str, str]]]]:
     return out
 
 
-def gate_cells(saved: dict, run: str) -> list[str]:
-    """A row's cells as the gate prints them: largest decode batch, each level's error and identical probes, the
-    verdict (the levels that did not hold all their fillers beside it)."""
-    from tools.accuracy_gate import gate, not_held
-
-    verdict = gate(saved[run]["levels"], saved["flashmla"]["levels"])
-    short = not_held(saved[run]["levels"])
-    return [str(saved[run]["max_running"]),
-            *(f"{v['mean_abs_dlogprob']:.4f}, {v['identical']}/32"
-              for v in (verdict["levels"][lv] for lv in ("1", "8", "64", "160", "512", "radix"))),
-            verdict["gate"] + (f" (fewer fillers: {', '.join(short)})" if short else "")]
-
-
 def test_every_gate_table_of_the_accuracy_doc_is_its_saved_run():
     """Each cell of each gate table in docs/ACCURACY.md recomputed from the probes' saved tokens and logprobs
     against flashmla BF16's (`accuracy_gate.gate`), the run named in the text above the table."""
@@ -223,4 +210,6 @@ def test_every_gate_table_of_the_accuracy_doc_is_its_saved_run():
         assert [r["run"] for r in table] == list(rows), data
         for row in table:
             cells = list(row.values())[1:]
-            assert cells == gate_cells(saved, rows[row["run"]]), (data, row["run"])
+            run = saved[rows[row["run"]]]
+            verdict = ag.gate(run["levels"], saved["flashmla"]["levels"])
+            assert cells == ag.row_cells(run["max_running"], verdict, ag.not_held(run["levels"])), (data, row["run"])
