@@ -108,11 +108,16 @@ def runs_of(rows: dict, min_queue: int) -> dict:
     return out
 
 
-def table_of(name: str) -> list[dict[str, str]]:
-    title, index, _, _ = TABLES[name]
+def section_of(title: str) -> str:
+    """The docs/BENCHMARKS.md section whose heading starts with `title`."""
     (section,) = [t for h, t in doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text()).items()
                   if h.startswith(title)]
-    return doc_tables(section)[index]
+    return section
+
+
+def table_of(name: str) -> list[dict[str, str]]:
+    title, index, _, _ = TABLES[name]
+    return doc_tables(section_of(title))[index]
 
 
 def mismatches(table: list[dict[str, str]], runs: dict) -> list[str]:
@@ -159,12 +164,10 @@ def test_the_startup_table_is_its_saved_run():
     from benchmarks import startup
     from harness.results import read_json
 
-    (section,) = [t for h, t in doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text()).items()
-                  if h.startswith("Start-up, cold and warm")]
     rows = read_json(SERVE / "startup_h200x4" / "startup.json")["rows"]
     models = {"V3 shape": "deepseek-v3-shape", "V2-Lite shape": "deepseek-v2-lite-shape"}
     backends = {"snapmla": "snapmla", BASE: "flashmla"}
-    table = doc_tables(section)[0]
+    table = doc_tables(section_of("Start-up, cold and warm"))[0]
     assert len(table) == len(rows)
     bad = []
     for row in table:

@@ -71,14 +71,14 @@ def run_of(folder: str) -> dict[str, dict]:
     path = ROOT / "results" / "serve" / folder
     results = sp.reparse(load_results(path / "serve_prefix.json", None, True), path)
     (model_runs,) = results.values()
-    return {b: {**run.get("workloads", {}), "_pool": run.get("pool_tokens")} for b, run in model_runs.items()}
+    return {b: run.get("workloads", {}) for b, run in model_runs.items()}
 
 
 def mismatches(table: list[dict[str, str]], runs: dict[str, dict]) -> list[str]:
     out = []
     for row in table:
         backend = BACKENDS[row["backend"]]
-        workloads = [w for w in runs[backend] if w != "_pool"]
+        workloads = list(runs[backend])
         workload = row.get("workload") or (workloads[0] if len(workloads) == 1 else None)
         assert workload, f"{row['backend']}: the table has no workload column and the run has {workloads}"
         ref = {b: r.get(workload, {}) for b, r in runs.items()}
