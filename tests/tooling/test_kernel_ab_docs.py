@@ -83,3 +83,49 @@ def test_the_rows_with_runs_are_found_and_a_changed_time_is_caught():
     assert mismatches("kernels_h200_narrow_softmax_ab.json", softmax)
     p8 = rows["kernels_h200_p8_publication_ab.json"]
     assert mismatches("kernels_h200_p8_publication_ab.json", p8.replace("h64 -2.0 to", "h64 -2.1 to"))
+
+
+Q_QUANT_RUN = "kernels_h200_q_quant_in_decode_ab.json.xz"
+Q_QUANT_ROW = "Q quantized in the 64-row kernel's prologue"
+
+
+def tried_row(first_cell: str) -> str:
+    """The "Tried and not kept" row whose variant starts so, its cells joined."""
+    section = doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["Tried and not kept"]
+    rows = [" | ".join(r.values()) for r in doc_tables(section)[0] if list(r.values())[0].startswith(first_cell)]
+    assert len(rows) == 1, first_cell
+    return rows[0]
+
+
+def q_quant_mismatches(row: str) -> list[str]:
+    """What the in-kernel Q-quant row should print, from its run (both chains and FlashMLA BF16 timed in it), that
+    the row does not: the short-context times, the 64k pair, each group's change range and the share of 1.15x."""
+    t = {}
+    for r in read_json(ROOT / "results" / "bench" / Q_QUANT_RUN)["results"]:
+        t.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
+    inside, launch = "snapmla_cuda_sm90", "snapmla_cuda_sm90_q_quant_launch"
+    short = [t[(128, b, 640)] for b in (64, 128, 256)]
+
+    def join(key):
+        return " / ".join(f"{x[key]:.1f}" for x in short)
+
+    def change(keys):
+        c = sorted(100 * (t[k][inside] / t[k][launch] - 1) for k in keys)
+        return f"{c[0]:.1f} to {c[-1]:.1f} %"
+    long = t[(128, 64, 65536)]
+    b128 = t[(128, 128, 640)]
+    need = b128[launch] - b128["flashmla_bf16"] / 1.15
+    want = [f"{join(inside)} vs {join(launch)} µs ({change([(128, b, 640) for b in (64, 128, 256)])};",
+            f"FlashMLA BF16 {join('flashmla_bf16')})",
+            f"h128 s_k 1 280-2 048 {change([(128, 128, 1280), (128, 256, 1280), (128, 128, 2048)])}",
+            f"h64 s_k 640-2 048 {change([k for k in t if k[0] == 64 and launch in t[k] and k[2] <= 2048])}",
+            f"{round(long[inside]):,} vs {round(long[launch]):,} µs ({100 * (long[inside] / long[launch] - 1):+.1f} %)"
+            .replace(",", " "),
+            f"({b128[launch] - b128[inside]:.1f} of {need:.1f} µs)"]
+    return [w for w in want if w not in row]
+
+
+def test_the_q_quant_in_decode_row_quotes_its_run():
+    row = tried_row(Q_QUANT_ROW)
+    assert not q_quant_mismatches(row), q_quant_mismatches(row)
+    assert q_quant_mismatches(row.replace("1 793 vs", "1 794 vs"))
