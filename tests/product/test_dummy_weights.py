@@ -23,10 +23,14 @@ FP8_CONFIGS = ["deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention", "kimi-k2-f
 def test_block_fp8_round_trip_within_e4m3_rounding(shape):
     """Fresh random weights with a heavy-tailed spread and one all-zero block: every block's largest element maps to
     +-448, the round trip errs by e4m3's rounding only (2^-4 relative for normal values, 2^-9 of the block scale for
-    subnormal ones), and the zero block stays zero."""
+    subnormal ones), and the zero block stays zero. One block is a millionth as large: its scale lies far below the
+    2^-20 that floors the KV cache's scales, and weights keep their precision there too (fp32's smallest normal is
+    their floor)."""
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     w = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 2)
     w[..., :128, :128] = 0
+    last = w[..., (shape[-2] - 1) // 128 * 128:, (shape[-1] - 1) // 128 * 128:]  # the last block (partial or whole)
+    last *= 1e-6 / last.abs().amax()
     q, s = block_fp8.quantize_block_fp8(w.to(torch.bfloat16))
     assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
     assert s.shape == (*shape[:-2], -(-shape[-2] // 128), -(-shape[-1] // 128))
@@ -45,6 +49,19 @@ def test_dequantize_refuses_scales_that_do_not_cover_the_weight():
     q, s = block_fp8.quantize_block_fp8(torch.randn(256, 256))
     with pytest.raises(ValueError, match=r"expected \[\.\.\., 2, 2\]"):
         block_fp8.dequantize_block_fp8(q, s[:1])
+    q3, s3 = block_fp8.quantize_block_fp8(torch.randn(3, 256, 256))
+    with pytest.raises(ValueError, match=r"does not cover a weight of shape \(3, 256, 256\)"):
+        block_fp8.dequantize_block_fp8(q3, s3[:1])  # one expert's scales would broadcast over all three
+
+
+@pytest.mark.parametrize("weight, block, error", [
+    (torch.randn(256), (128, 128), "at least 2 dims, got shape \\(256,\\)"),
+    (torch.randn(256, 256), (0, 128), "two positive ints, got \\(0, 128\\)"),
+    (torch.randn(256, 256), (128,), "two positive ints"),
+])
+def test_quantize_refuses_what_has_no_blocks(weight, block, error):
+    with pytest.raises(ValueError, match=error):
+        block_fp8.quantize_block_fp8(weight, block)
 
 
 # ---------------------------------------------------------------------------------------------------------------
