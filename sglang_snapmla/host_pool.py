@@ -80,11 +80,13 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
             raise ValueError(f"the snapmla host pool's row is {RECORD_BYTES} bytes; got override_kv_cache_dim="
                              f"{kwargs['override_kv_cache_dim']}")
         kwargs["override_kv_cache_dim"] = RECORD_BYTES
+        # before SGLang allocates for it: its MLA host pool builds layouts the records are not laid out for (Ascend's
+        # page_first_kv_split fails inside it on a snapmla pool)
+        _check_layout(kwargs["layout"] if "layout" in kwargs else args[3] if len(args) > 3 else None)
         if isinstance(source, SnapMLAHostRecords):
-            self._init_from_records(source, *args, **kwargs)  # checks the layout before allocating for it
+            self._init_from_records(source, *args, **kwargs)
         else:
             super().__init__(source, *args, **kwargs)
-            _check_layout(self.layout)
         if self.dcp_size != 1:  # refused at startup (--dcp-size > 1); the copies below take slots as they come
             raise ValueError("the snapmla host pool serves --dcp-size 1 only")
         self.record_copies = self._choose_record_copies()
@@ -106,7 +108,6 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         if layer_shard_enabled:
             raise ValueError("--enable-hierarchical-cache with --attention-backend snapmla does not serve a "
                              "layer-sharded KV pool")
-        _check_layout(layout)
         self._is_dummy, self.override_kv_cache_dim = False, override_kv_cache_dim
         self.dtype, self.layout, self.kv_cache_dim = torch.uint8, layout, RECORD_BYTES
         self.kv_lora_rank, self.qk_rope_head_dim = records.kv_lora_rank, records.qk_rope_head_dim

@@ -152,6 +152,36 @@ def test_unsupported_layouts_and_io_backends_are_refused(plugin):
     host = host_pool(device_pool(), "layer_first")
     with pytest.raises(ValueError, match="--hicache-io-backend kernel_ascend is not supported"):
         host.backup_from_device_all_layer(host.device_pool, host.alloc(PAGE), slots([1]), "kernel_ascend")
+    # a layout SGLang's MLA host pool builds (Ascend's: content and RoPE in two buffers), not the records' layout
+    with pytest.raises(ValueError, match="--hicache-mem-layout page_first_kv_split is not supported with "
+                                         "--attention-backend snapmla; use one of layer_first, page_first"):
+        host_pool(device_pool(), "page_first_kv_split")
+
+
+@pytest.mark.cpu_interpreter
+def test_a_decode_context_parallel_host_pool_is_refused(plugin):
+    """The record copies take host slots as they come: a host pool of one --dcp-size > 1 rank is refused (SGLang
+    0.5.17 passes dcp_size to the host pool; 0.5.23's builder reads it from its parallel state)."""
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
+    if sglang_release.installed() != "0.5.17":
+        pytest.skip("SGLang 0.5.23 builds the host pool from its parallel state, not a dcp_size argument")
+    with pytest.raises(ValueError, match="serves --dcp-size 1 only"):
+        MLATokenToKVPoolHost(device_pool(), 2.0, 0, PAGE, "layer_first", pin_memory=False, device="cpu", dcp_size=2,
+                             dcp_rank=0)
+
+
+@pytest.mark.cpu_interpreter
+def test_draft_layers_are_not_loaded(plugin):
+    """SGLang 0.5.23 loads its packed MTP draft layers with is_draft=True; this pool holds none, so nothing moves."""
+    device = device_pool()
+    host = host_pool(device, "layer_first")
+    fill_random(device, torch.Generator().manual_seed(3))
+    host_loc = host.alloc(PAGE)
+    host.backup_from_device_all_layer(device, host_loc, slots([2]), "kernel")
+    before = [a.view(torch.uint8)[slots([6])].clone() for a in device.kv_buffer]
+    host.load_to_device_per_layer(device, host_loc, slots([6]), 0, "kernel", is_draft=True)
+    assert all(torch.equal(a.view(torch.uint8)[slots([6])], b) for a, b in zip(device.kv_buffer, before))
 
 
 @pytest.mark.cpu_interpreter
@@ -190,10 +220,47 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
 
 
 @pytest.mark.cpu_interpreter
-def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin, monkeypatch):
-    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", "kernel")
-    with pytest.raises(ValueError, match="SNAPMLA_HICACHE_COPIES=kernel: use kernels \\(the default\\) or torch"):
+@pytest.mark.parametrize("value", ["kernel", "triton"])  # triton: what the log calls the kernels, not the setting
+def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin, monkeypatch, value):
+    monkeypatch.setenv("SNAPMLA_HICACHE_COPIES", value)
+    with pytest.raises(ValueError, match=f"SNAPMLA_HICACHE_COPIES={value}: use kernels \\(the default\\) or torch"):
         host_pool(device_pool(), "layer_first")
+
+
+@pytest.mark.cpu_interpreter
+def test_record_kernels_that_read_back_differently_are_not_used(plugin, monkeypatch, caplog):
+    """The start-up check's second half: a load kernel that drops the scale is caught and logged as well."""
+    from sglang_snapmla import host_pool as hp
+    from sglang_snapmla import ops
+
+    real = ops.records_to_pool
+
+    def scale_dropped(host_words, record_words, loc, content, scale, rope):
+        real(host_words, record_words, loc, content, scale, rope)
+        scale.zero_()
+
+    monkeypatch.setattr(ops, "records_to_pool", scale_dropped)
+    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)
+    hp._fall_back.cache_clear()
+    with caplog.at_level("WARNING", logger=hp.__name__):
+        host = host_pool(device_pool(), "layer_first")
+    assert host.record_copies == "torch"
+    assert "read host records back differently from the torch copies" in caplog.text
+
+
+@pytest.mark.cpu_interpreter
+def test_a_device_pool_off_the_gpu_moves_pages_with_the_copies(plugin, monkeypatch, caplog):
+    """Outside the interpreter's mode the record kernels need a GPU pool: a CPU one falls back, logged once."""
+    from sglang_snapmla import host_pool as hp
+
+    monkeypatch.setattr(hp, "interpreter_mode", lambda: False)
+    monkeypatch.setattr(hp, "ops", None)  # the kernels are not reached
+    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)
+    hp._fall_back.cache_clear()
+    with caplog.at_level("WARNING", logger=hp.__name__):
+        host = host_pool(device_pool(), "layer_first")
+    assert host.record_copies == "torch"
+    assert "the device pool is not on a GPU" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------
