@@ -184,11 +184,22 @@ def test_draft_layers_are_not_loaded(plugin):
     assert all(torch.equal(a.view(torch.uint8)[slots([6])], b) for a, b in zip(device.kv_buffer, before))
 
 
+def built_with_the_default_copies(monkeypatch, caplog, device=None):
+    """A host pool of `device` (a new snapmla pool by default) built with SNAPMLA_HICACHE_COPIES unset (the kernels
+    asked for, after the start-up check), its fallback's once-per-process log cleared first -> (host pool, the
+    warnings logged while building it)."""
+    from sglang_snapmla import host_pool as hp
+
+    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)
+    hp._fall_back.cache_clear()
+    with caplog.at_level("WARNING", logger=hp.__name__):
+        return host_pool(device if device is not None else device_pool(), "layer_first"), caplog.text
+
+
 @pytest.mark.cpu_interpreter
 def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monkeypatch, caplog):
     """The start-up check: a record kernel that drops the scale is caught, logged, and the torch copies serve; the
     host buffer's bytes the check used are restored."""
-    from sglang_snapmla import host_pool as hp
     from sglang_snapmla import ops
 
     real = ops.pool_to_records
@@ -197,13 +208,10 @@ def test_record_kernels_that_disagree_with_the_copies_are_not_used(plugin, monke
         real(host_words, record_words, loc, content, torch.zeros_like(scale), rope)
 
     monkeypatch.setattr(ops, "pool_to_records", scale_dropped)
-    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)  # the default asks for the kernels
-    hp._fall_back.cache_clear()
     device = device_pool()
-    with caplog.at_level("WARNING", logger=hp.__name__):
-        host = host_pool(device, "layer_first")
+    host, log = built_with_the_default_copies(monkeypatch, caplog, device)
     assert host.record_copies == "torch"
-    assert "wrote host records that differ from the torch copies'" in caplog.text
+    assert "wrote host records that differ from the torch copies'" in log
     rows = host._layer_pages(0)[0, :2]
     rows.copy_(torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(1)))
     before = rows.clone()
@@ -230,7 +238,6 @@ def test_an_unknown_copies_setting_is_refused_when_the_host_pool_is_built(plugin
 @pytest.mark.cpu_interpreter
 def test_record_kernels_that_read_back_differently_are_not_used(plugin, monkeypatch, caplog):
     """The start-up check's second half: a load kernel that drops the scale is caught and logged as well."""
-    from sglang_snapmla import host_pool as hp
     from sglang_snapmla import ops
 
     real = ops.records_to_pool
@@ -240,12 +247,9 @@ def test_record_kernels_that_read_back_differently_are_not_used(plugin, monkeypa
         scale.zero_()
 
     monkeypatch.setattr(ops, "records_to_pool", scale_dropped)
-    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)
-    hp._fall_back.cache_clear()
-    with caplog.at_level("WARNING", logger=hp.__name__):
-        host = host_pool(device_pool(), "layer_first")
+    host, log = built_with_the_default_copies(monkeypatch, caplog)
     assert host.record_copies == "torch"
-    assert "read host records back differently from the torch copies" in caplog.text
+    assert "read host records back differently from the torch copies" in log
 
 
 @pytest.mark.cpu_interpreter
@@ -255,12 +259,9 @@ def test_a_device_pool_off_the_gpu_moves_pages_with_the_copies(plugin, monkeypat
 
     monkeypatch.setattr(hp, "interpreter_mode", lambda: False)
     monkeypatch.setattr(hp, "ops", None)  # the kernels are not reached
-    monkeypatch.delenv("SNAPMLA_HICACHE_COPIES", raising=False)
-    hp._fall_back.cache_clear()
-    with caplog.at_level("WARNING", logger=hp.__name__):
-        host = host_pool(device_pool(), "layer_first")
+    host, log = built_with_the_default_copies(monkeypatch, caplog)
     assert host.record_copies == "torch"
-    assert "the device pool is not on a GPU" in caplog.text
+    assert "the device pool is not on a GPU" in log
 
 
 # ---------------------------------------------------------------------------------------------------------------
