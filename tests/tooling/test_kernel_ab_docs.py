@@ -1,6 +1,7 @@
-"""docs/KERNEL.md "What is in the schedule, and why": each H200 A/B row that names its run in results/bench/ quotes that
-run's times. Every "before → after" pair of the row (a time, or the range of the two interleaved rounds) is one
-shape's of the run, and each head count's percentage range is the run's over its shapes."""
+"""docs/KERNEL.md's H200 A/B rows quote their runs in results/bench/. "What is in the schedule, and why": every
+"before → after" pair of a row (a time, or the range of the two interleaved rounds) is one shape's of the run, and each
+head count's percentage range is the run's over its shapes. "Tried and not kept": the in-kernel Q-quant row's times
+and changes are its two runs'."""
 
 import re
 import statistics
@@ -38,10 +39,14 @@ def _shown(values: list[float]) -> set[str]:
             for lo in ends[0] for hi in ends[1]}
 
 
+def kernel_table(section: str) -> list[dict[str, str]]:
+    """The first table of a docs/KERNEL.md section."""
+    return doc_tables(doc_sections((ROOT / "docs" / "KERNEL.md").read_text())[section])[0]
+
+
 def rows_with_runs() -> list[tuple[str, str]]:
-    section = doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["What is in the schedule, and why"]
     out = []
-    for row in doc_tables(section)[0]:
+    for row in kernel_table("What is in the schedule, and why"):
         effect = list(row.values())[1]
         m = re.search(r"results/bench/(kernels_h200_\w+_ab)\.json", effect)
         if m and effect.startswith("H200"):
@@ -93,55 +98,57 @@ Q_QUANT_ROW = "Q quantized in the 64-row kernel's prologue"
 
 def tried_row(first_cell: str) -> str:
     """The "Tried and not kept" row whose variant starts so, its cells joined."""
-    section = doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["Tried and not kept"]
-    rows = [" | ".join(r.values()) for r in doc_tables(section)[0] if list(r.values())[0].startswith(first_cell)]
+    rows = [" | ".join(r.values()) for r in kernel_table("Tried and not kept")
+            if list(r.values())[0].startswith(first_cell)]
     assert len(rows) == 1, first_cell
     return rows[0]
 
 
+def _changes(times: dict, *shapes) -> list[float]:
+    """Per shape (h, b, s_k): the in-kernel chain's time against the Q-quant launch's, in per cent."""
+    return [100 * (times[k][0] / times[k][1] - 1) for k in shapes]
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.1f} to {max(values):.1f} %"
+
+
+def _thousands(us: float) -> str:
+    return f"{round(us):,}".replace(",", " ")
+
+
 def q_quant_mismatches(row: str) -> list[str]:
-    """What the in-kernel Q-quant row should print, from its run (both chains and FlashMLA BF16 timed in it), that
-    the row does not: the short-context times, the 64k pair, each group's change range and the share of 1.15x."""
+    """What the in-kernel Q-quant row should print, from its two runs, that the row does not: the first run's
+    short-context times beside FlashMLA BF16's (timed in it), the 64k pair, each group's change range and the share of
+    1.15x FlashMLA BF16; the second run's medians over its interleaved rounds."""
     t = {}
     for r in read_json(ROOT / "results" / "bench" / Q_QUANT_RUN)["results"]:
         t.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
     inside, launch = "snapmla_cuda_sm90", "snapmla_cuda_sm90_q_quant_launch"
-    short = [t[(128, b, 640)] for b in (64, 128, 256)]
+    first = {k: (v[inside], v[launch]) for k, v in t.items() if launch in v}
+    short = [(128, b, 640) for b in (64, 128, 256)]
 
     def join(key):
-        return " / ".join(f"{x[key]:.1f}" for x in short)
-
-    def change(keys):
-        c = sorted(100 * (t[k][inside] / t[k][launch] - 1) for k in keys)
-        return f"{c[0]:.1f} to {c[-1]:.1f} %"
-    long = t[(128, 64, 65536)]
+        return " / ".join(f"{t[k][key]:.1f}" for k in short)
+    long = (128, 64, 65536)
     b128 = t[(128, 128, 640)]
     need = b128[launch] - b128["flashmla_bf16"] / 1.15
-    want = [f"{join(inside)} vs {join(launch)} µs ({change([(128, b, 640) for b in (64, 128, 256)])};",
+    want = [f"{join(inside)} vs {join(launch)} µs ({_span(_changes(first, *short))};",
             f"FlashMLA BF16 {join('flashmla_bf16')})",
-            f"h128 s_k 1 280-2 048 {change([(128, 128, 1280), (128, 256, 1280), (128, 128, 2048)])}",
-            f"h64 s_k 640-2 048 {change([k for k in t if k[0] == 64 and launch in t[k] and k[2] <= 2048])}",
-            f"{round(long[inside]):,} vs {round(long[launch]):,} µs ({100 * (long[inside] / long[launch] - 1):+.1f} %)"
-            .replace(",", " "),
+            f"h128 s_k 1 280-2 048 {_span(_changes(first, (128, 128, 1280), (128, 256, 1280), (128, 128, 2048)))}",
+            f"h64 s_k 640-2 048 {_span(_changes(first, *[k for k in first if k[0] == 64 and k[2] <= 2048]))}",
+            f"{_thousands(first[long][0])} vs {_thousands(first[long][1])} µs ({_changes(first, long)[0]:+.1f} %)",
             f"({b128[launch] - b128[inside]:.1f} of {need:.1f} µs)"]
-    # the second run's medians
-    m = {(r["h"], r["b"], r["sk"]): (statistics.median(r["in_kernel"]), statistics.median(r["launch"]))
-         for r in read_json(ROOT / "results" / "bench" / Q_QUANT_ROUNDS)["rows"]}
-
-    def pct(*keys):
-        return [100 * (m[k][0] / m[k][1] - 1) for k in keys]
-
-    def span(values):
-        return f"{min(values):.1f} to {max(values):.1f} %"
-    h64 = [k for k in m if k[0] == 64]
-    want += [f"h128 s_k 640 {span(pct(*[(128, b, 640) for b in (64, 128, 256)]))}",
-             "s_k 1 280 {:.1f} / {:.1f} %".format(*pct((128, 128, 1280), (128, 256, 1280))),
-             "b128 s_k 2 048 {:+.1f} %".format(*pct((128, 128, 2048))),
-             "b64 s_k 16k {:+.1f} %".format(*pct((128, 64, 16384))),
-             f"b64 s_k 64k {round(m[(128, 64, 65536)][0]):,} vs {round(m[(128, 64, 65536)][1]):,} µs "
-             f"({pct((128, 64, 65536))[0]:+.1f} %)".replace(",", " "),
-             f"h64 {span(pct(*h64))}",
-             f"({(m[(128, 64, 65536)][0] - m[(128, 64, 65536)][1]) / 1024 * 1000:.0f} ns a page at 64k)"]
+    second = {(r["h"], r["b"], r["sk"]): (statistics.median(r["in_kernel"]), statistics.median(r["launch"]))
+              for r in read_json(ROOT / "results" / "bench" / Q_QUANT_ROUNDS)["rows"]}
+    want += [f"h128 s_k 640 {_span(_changes(second, *short))}",
+             "s_k 1 280 {:.1f} / {:.1f} %".format(*_changes(second, (128, 128, 1280), (128, 256, 1280))),
+             "b128 s_k 2 048 {:+.1f} %".format(*_changes(second, (128, 128, 2048))),
+             "b64 s_k 16k {:+.1f} %".format(*_changes(second, (128, 64, 16384))),
+             f"b64 s_k 64k {_thousands(second[long][0])} vs {_thousands(second[long][1])} µs "
+             f"({_changes(second, long)[0]:+.1f} %)",
+             f"h64 {_span(_changes(second, *[k for k in second if k[0] == 64]))}",
+             f"({(second[long][0] - second[long][1]) / (long[2] / 64) * 1000:.0f} ns a page at 64k)"]
     return [w for w in want if w not in row]
 
 
