@@ -81,8 +81,9 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
                              f"{kwargs['override_kv_cache_dim']}")
         kwargs["override_kv_cache_dim"] = RECORD_BYTES
         # before SGLang allocates for it: its MLA host pool builds layouts the records are not laid out for (Ascend's
-        # page_first_kv_split fails inside it on a snapmla pool)
-        _check_layout(kwargs["layout"] if "layout" in kwargs else args[3] if len(args) > 3 else None)
+        # page_first_kv_split fails inside it on a snapmla pool); args: (host_to_device_ratio, host_size, page_size,
+        # layout, ...) where SGLang passes them by position
+        _check_layout(kwargs.get("layout", args[3] if len(args) > 3 else None))
         if isinstance(source, SnapMLAHostRecords):
             self._init_from_records(source, *args, **kwargs)
         else:
