@@ -5,9 +5,11 @@ SGLang 0.5.17 and 0.5.23 pass a request's prompt token ids (`/generate`'s `input
 `/v1/completions`) to the embedding gather unchecked: one id outside [0, vocab_size) ends in a device-side assert
 that stops the scheduler, and every request in flight with it (sglang PR #8383, "a request-level DoS", open). Other
 ids a client names reach the GPU as indices too: `stop_token_ids` (the min-new-tokens penalizer scatters them into a
-vocabulary-wide tensor), `logit_bias` keys, `token_ids_logprob`. Where snapmla is the backend the plugin checks all
-of them in `TokenizerManager._validate_one_request`, whose ValueError SGLang's HTTP layer answers with 400 and the
-message; other backends are left as SGLang has them.
+vocabulary-wide tensor) and `logit_bias` keys. Where snapmla is the backend the plugin checks all of them in
+`TokenizerManager._validate_one_request`, whose ValueError SGLang's HTTP layer answers with 400 and the message; other
+backends are left as SGLang has them. The one other id list a request names, `token_ids_logprob`, SGLang checks
+itself in that method (`_validate_token_ids_logprob` in both releases: a flat list of ids in the vocabulary) before
+the plugin's checks run.
 
 A sampling parameter of the wrong type (`"temperature": "hot"`) fails later, in SamplingParams' arithmetic, with a
 TypeError that SGLang 0.5.17 answers with HTTP 500; the same hook refuses it with 400, naming the field. So does a
@@ -46,7 +48,7 @@ def _refuse(field: str, where: tuple[int, object], vocab_size: int) -> ValueErro
 
 def check_request_token_ids(obj, input_ids, vocab_size: int) -> None:
     """Raises ValueError (HTTP 400) naming the first out-of-vocabulary id in the prompt `input_ids` or in the
-    request's stop_token_ids, logit_bias keys or token_ids_logprob (`obj`: SGLang's GenerateReqInput or
+    request's stop_token_ids or logit_bias keys (`obj`: SGLang's GenerateReqInput or
     EmbeddingReqInput for one request). The prompt is checked by its extremes first: a long prompt costs one
     min / max pass."""
     if input_ids is not None and len(input_ids):
@@ -63,11 +65,6 @@ def check_request_token_ids(obj, input_ids, vocab_size: int) -> None:
             bad = _first_outside(_as_ints(ids), vocab_size) if ids else None
             if bad:
                 raise _refuse(f"sampling_params.{field}", bad, vocab_size)
-    logprob_ids = getattr(obj, "token_ids_logprob", None)
-    if isinstance(logprob_ids, list) and logprob_ids and not isinstance(logprob_ids[0], list):
-        bad = _first_outside(logprob_ids, vocab_size)
-        if bad:
-            raise _refuse("token_ids_logprob", bad, vocab_size)
 
 
 # the sampling parameters SamplingParams compares or computes with (None: SGLang's default)
