@@ -98,8 +98,8 @@ def predicted_decode_us(batch: int, rows: int, max_pages: int, splits: int, sms:
 # launch of a batch, and the same shapes recur step after step; the answer depends on these shapes only.
 @functools.lru_cache(maxsize=4096)
 def _cheapest_split_count(batch: int, rows: int, max_pages: int, most: int, sms: int) -> int:
-    """The cheapest count in 1..most under `predicted_decode_us` (`sms` as there)."""
-    return min(range(1, most + 1), key=lambda s: (predicted_decode_us(batch, rows, max_pages, s, sms), -s))
+    """The cheapest count in 1..most under `predicted_decode_us` (`sms` as there); the fewest splits on a tie."""
+    return min(range(1, most + 1), key=lambda s: predicted_decode_us(batch, rows, max_pages, s, sms))
 
 
 # The sm_90a decode stores a CTA's fp32 partial rows from the accumulator layout (a warp store covers 32 B of 8 rows),
