@@ -170,7 +170,7 @@ def test_each_q_layout_is_logged_once_in_the_order_a_graph_capture_meets_them(ge
 def test_decode_and_target_verify_write_the_new_keys_before_they_attend(setup, gen, heads):
     """As the model calls it (save_kv_cache=True, the step's new K in k / k_rope): the new tokens' keys go into their
     slots, which held another request's bytes, before the attention reads them -- each new query sees its own key
-    and the ones before it."""
+    and the ones before it. With save_kv_cache=False the pool is left as it is."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     backend, pool, layer = setup
@@ -193,6 +193,11 @@ def test_decode_and_target_verify_write_the_new_keys_before_they_attend(setup, g
         ref = reference(pool, q.view(2, s_q, heads, 512), qr.view(2, s_q, heads, 64),
                         backend.forward_metadata.block_kv_indices, seq)
         assert_close(out.float().view(2, s_q, heads, 512), ref, rel_l2=1e-2, what=f"{mode}, new keys written first")
+        # save_kv_cache=False (the model wrote the keys itself): the backend writes nothing, whatever k holds
+        before = [t[new].clone() for t in (kv, scale, rope)]
+        forward(q, torch.randn_like(k), None, layer, fb, save_kv_cache=False, q_rope=qr,
+                k_rope=torch.randn_like(k_rope))
+        assert all(torch.equal(t[new], b) for t, b in zip((kv, scale, rope), before)), f"{mode}: save_kv_cache=False"
 
 
 def test_a_step_is_planned_once_by_its_metadata_and_replans_at_a_replay(setup, gen, heads, monkeypatch):
