@@ -3,7 +3,8 @@
 Package and SGLang versions (and whether snapmla supports that SGLang), torch and CUDA, the GPU, which decode a server
 would run and why (the prebuilt sm_90a library, the extension built with nvcc at first start, or the Triton kernels),
 the compile-cache folders, and the serve command for this machine. Exit status 0 where a snapmla server can start,
-1 where it cannot (no CUDA GPU, an unsupported or missing SGLang, SNAPMLA_DECODE_IMPL=cuda without the sm_90a decode).
+1 where it cannot (no CUDA GPU, a GPU without FP8 e4m3 in Triton (`gpu`), an unsupported or missing SGLang,
+SNAPMLA_DECODE_IMPL=cuda without the sm_90a decode).
 Nothing is compiled; on an sm_90 GPU the prebuilt library, where shipped, runs its start-up check (one small decode).
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import settings, sglang_release
+from .gpu import unsupported_gpu
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,9 @@ def decode_choice() -> Decode:
 
     if not torch.cuda.is_available():
         return Decode("none", "no CUDA GPU: serving needs an NVIDIA GPU (the tuned decode: sm_90, H100 / H200)")
+    unsupported = unsupported_gpu()
+    if unsupported:
+        return Decode("none", unsupported)
     requested = settings.requested_decode_impl()
     if requested == "triton":
         return Decode("Triton", f"{settings.DECODE_IMPL_ENV}=triton")

@@ -25,6 +25,7 @@ from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, get_tensor_size_b
 
 from . import library
 from . import ops
+from .gpu import unsupported_gpu
 from .layout import BYTES_PER_TOKEN, FP8_DTYPE, KV_LORA_RANK, PAGE_SIZE, ROPE_DIM
 
 
@@ -194,4 +195,7 @@ def check_pool_config(kv_lora_rank: int, qk_rope_head_dim: int, page_size: int, 
     if torch.device(device).type != "cuda" and not ops.interpreter_mode():
         raise ValueError(f"--attention-backend snapmla runs on CUDA GPUs (Hopper is the tuned target); got device "
                          f"{device!r}. Use --device cuda, or another backend on this device.")
+    unsupported = None if ops.interpreter_mode() else unsupported_gpu(device)  # a CUDA device here
+    if unsupported:
+        raise ValueError(unsupported)
 

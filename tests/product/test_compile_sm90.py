@@ -28,6 +28,44 @@ def test_kernels_compile_for_sm90():
             assert regs <= 128 and local == 0, (rows, regs, local)
 
 
+# each kernel variant without PDL (griddepcontrol is sm_90's) compiled for one capability: "NAME: ok" or "NAME: why"
+AT_CAPABILITY = """
+import sys
+from triton.backends.compiler import GPUTarget
+sys.path.insert(0, sys.argv[1])
+import compile_sm90 as c
+c.TARGET = GPUTarget("cuda", int(sys.argv[2]), 32)
+for name, fn, sig, consts, opts in c.variants():
+    if consts.get("PDL"):
+        continue
+    try:
+        c.compile_one(fn, sig, consts, **opts)
+        print(f"{name}: ok")
+    except Exception as e:
+        print(f"{name}: {str(e).strip().splitlines()[-1]}")
+"""
+
+
+def test_the_kernels_compile_from_the_capability_snapmla_serves_on():
+    """`gpu.FP8_MIN_CAPABILITY` is where Triton starts to compile the kernels: at 8.9 (Ada) every kernel compiles, at
+    8.6 (the newest before it: A10, RTX 3090) every kernel that touches the cache fails on its FP8 e4m3 type, so a
+    server there is refused at startup (`gpu.unsupported_gpu`) instead of failing at its first compile."""
+    from sglang_snapmla.gpu import FP8_MIN_CAPABILITY
+
+    support = str(Path(__file__).resolve().parents[1] / "support")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    lowest = FP8_MIN_CAPABILITY[0] * 10 + FP8_MIN_CAPABILITY[1]
+    out = {}
+    for cap in (lowest, 86):
+        res = subprocess.run([sys.executable, "-c", AT_CAPABILITY, support, str(cap)], env=env, capture_output=True,
+                             text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        out[cap] = dict(line.split(": ", 1) for line in res.stdout.strip().splitlines())
+    assert len(out[lowest]) == 9 and set(out[lowest].values()) == {"ok"}, out[lowest]
+    fp8 = [name for name in out[86] if not name.startswith("combine")]  # the combine reads fp32 partials only
+    assert len(fp8) == 8 and all("fp8e4nv not supported" in out[86][name] for name in fp8), out[86]
+
+
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_DIR = ROOT / "kernels" / "cuda"
 

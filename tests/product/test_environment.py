@@ -8,6 +8,9 @@ import torch
 
 from sglang_snapmla import cuda_ext, environment, prebuilt, sglang_release
 
+# read before any test fakes a GPU: importing SGLang probes the CUDA driver once torch says a GPU is there
+REFUSED = sglang_release.refusal(sglang_release.installed())
+
 
 def _gpu(monkeypatch, capability=(9, 0), name="NVIDIA H200", count=1):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -41,7 +44,7 @@ def test_prebuilt_library_serves_on_sm90(monkeypatch):
     text = "\n".join(lines)
     assert "decode: sm_90a prebuilt" in text and "GPU 7: NVIDIA H200, sm_90" in text
     assert "--attention-backend snapmla --tp 8" in text
-    assert status == (0 if sglang_release.refusal(sglang_release.installed()) is None else 1)
+    assert status == (0 if REFUSED is None else 1)
 
 
 def test_nvcc_build_where_no_library_is_shipped(monkeypatch):
@@ -62,14 +65,29 @@ def test_no_library_and_no_nvcc(monkeypatch, requested, kind):
     decode = environment.decode_choice()
     assert decode.kind == kind and "no nvcc" in decode.why
     lines, status = environment.report()
-    assert (status == 1) == (kind == "none") or sglang_release.refusal(sglang_release.installed())
+    assert (status == 1) == (kind == "none") or REFUSED
 
 
-def test_other_gpus_run_the_triton_decode(monkeypatch):
-    _gpu(monkeypatch, capability=(8, 0), name="NVIDIA A100")
+@pytest.mark.parametrize("capability,name", [((8, 9), "NVIDIA L40S"), ((10, 0), "NVIDIA B200")])
+def test_other_fp8_gpus_run_the_triton_decode(monkeypatch, capability, name):
+    _gpu(monkeypatch, capability=capability, name=name)
     monkeypatch.setattr(prebuilt, "load", lambda: pytest.fail("the sm_90a library is not for this GPU"))
     decode = environment.decode_choice()
-    assert decode.kind == "Triton" and "sm_80" in decode.why
+    assert decode.kind == "Triton" and f"sm_{capability[0]}0" in decode.why
+
+
+@pytest.mark.parametrize("capability,name", [((8, 0), "NVIDIA A100-SXM4-80GB"), ((8, 6), "NVIDIA A10")])
+def test_gpus_without_fp8_cannot_serve(monkeypatch, capability, name):
+    """Triton compiles FP8 e4m3 from sm_89 on (tests/product/test_compile_sm90.py holds it to that): an A100 or an A10
+    is named as a reason not to serve, not reported as running the Triton decode."""
+    _gpu(monkeypatch, capability=capability, name=name, count=2)
+    monkeypatch.setattr(prebuilt, "load", lambda: pytest.fail("the sm_90a library is not for this GPU"))
+    decode = environment.decode_choice()
+    sm = f"sm_{capability[0]}{capability[1]}"
+    assert decode.kind == "none" and f"GPU 0 ({name}) is {sm}" in decode.why and "capability 8.9" in decode.why
+    lines, status = environment.report()
+    assert status == 1 and any(line.startswith("cannot serve here: --attention-backend snapmla computes in FP8")
+                               for line in lines), lines
 
 
 def test_triton_by_request(monkeypatch):

@@ -14,7 +14,6 @@ import torch
 
 from sglang_snapmla import layout, server_policy
 from sglang_snapmla import numerics as nx
-from sglang_snapmla import server_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 V2_LITE = ROOT / "configs/models/deepseek-v2-lite-shape"
@@ -303,6 +302,28 @@ def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # outside the interpreter, a CPU device cannot run the kernels
     with pytest.raises(ValueError, match="runs on CUDA GPUs"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu")
+
+
+def test_a_gpu_without_fp8_is_refused_at_startup(plugin, monkeypatch):
+    """An A100 (sm_80) beside an H200: the server-args pass (every visible GPU) and the pool (its own GPU) refuse it by
+    name before any memory is allocated; Triton would only fail at the first kernel compile, after the model loaded."""
+    from sglang_snapmla.pool import check_pool_config
+
+    args = SimpleNamespace(model_path=str(V2_LITE), attention_backend="snapmla", device="cuda")  # as the pass reads it
+    gpus = {0: ((9, 0), "NVIDIA H200"), 1: ((8, 0), "NVIDIA A100-SXM4-80GB")}
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: gpus[i][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: gpus[i][1])
+    refusal = r"computes in FP8 e4m3.*capability 8\.9 or newer.*GPU 1 \(NVIDIA A100-SXM4-80GB\) is sm_80"
+    with pytest.raises(server_policy.SnapMLAConfigError, match=refusal):
+        server_policy.check_server_args(args)
+    with pytest.raises(ValueError, match=refusal):
+        check_pool_config(512, 64, 64, "cuda:1")
+    check_pool_config(512, 64, 64, "cuda:0")
+    gpus[1] = ((8, 9), "NVIDIA L40S")
+    assert server_policy.check_server_args(args) == 64
 
 
 V3 = ROOT / "configs/models/deepseek-v3-shape"

@@ -45,7 +45,8 @@ def compile_one(fn, signature, constexprs, **options):
     return triton.compile(src, target=TARGET, options=options)
 
 
-def main() -> int:
+def variants() -> list:
+    """(name, kernel, signature, constexprs, compile options) of every Triton kernel variant the package launches."""
     quant_consts = {"FP8_MAX": nx.FP8_MAX, "SCALE_FLOOR": nx.SCALE_FLOOR}
     variants = [
         *((f"quantize_q ROWS={rows} PDL={pdl}", quant.quantize_q_kernel,
@@ -75,7 +76,11 @@ def main() -> int:
                               H="i32", S_Q="i32", NUM_SPLITS="i32", PART_SLOTS="i32"),
                          {"SPLITS_P2": 64, "SPLIT_CHUNK": 16, "PDL": pdl},
                          dict(launch_pdl=pdl)))
-    for name, fn, sig, consts, opts in variants:
+    return variants
+
+
+def main() -> int:
+    for name, fn, sig, consts, opts in variants():
         k = compile_one(fn, sig, consts, **opts)
         if consts.get("PDL") and "griddepcontrol" not in k.asm["ptx"]:
             raise AssertionError(f"{name}: no griddepcontrol instruction in the PTX")
