@@ -57,11 +57,9 @@ def compiler_home() -> str | None:
 
 
 def server_command(server_flags: list[str], port: int) -> list[str]:
-    """SGLang's server with the given flags, snapmla's backend and `port`."""
-    flags = list(server_flags)
-    if "--attention-backend" not in flags:
-        flags += ["--attention-backend", "snapmla"]
-    return [sys.executable, "-m", "sglang.launch_server", *flags, "--port", str(port)]
+    """SGLang's server with the given flags (none naming the backend or the port), snapmla's backend and `port`."""
+    return [sys.executable, "-m", "sglang.launch_server", *server_flags, "--attention-backend", "snapmla", "--port",
+            str(port)]
 
 
 def free_port() -> int:
@@ -152,15 +150,16 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="Other arguments go to the server (sglang serve's flags).")
     ap.add_argument("--startup-timeout", type=float, default=1800, help="seconds for the first start (default 1800)")
     ap.add_argument("--server-log", type=Path, help="the server's log (default: a temporary file)")
+    # the server flags this command reads itself (in either spelling, --flag value or --flag=value)
+    ap.add_argument("--model-path", required=True, help="the checkpoint, as the servers will be given it")
+    ap.add_argument("--port", help=argparse.SUPPRESS)
+    ap.add_argument("--attention-backend", default="snapmla", help=argparse.SUPPRESS)
     args, server_flags = ap.parse_known_args(argv)
-    if "--model-path" not in server_flags:
-        ap.error("--model-path is required (with the flags the servers will use)")
-    if "--port" in server_flags:
+    if args.port is not None:
         ap.error("--port: the preparation picks a free port of its own")
-    backend = server_flags[server_flags.index("--attention-backend") + 1] if "--attention-backend" in server_flags \
-        else "snapmla"
-    if backend != "snapmla":
-        ap.error(f"--attention-backend {backend}: this prepares snapmla servers")
+    if args.attention_backend != "snapmla":
+        ap.error(f"--attention-backend {args.attention_backend}: this prepares snapmla servers")
+    server_flags = ["--model-path", args.model_path, *server_flags]
     cuda_home = compiler_home()
     if cuda_home is None:
         ap.error("no CUDA toolkit found (nvcc on PATH, or CUDA_HOME): run the preparation where the image is built, "

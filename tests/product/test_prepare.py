@@ -155,8 +155,24 @@ def test_a_server_that_fails_ends_it_with_the_log(stand_in, tmp_path, capsys, fa
     assert message in err and "SnapMLA decode:" in err  # the log's tail comes with the reason
 
 
-def test_flags_it_owns_or_cannot_serve_are_refused():
-    for argv in (["--tp", "2"], ["--model-path", "m", "--port", "3000"],
-                 ["--model-path", "m", "--attention-backend", "flashmla"]):
-        with pytest.raises(SystemExit):
+def test_flags_it_owns_or_cannot_serve_are_refused(capsys):
+    """In either spelling (`--flag value`, `--flag=value`): no model, a port of the user's, another backend, a flag
+    without its value -- each stops with argparse's usage line naming it, before any server starts."""
+    for argv, says in ((["--tp", "2"], "--model-path"), (["--model-path", "m", "--port", "3000"], "--port"),
+                       (["--model-path=m", "--port=3000"], "--port"),
+                       (["--model-path", "m", "--attention-backend", "flashmla"], "--attention-backend flashmla"),
+                       (["--model-path=m", "--attention-backend=flashmla"], "--attention-backend flashmla"),
+                       (["--model-path", "m", "--attention-backend"], "--attention-backend")):
+        with pytest.raises(SystemExit) as stop:
             prepare.main(argv)
+        assert stop.value.code == 2 and says in capsys.readouterr().err, argv
+
+
+def test_the_model_path_in_either_spelling_reaches_the_server(stand_in, tmp_path, monkeypatch):
+    launched, _ = stand_in()
+    monkeypatch.setattr(prepare, "warm_requests", lambda port, max_prompt, chunk: [])
+    for argv in (["--model-path=some/model"], ["--model-path", "some/model", "--attention-backend=snapmla"]):
+        launched.clear()
+        assert prepare.main([*argv, "--tp", "2", "--server-log", str(tmp_path / "server.log")]) == 0
+        cmd = launched[0]
+        assert cmd[cmd.index("--model-path") + 1] == "some/model" and cmd.count("--attention-backend") == 1, cmd
