@@ -368,6 +368,22 @@ def test_steps_of_equal_lengths_over_other_requests_attend_their_own_pages(setup
     assert len(replanned) == (0 if hooked else 1)
 
 
+def test_a_padded_idle_batch_is_planned_as_a_decode(setup):
+    """Under DP attention a rank without requests runs a padded idle batch beside the others' decode, and SGLang replays
+    the decode graph for it: its metadata hook must plan it as a decode step and write its lengths into the graph's
+    buffer (left stale, they would steer the replayed kernels over the pages of an earlier step)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla.backend import StepPlan
+
+    backend, _, _ = setup
+    graph_lens = torch.full((4,), 200, dtype=torch.int32)  # an earlier replay's lengths
+    fb = SimpleNamespace(forward_mode=ForwardMode.IDLE, batch_size=2, seq_lens=torch.ones(2, dtype=torch.int64))
+    backend.plan_step(fb, graph_seq_lens=graph_lens)
+    assert isinstance(backend.step_plan, StepPlan) and backend.step_plan.decode.s_q == 1
+    assert graph_lens.tolist() == [1, 1, 200, 200]
+
+
 def test_a_plan_fits_only_its_own_batch():
     """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
     (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
