@@ -105,7 +105,7 @@ def dispatch(monkeypatch):
 
     monkeypatch.setattr(handlers, "_handle_attention_backend", sglang_rule)
 
-    def run(prefix, ext, heads=16, mode=ForwardMode.EXTEND, disabled=False, layers=1):
+    def run(prefix, ext, heads=16, mode=ForwardMode.EXTEND, disabled=False, layers=1, capacity=1 << 17):
         """One step as SGLang runs it: the backend's forward-metadata hook plans it, then each layer of the model
         asks the dispatch handler with SGLang's forward context naming the backend. -> the layers' methods (one
         when `layers` is 1)."""
@@ -113,7 +113,7 @@ def dispatch(monkeypatch):
                                chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
         fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
                              seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext)]),
-                             req_pool_indices=torch.arange(len(ext)), get_max_chunk_capacity=lambda: 1 << 17)
+                             req_pool_indices=torch.arange(len(ext)), get_max_chunk_capacity=lambda: capacity)
         backend = SnapMLAForward()
         backend.num_q_heads = heads
         # no pool here: the launches an absorbed route plans with the step (tests/product/test_backend.py) stay empty
@@ -134,7 +134,9 @@ def test_dispatch_applies_the_route_per_batch(dispatch):
     # SGLang's flashmla rule would say MHA here (prefixes sum to >= 8 192): the cost model says absorbed
     assert run([4096] * 16, [128] * 16) == M.MLA
     # ... and absorbed there (prefixes sum to < 8 192), where a long new span makes MHA cheaper
-    assert run([4000], [4096]) in (M.MHA_ONE_SHOT, M.MHA_CHUNKED_KV)
+    assert run([4000], [4096]) == M.MHA_ONE_SHOT
+    # ... in chunks of the prefix where the batch's keys exceed what one MHA pass may hold (SGLang's chunk capacity)
+    assert run([4000], [4096], capacity=8000) == M.MHA_CHUNKED_KV
     assert run([0], [4096]) == M.MHA_ONE_SHOT  # a fresh prompt: SGLang's MHA prefill
     # the chunked prefix cache disabled: SGLang's absorbed path, whatever the cost
     assert run([4000], [4096], disabled=True) == M.MLA
