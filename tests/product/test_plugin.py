@@ -724,6 +724,30 @@ def test_sizing_budgets_644_bytes(plugin, monkeypatch):
 
 
 @pytest.mark.cpu_interpreter
+def test_the_pool_hook_builds_snapmlas_pool_for_snapmla_only(plugin, monkeypatch):
+    """SGLang's configurator asks `_build_mla_kv_pool` for the MLA pool: where snapmla serves, the hook builds the
+    644-byte pool with the configurator's sizes and its pipeline stage's layers; for another backend, SGLang's own."""
+    from sglang.srt import runtime_context
+
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    monkeypatch.setattr(runtime_context, "get_exec", lambda: SimpleNamespace(
+        features=SimpleNamespace(enable_memory_saver=False)))
+    sglangs = lambda configurator, *args, **kwargs: "SGLang's pool"  # noqa: E731
+    for backend in ("snapmla", "flashmla"):
+        configurator = SimpleNamespace(
+            server_args=SimpleNamespace(attention_backend=backend), pool_page_size=64, kv_cache_dtype=torch.bfloat16,
+            model_config=SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64), device="cpu",
+            layer_info=SimpleNamespace(num_effective_layers=2, start_layer=5, end_layer=7))
+        pool = plugin._build_pool_hook(sglangs, configurator, max_total_num_tokens=256)
+        if backend == "flashmla":
+            assert pool == "SGLang's pool"
+            continue
+        assert isinstance(pool, SnapMLATokenToKVPool) and pool.size == 256 and pool.page_size == 64
+        assert (pool.start_layer, pool.end_layer, len(pool.kv_buffer)) == (5, 7, 2)
+
+
+@pytest.mark.cpu_interpreter
 def test_a_pipeline_stage_pool_indexes_its_own_layers(plugin, gen):
     """Under --pp-size > 1 a stage's pool holds layers [start_layer, end_layer): SGLang's layer ids stay global, so
     every accessor translates them. Layers 5 and 6 of a stage that starts at 5, written with different rows, read
