@@ -245,6 +245,22 @@ def test_an_unknown_switch_value_is_refused(monkeypatch):
         dummy_weights.requested()
 
 
+def test_an_unknown_switch_value_stops_a_server_command_when_the_plugin_loads():
+    """SGLang's plugin loader logs a plugin's exception and goes on, which would serve SGLang's own dummy draw: the
+    plugin stops the command instead, with one line (any backend: the switch is the process's)."""
+    import os
+    import subprocess
+    import sys
+
+    argv = ["--model-path", str(ROOT / "configs/models/deepseek-v2-lite-shape"), "--load-format", "dummy",
+            "--attention-backend", "triton", "--device", "cpu"]
+    res = subprocess.run([sys.executable, "-m", "sglang.launch_server", *argv], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, DUMMY_WEIGHTS_ENV: "real"})
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode != 0 and last.startswith(f"sglang-snapmla: {DUMMY_WEIGHTS_ENV}='real': set it to"), \
+        res.stderr[-2000:]
+
+
 @pytest.mark.parametrize("name", FP8_CONFIGS)
 def test_harness_asks_fp8_configs_for_deployment_dummy_weights(name):
     from harness.server import dummy_weights_env
