@@ -104,3 +104,27 @@ def test_unsupported_sglang_is_named_with_the_fix(monkeypatch):
     text = "\n".join(lines)
     assert status == 1 and "SGLang 0.5.19: NOT supported" in text
     assert f"pip install sglang=={sglang_release.SUPPORTED[-1]}" in text
+
+
+def test_one_gpu_serves_without_tp_and_the_flashinfer_cache_is_its_own_folder(monkeypatch, tmp_path):
+    """The serve line names --tp only for several GPUs; FlashInfer's variable names the folder above the cache it
+    fills (`.cache/flashinfer` under it), which the report gives as both."""
+    _gpu(monkeypatch)
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), None))
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path))
+    assert ("FlashInfer JIT (SGLang's norms, sampling, prefill)", "FLASHINFER_WORKSPACE_BASE",
+            tmp_path / ".cache" / "flashinfer") in environment.cache_folders()
+    lines, _ = environment.report()
+    assert "serve: sglang serve --model-path <checkpoint> --attention-backend snapmla" in lines
+    assert f"  FLASHINFER_WORKSPACE_BASE={tmp_path}  (FlashInfer JIT (SGLang's norms, sampling, prefill): " \
+           f"{tmp_path / '.cache' / 'flashinfer'})" in lines
+
+
+def test_no_sglang_installed_is_a_reason_not_to_serve(monkeypatch):
+    _gpu(monkeypatch)
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), None))
+    real = environment._version
+    monkeypatch.setattr(environment, "_version", lambda package: None if package == "sglang" else real(package))
+    lines, status = environment.report()
+    assert status == 1 and "SGLang: not installed" in lines
+    assert f"cannot serve here: SGLang is not installed: {sglang_release.install_fix()}" in lines
