@@ -192,10 +192,12 @@ def check_pool_config(kv_lora_rank: int, qk_rope_head_dim: int, page_size: int, 
     if page_size != PAGE_SIZE:
         raise ValueError(f"--attention-backend snapmla stores the cache in 64-token pages; got --page-size {page_size}. "
                          "Pass --page-size 64 (or leave it unset).")
-    if torch.device(device).type != "cuda" and not ops.interpreter_mode():
+    if ops.interpreter_mode():  # the CPU interpreter runs the kernels on any device
+        return
+    if torch.device(device).type != "cuda":
         raise ValueError(f"--attention-backend snapmla runs on CUDA GPUs (Hopper is the tuned target); got device "
                          f"{device!r}. Use --device cuda, or another backend on this device.")
-    unsupported = None if ops.interpreter_mode() else unsupported_gpu(device)  # a CUDA device here
+    unsupported = unsupported_gpu(device)
     if unsupported:
         raise ValueError(unsupported)
 

@@ -4,8 +4,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
+from helpers import fake_gpus
 from sglang_snapmla import cuda_ext, environment, prebuilt, sglang_release
 
 # read before any test fakes a GPU: importing SGLang probes the CUDA driver once torch says a GPU is there
@@ -13,10 +13,7 @@ REFUSED = sglang_release.refusal(sglang_release.installed())
 
 
 def _gpu(monkeypatch, capability=(9, 0), name="NVIDIA H200", count=1):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: name)
+    fake_gpus(monkeypatch, {i: (capability, name) for i in range(count)})
     monkeypatch.setattr(cuda_ext, "unavailable_reason",
                         lambda: None if capability == (9, 0) else f"needs an sm_90 GPU, found sm_{capability[0]}0")
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from helpers import fake_gpus
 from sglang_snapmla import layout, server_policy
 from sglang_snapmla import numerics as nx
 
@@ -312,10 +313,7 @@ def test_a_gpu_without_fp8_is_refused_at_startup(plugin, monkeypatch):
     args = SimpleNamespace(model_path=str(V2_LITE), attention_backend="snapmla", device="cuda")  # as the pass reads it
     gpus = {0: ((9, 0), "NVIDIA H200"), 1: ((8, 0), "NVIDIA A100-SXM4-80GB")}
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: gpus[i][0])
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: gpus[i][1])
+    fake_gpus(monkeypatch, gpus)
     refusal = r"computes in FP8 e4m3.*capability 8\.9 or newer.*GPU 1 \(NVIDIA A100-SXM4-80GB\) is sm_80"
     with pytest.raises(server_policy.SnapMLAConfigError, match=refusal):
         server_policy.check_server_args(args)

@@ -1,4 +1,4 @@
-"""Test helpers: NaN-proof comparisons, and the problem builders of `harness.problems` under their names."""
+"""Test helpers: NaN-proof comparisons, a machine's GPUs as torch.cuda reports them, and the problem builders of `harness.problems` under their names."""
 
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ from harness.problems import (  # noqa: F401  (re-exported for the tests)
     HARD_DECODE_CASES,
     CUDA_DECODE_SMALL_CASES,
 )
+
+
+def fake_gpus(monkeypatch, gpus: dict) -> None:
+    """torch.cuda as on a machine whose GPUs are `gpus` (index -> ((major, minor), name)); the dict is read at each
+    call, so a test may change a GPU afterwards."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(gpus))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: gpus[i][0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: gpus[i][1])
 
 
 def assert_close(out, ref, rel_l2: float, one_minus_cos: float | None = None, what: str = ""):

@@ -103,19 +103,22 @@ def _kept_h200_records() -> list[dict]:
     """Every kernel record of the H200 bench_kernels runs kept in results/bench/."""
     out = []
     for path in sorted((ROOT / "results" / "bench").glob("kernels_h200*.json*")):
-        data = read_json(path.with_suffix("") if path.suffix == ".xz" else path)
+        data = read_json(path)
         out += data.get("results", []) if isinstance(data, dict) else []
     return out
 
 
-def _host_spread() -> tuple[int, dict]:
-    """FlashMLA BF16's time per shape over the H200 bench_kernels runs kept in results/bench/ (each a host of its
-    own) -> (the largest spread between two runs of one shape, in whole %, the times per shape measured more than
-    once)."""
+def _shape(record: dict) -> tuple:
+    return record["h"], record["s_q"], record["b"], record["sk"]
+
+
+def _host_spread(records: list[dict]) -> tuple[int, dict]:
+    """FlashMLA BF16's time per shape over kernel records of several runs -> (the largest spread between two runs of
+    one shape, in whole %, the times per shape measured more than once)."""
     times: dict[tuple, list[float]] = {}
-    for r in _kept_h200_records():
+    for r in records:
         if r["kernel"] == "flashmla_bf16":
-            times.setdefault((r["h"], r["s_q"], r["b"], r["sk"]), []).append(r["us"])
+            times.setdefault(_shape(r), []).append(r["us"])
     repeated = {shape: sorted(us) for shape, us in times.items() if len(us) > 1}
     return round(max(us[-1] / us[0] - 1 for us in repeated.values()) * 100), repeated
 
@@ -124,7 +127,8 @@ def test_the_spread_between_hosts_is_the_kept_runs():
     """"H200 hosts of the same kind differ by up to N %" (BENCHMARKS.md twice, KERNEL.md) is the largest spread of
     FlashMLA BF16's time for one shape between the kept runs, and the figures "Decode kernel (H200)" gives for it are
     those runs' times."""
-    spread, repeated = _host_spread()
+    records = _kept_h200_records()
+    spread, repeated = _host_spread(records)
     assert len(repeated) >= 10, repeated
     benchmarks, kernel = (ROOT / "docs" / "BENCHMARKS.md").read_text(), (ROOT / "docs" / "KERNEL.md").read_text()
     claim = f"H200 hosts of\nthe same kind differ by up to {spread} %"
@@ -139,8 +143,8 @@ def test_the_spread_between_hosts_is_the_kept_runs():
     short, long, h16 = quoted.values()
     assert f"FlashMLA BF16 took {short[0]}-{short[-1]} µs at h128 b256 s_k 1 280, {long[0]} and {long[-1]} µs at h128 " \
            f"b128 s_k 16k and {h16[0]}-{h16[-1]} µs at h16 b64 s_k 64k" in section, quoted
-    ours = sorted((r["us"], r["speedup_vs_flashmla_bf16"]) for r in _kept_h200_records()
-                  if r["kernel"] == "snapmla_cuda_sm90" and (r["h"], r["s_q"], r["b"], r["sk"]) == (128, 1, 128, 16384))
+    ours = sorted((r["us"], r["speedup_vs_flashmla_bf16"]) for r in records
+                  if r["kernel"] == "snapmla_cuda_sm90" and _shape(r) == (128, 1, 128, 16384))
     assert len(ours) == 2, ours
     assert (f"the 64-row kernel {ours[0][0]:.1f} and {ours[1][0]:.1f} µs at h128 b128 s_k 16k ({ours[0][1]:.2f}x and "
             f"{ours[1][1]:.2f}x BF16 in its own run)") in section, ours
