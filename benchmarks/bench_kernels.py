@@ -186,6 +186,23 @@ def bench_flashinfer(inp, b, sk, h, s_q, seqlens, scale, kv_dtype, copies, per_t
     return time_graph(call, copies), call
 
 
+DRAM_BYTES = 1 << 30  # far beyond the 50-60 MB L2: every byte goes to and from DRAM
+
+
+def dram_rates(dev, nbytes: int = DRAM_BYTES) -> dict:
+    """What the GPU's DRAM delivers to simple kernels, in TB/s, timed like the decode (CUDA graph, median of
+    replays): `read_tb_s`, a sum over `nbytes` (reads only, as a decode's cache traffic nearly is), and
+    `read_write_tb_s`, an elementwise add writing `nbytes` beside reading them (bytes read plus bytes written).
+    A device-to-device `copy_` (cudaMemcpy) of the same bytes moves less (2.75 TB/s read plus write on an H200): it
+    is not the ceiling a kernel's reads are held to."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=dev).normal_()
+    dst = torch.empty_like(src)
+    total = torch.empty((), dtype=torch.float32, device=dev)
+    read_us = time_graph(lambda _: lambda: torch.sum(src, dim=0, out=total), 1, calls_per_graph=4)
+    rw_us = time_graph(lambda _: lambda: torch.add(src, 1, out=dst), 1, calls_per_graph=4)
+    return {"read_tb_s": nbytes / read_us / 1e6, "read_write_tb_s": 2 * nbytes / rw_us / 1e6}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
@@ -219,7 +236,9 @@ def main():
                 results.extend(rs)
                 for r in rs:
                     print(json.dumps(r), flush=True)
-    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, **dram_rates(dev))
+    print(f"DRAM, {DRAM_BYTES >> 20} MiB: {meta['read_tb_s']:.2f} TB/s read (a sum), {meta['read_write_tb_s']:.2f} "
+          "TB/s read + written (an elementwise add)")
     (args.out / "bench_kernels.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1))
     print_table(results)
     plot(results, args.out / "bench_kernels.png")

@@ -142,3 +142,86 @@ def test_accuracy_report_on_real_activations(checkpoint, tmp_path):
     assert 0 < bf16["rel_l2"] < snap["rel_l2"] < 0.1  # FP8 costs more than BF16 rounding, and stays small
     assert all(len(v) == 2 for v in res["per_layer"]["SnapMLA"].values())
     assert (tmp_path / "accuracy.png").stat().st_size > 0
+
+
+SMALL = ["--max-steps", "2", "--layers", "2", "--hidden", "128", "--heads", "4", "--experts", "4", "--seq-len", "128",
+         "--batch", "2", "--eval-windows", "4", "--max-files", "60", "--device", "cpu", "--lr", "3e-3"]
+
+
+@pytest.fixture(scope="module")
+def mtp_checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny-mla-mtp")
+    train_tiny_mla.main(["--out", str(out), *SMALL, "--mtp"])
+    return out
+
+
+def test_the_mtp_layer_is_saved_where_sglangs_nextn_draft_loads_it(mtp_checkpoint):
+    """SGLang's DeepSeek loader (its own NextN configuration, both releases) takes the draft from
+    model.layers.{num_hidden_layers}: the four NextN tensors by name, the rest as a decoder layer, here a MoE layer
+    like layer 1 (first_k_dense_replace 1)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.models.deepseek_common.deepseek_weight_loader import DeepseekV2WeightLoaderMixin
+
+    cfg = json.loads((mtp_checkpoint / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["num_hidden_layers"] == 2
+    conf = DeepseekV2WeightLoaderMixin._initialize_nextn_conf(SimpleNamespace(config=SimpleNamespace(**cfg)), True)
+    with safe_open(str(mtp_checkpoint / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        eh_proj = f.get_tensor(f"{conf.nextn_layer_prefix}.eh_proj.weight")
+    draft = {n.removeprefix(conf.nextn_layer_prefix + ".") for n in names if n.startswith(conf.nextn_layer_prefix + ".")}
+    nextn = {n for n in draft if any(s in n for s in conf.nextn_spec_weight_names)}
+    assert nextn == {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"}
+    assert draft - nextn == {n.removeprefix("model.layers.1.") for n in names if n.startswith("model.layers.1.")}
+    assert tuple(eh_proj.shape) == (128, 256) and eh_proj.dtype == torch.bfloat16  # [hidden, enorm(e) ++ hnorm(h)]
+    log = json.loads((mtp_checkpoint / "train_log.json").read_text())
+    assert math.isfinite(log["heldout_mtp_loss"]) and 0 <= log["heldout_mtp_agreement"] <= 1
+    assert [k for k in log["log"][0] if k.endswith("loss")] == ["loss", "mtp_loss"]
+
+
+def test_the_main_model_of_an_mtp_checkpoint_reloads_without_its_draft(mtp_checkpoint):
+    from transformers import AutoModelForCausalLM
+
+    log = json.loads((mtp_checkpoint / "train_log.json").read_text())
+    held = json.loads((mtp_checkpoint / "heldout.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(str(mtp_checkpoint), dtype=torch.float32)
+    assert len(model.model.layers) == 2
+    x = torch.tensor(held["ppl_windows"][:2])
+    with torch.no_grad():
+        loss = model(input_ids=x, labels=x).loss.item()
+    assert abs(loss - log["heldout_loss"]) < 0.1
+
+
+def test_mtp_pairs_are_the_draft_extends():
+    """SGLang's draft extend shifts a request's tokens left by one beside the target's hidden states, at the target's
+    positions: at position i, (hidden_i, token i + 1), whose next token is token i + 2."""
+    ids = torch.arange(10, 17)[None]  # tokens 10..16 at positions 0..6
+    hidden = torch.arange(7.0)[None, :, None].expand(1, 7, 3)  # hidden_i = i
+    tokens, h, positions, targets = train_tiny_mla.mtp_pairs(ids, hidden)
+    assert tokens.tolist() == [[11, 12, 13, 14, 15, 16]]
+    assert h[0, :, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    assert positions.tolist() == [[0, 1, 2, 3, 4, 5]]
+    assert targets.tolist() == [[12, 13, 14, 15, 16]]
+
+
+def test_the_mtp_loss_trains_the_mtp_layer_only():
+    from types import SimpleNamespace
+
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    args = SimpleNamespace(hidden=64, layers=2, heads=2, experts=2, seq_len=32, mtp=True)
+    model = DeepseekV3ForCausalLM(train_tiny_mla.model_config(args, 100, 0, 1))
+    mtp = train_tiny_mla.add_mtp_layer(model)
+    main_params = [p for n, p in model.named_parameters() if not n.startswith("model.layers.2.")]
+    assert len(main_params) + len(list(mtp.parameters())) == len(list(model.parameters()))
+    _, mtp_loss, draft, logits = train_tiny_mla.losses(model, mtp, torch.randint(0, 100, (2, 16)))
+    assert draft.shape == (2, 15, 100) and logits.shape == (2, 16, 100)
+    mtp_loss.backward()
+    assert all(p.grad is None for p in main_params)  # embedding, head and the main layers: constants to the draft
+    assert all(p.grad is not None for n, p in mtp.named_parameters() if "experts" not in n)
+
+
+def test_mtp_on_one_layer_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        train_tiny_mla.main(["--out", str(tmp_path), *SMALL, "--layers", "1", "--mtp"])

@@ -44,11 +44,12 @@ wait_for_whl() {
   done
   sleep 5
 }
-# The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2) in DIR unless a checkpoint is there:
+# The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2; TRAIN_FLAGS: more of its flags, e.g.
+# --mtp) in DIR unless a checkpoint is there:
 #   train_checkpoint DIR HEADS [GPU]   (GPU: the one to train on, on a host whose others are busy)
 train_checkpoint() {
   [ -f "$1/heldout.json" ] && return 0
-  ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" \
+  ${3:+env CUDA_VISIBLE_DEVICES=$3} python3 -m tools.train_tiny_mla --out "$1" --heads "$2" ${TRAIN_FLAGS:-} \
     --minutes "${TRAIN_MINUTES:-2}" 2>&1 | grep -v "^{" | tail -3 | tee "$OUT/train.log"
 }
 # The trained checkpoint DIR converted to block-FP8 weights as DeepSeek-V3/R1 ship them (tools/convert_block_fp8.py)

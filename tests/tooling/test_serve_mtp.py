@@ -1,0 +1,116 @@
+"""benchmarks/serve_mtp.py without a GPU: the accept length and the output comparisons it reports, a saved folder
+continued rather than served again, the refusal of a draft the checkpoint lacks; and docs/BENCHMARKS.md's "MTP with a
+trained draft" section and the README's MTP figures read back from the run kept in results/."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import serve_mtp
+from harness.results import read_json
+from helpers import doc_sections, doc_tables, shows
+
+ROOT = Path(__file__).resolve().parents[2]
+KEPT = ROOT / "results" / "serve" / "mtp_trained_draft_h200"
+SECTION = "MTP with a trained draft (H200, small trained checkpoint)"
+
+
+def _round(seconds, latencies, tokens, steps, ids=((1, 2, 3),)):
+    return {"seconds": seconds, "latencies": latencies, "completion_tokens": tokens, "verify_steps": steps,
+            "ids": [list(i) for i in ids]}
+
+
+def _level(ids):
+    return {"output_tok_s": 1.0, "output_tok_s_range": [1.0, 1.0], "ms_per_token": 1.0,
+            "ms_per_token_range": [1.0, 1.0], "accept_length": None, "ids": ids}
+
+
+def test_accept_length_is_output_tokens_over_verify_steps_of_all_rounds():
+    rounds = [_round(2.0, [1.0, 2.0], 300, 120), _round(1.0, [3.0, 3.0], 300, 100), _round(1.5, [2.0, 2.0], 300, 80)]
+    lv = serve_mtp.summarize(rounds, new_tokens=150)
+    assert lv["accept_length"] == pytest.approx(900 / 300)
+    assert lv["output_tok_s"] == 200 and lv["output_tok_s_range"] == [150, 300]
+    assert lv["ms_per_token"] == pytest.approx(2000 / 150) and lv["ms_per_token_range"] == pytest.approx([10, 20])
+    assert serve_mtp.summarize([_round(1.0, [1.0], 3, None)], 3)["accept_length"] is None  # no draft: no verify
+
+
+def test_outputs_are_compared_with_the_same_backend_without_mtp_and_with_the_reference():
+    assert serve_mtp.shared([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == (1, pytest.approx(0.75))
+    results = {"snapmla": {"levels": {"4": _level([[1, 2, 9, 9]])}},
+               "snapmla-mtp": {"levels": {"4": _level([[1, 2, 9, 4]])}},
+               "flashmla": {"levels": {"4": _level([[1, 2, 3, 4]])}},
+               "flashmla-fp8": {"error": "did not start"}}
+    # a comparison left from an earlier reference is replaced, not kept beside the new one
+    results["flashmla"]["levels"]["4"]["vs_reference"] = {"run": "snapmla"}
+    serve_mtp.compare(results, "flashmla")
+    mtp = results["snapmla-mtp"]["levels"]["4"]
+    assert mtp["vs_base"] == {"run": "snapmla", "identical": 0, "outputs": 1, "leading_share": 0.75}
+    assert mtp["vs_reference"] == {"run": "flashmla", "identical": 0, "outputs": 1, "leading_share": 0.5}
+    assert "vs_base" not in results["snapmla"]["levels"]["4"]  # its base is itself
+    assert not {"vs_base", "vs_reference"} & set(results["flashmla"]["levels"]["4"])
+    assert "| flashmla-fp8 | | error: did not start |" in serve_mtp.table(results)
+
+
+def test_a_saved_folder_is_continued_and_compared_without_serving(tmp_path, monkeypatch, capsys):
+    shutil.copy(KEPT / "serve_mtp.json", tmp_path)
+    shutil.copy(KEPT / "serve_mtp_ids.json.xz", tmp_path)
+    kept = read_json(KEPT / "serve_mtp.json")
+
+    def no_server(*a, **k):
+        raise AssertionError("a run the folder holds was served again")
+
+    monkeypatch.setattr(serve_mtp, "measure_run", no_server)
+    serve_mtp.main(["--model", str(tmp_path / "absent"), "--runs", *kept["runs"], "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "serve_mtp.json").read_text()) == kept  # compared again: the same figures
+    assert "| snapmla-mtp | 64 |" in capsys.readouterr().out
+    assert serve_mtp.load(tmp_path)[0]["snapmla"]["levels"]["64"]["ids"][0][:1]  # the outputs' ids put back
+    # a run the folder lacks, of another workload, is not served beside them
+    with pytest.raises(SystemExit, match="another workload"):
+        serve_mtp.main(["--model", str(tmp_path / "absent"), "--runs", "snapmla-triton", "--new-tokens", "64",
+                        "--out", str(tmp_path)])
+
+
+def test_a_draft_run_on_a_checkpoint_without_an_mtp_layer_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 0}))
+    with pytest.raises(SystemExit, match="train_tiny_mla --mtp"):
+        serve_mtp.main(["--model", str(tmp_path), "--runs", "snapmla-mtp", "--out", str(tmp_path / "out")])
+
+
+def _accept(runs, run):
+    values = [lv["accept_length"] for lv in runs[run]["levels"].values()]
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def test_the_mtp_section_is_the_kept_run():
+    kept = read_json(KEPT / "serve_mtp.json")
+    runs = kept["runs"]
+    assert kept["meta"]["reference"] == "flashmla" and kept["meta"]["new_tokens"] == 256
+    rows = doc_tables(doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text())[SECTION])[0]
+    assert len(rows) == sum(len(r["levels"]) for r in runs.values())
+    for row in rows:
+        lv = runs[row["run"]]["levels"][row["c"]]
+        assert shows(row["output tok/s (range)"], [lv["output_tok_s"], *lv["output_tok_s_range"]]), row
+        assert shows(row["ms per token"], [lv["ms_per_token"]]), row
+        assert shows(row["accept length"], [lv["accept_length"]]), row
+        for column, key in (("identical to the run without MTP", "vs_base"), ("identical to FlashMLA BF16", "vs_reference")):
+            cmp = lv.get(key)
+            values = [cmp["identical"], cmp["outputs"], 100 * cmp["leading_share"]] if cmp else [None]
+            assert shows(row[column], values), (row, column)
+    text = doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text())[SECTION]
+    accepts = (_accept(runs, "snapmla-mtp"), _accept(runs, "flashmla-mtp"), _accept(runs, "flashmla-fp8-mtp"))
+    assert f"accept length\n{accepts[0]} against FlashMLA BF16's {accepts[1]} and SGLang FP8's {accepts[2]}" in text
+    train = read_json(KEPT / "train_log.json")
+    assert f"{train['steps']} steps, held-out perplexity {__import__('math').exp(train['heldout_loss']):.2f}" in text
+    assert f"{100 * train['heldout_mtp_agreement']:.1f} % of positions" in text
+
+
+def test_the_readme_quotes_the_kept_run():
+    runs = read_json(KEPT / "serve_mtp.json")["runs"]
+    one = [runs[r]["levels"]["1"]["output_tok_s"] for r in ("snapmla", "flashmla", "snapmla-mtp", "flashmla-mtp")]
+    ratios = sorted((one[0] / one[1], one[2] / one[3]))
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"snapmla's verify accepts {_accept(runs, 'snapmla-mtp')} tokens a cycle, FlashMLA BF16's "
+            f"{_accept(runs, 'flashmla-mtp')}") in readme
+    assert f"({ratios[0]:.2f}-{ratios[1]:.2f}x, cause not isolated" in readme
