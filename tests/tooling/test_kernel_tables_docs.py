@@ -167,3 +167,47 @@ def test_the_dram_rates_are_the_kept_runs():
             and f"`cudaMemcpy` moves less, {copy} TB/s" in flat["docs/KERNEL.md"])
     assert f"92 % of the H200's DRAM read rate, {read} TB/s" in flat["docs/KERNEL.md"]
     assert "copy rate" not in flat["README.md"] + flat["docs/BENCHMARKS.md"]
+
+
+def test_the_batch_1_split_paragraph_is_the_kept_sweep():
+    """KERNEL.md's "Batch 1 by split count (H200)": the counts the cost model picks (today's decode_plan, as in the
+    sweep), every time it quotes, and that a server's plans never take the 32 or 64 splits whose combine is slow."""
+    import torch
+
+    from sglang_snapmla import decode_plan
+
+    sweep = read_json(ROOT / "results" / "bench" / "split_sweep_h200_batch1.json")
+    text = " ".join(doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["What limits it"].split())
+    text = text[text.index("**Batch 1 by split count (H200).**"):text.index("**The plan a server makes.**")]
+
+    def us(key, s, part=None):  # decode + combine, or one of them alone (0: decode, 1: combine)
+        r = sweep[key]
+        return f"{(r['decode_by_splits'][str(s)] if part is None else r['parts_by_splits'][str(s)][part]):.1f}"
+
+    picks = {k: decode_plan.cuda_num_splits(1, int(k[1:k.index("_")]), -(-int(k.rsplit("sk", 1)[1]) // 64),
+                                            torch.device("cpu"), sms=132) for k in sweep}
+    assert picks == {k: v["default_splits"] for k, v in sweep.items()}
+    h128, h16 = ([f"h{h}_b1_sk{sk}" for sk in (640, 1280, 2048)] for h in (128, 16))
+    assert [picks[k] for k in h128 + h16[:2]] == [10, 10, 16, 10, 20]
+    assert all(min(sweep[k]["decode_by_splits"], key=sweep[k]["decode_by_splits"].get) == str(picks[k])
+               for k in h128 + h16[:2])
+    assert (f"(10, 10, 16; 10, 20 splits: {us(h128[0], 10)}-{us(h128[2], 16)} and {us(h16[0], 10)}-{us(h16[1], 20)} µs)"
+            in text)
+    assert f"(16 splits, {us('h16_b1_sk2048', 16)} against {us('h16_b1_sk2048', 20)} µs at 20)" in text
+    assert f"(32 splits, {us('h16_b1_sk4096', 32)} against {us('h16_b1_sk4096', 48)} µs at 48)" in text
+    r = sweep["h128_b1_sk4096"]
+    assert (picks["h128_b1_sk4096"] == 22 and f"whole chain {r['full_default']:.1f} µs against FlashMLA BF16's "
+            f"{r['flashmla_bf16']:.1f}" in text)
+    combine = {s: [v["parts_by_splits"][s][1] for v in sweep.values() if s in v["parts_by_splits"]]
+               for s in {s for v in sweep.values() for s in v["parts_by_splits"]}}
+    slow = [c for s in ("32", "64") for c in combine[s]]
+    rest = [c for s, cs in combine.items() if s not in ("32", "64") for c in cs]
+    assert (f"combine alone takes {min(rest):.1f}-{max(rest):.1f} µs from 2 to 48 splits but {min(slow):.1f}-"
+            f"{max(slow):.1f} µs at 32 and 64") in text
+    assert (f"decode alone is fastest at 32 splits ({us('h16_b1_sk4096', 32, 0)} µs, {us('h16_b1_sk4096', 48, 0)} at "
+            f"48) and the combine's {us('h16_b1_sk4096', 32, 1)} µs") in text
+    for ctx in (4096, 32768, 163840):
+        pages = decode_plan.static_max_pages(ctx)
+        counts = {decode_plan.cuda_num_splits(b, s_q * h, pages, torch.device("cpu"), sms=132)
+                  for h in (8, 16, 32, 64, 128) for s_q in (1, 2, 3, 4) for b in range(1, 513, 7)}
+        assert not counts & {32, 64}, ctx
