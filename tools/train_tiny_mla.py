@@ -137,7 +137,8 @@ def losses(model: DeepseekV3ForCausalLM, mtp: nn.Module | None, ids: torch.Tenso
     if mtp is None:
         return main, None, None, logits
     draft = mtp_logits(model, mtp, ids, hidden.detach())
-    return main, F.cross_entropy(draft[:, :-1].float().flatten(0, 1), mtp_pairs(ids, hidden)[3].flatten()), draft, logits
+    targets = mtp_pairs(ids, hidden)[3]
+    return main, F.cross_entropy(draft[:, :-1].float().flatten(0, 1), targets.flatten()), draft, logits
 
 
 def windows(ids: torch.Tensor, n: int, length: int, gen: torch.Generator) -> torch.Tensor:
@@ -202,8 +203,8 @@ def main(argv: list[str] | None = None):
     cfg = model_config(args, tok.get_vocab_size(), bos, eos)
     model = DeepseekV3ForCausalLM(cfg).to(device)
     mtp = add_mtp_layer(model) if args.mtp else None
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters"
-          + (f" ({sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M in the MTP layer)" if mtp is not None else ""), flush=True)
+    in_mtp = f" ({sum(p.numel() for p in mtp.parameters()) / 1e6:.1f} M in the MTP layer)" if mtp is not None else ""
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters{in_mtp}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
     gen = torch.Generator().manual_seed(args.seed)
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None):
     (args.out / "train_log.json").write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "steps": step, "tokens": tokens,
         "train_seconds": round(time.time() - train_t0, 1), "heldout_loss": heldout, "log": log,
-        **({"heldout_mtp_loss": evals["mtp_loss"], "heldout_mtp_agreement": evals["mtp_agreement"]} if mtp is not None else {}),
+        **({"heldout_mtp_loss": evals["mtp_loss"], "heldout_mtp_agreement": evals["mtp_agreement"]}
+           if mtp is not None else {}),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__}, indent=1))
     print(f"saved to {args.out}", flush=True)

@@ -191,8 +191,8 @@ def test_the_batch_1_split_paragraph_is_the_kept_sweep():
     assert [picks[k] for k in h128 + h16[:2]] == [10, 10, 16, 10, 20]
     assert all(min(sweep[k]["decode_by_splits"], key=sweep[k]["decode_by_splits"].get) == str(picks[k])
                for k in h128 + h16[:2])
-    assert (f"(10, 10, 16; 10, 20 splits: {us(h128[0], 10)}-{us(h128[2], 16)} and {us(h16[0], 10)}-{us(h16[1], 20)} µs)"
-            in text)
+    assert (f"(10, 10, 16; 10, 20 splits: {us(h128[0], 10)}-{us(h128[2], 16)} and {us(h16[0], 10)}-"
+            f"{us(h16[1], 20)} µs)") in text
     assert f"(16 splits, {us('h16_b1_sk2048', 16)} against {us('h16_b1_sk2048', 20)} µs at 20)" in text
     assert f"(32 splits, {us('h16_b1_sk4096', 32)} against {us('h16_b1_sk4096', 48)} µs at 48)" in text
     r = sweep["h128_b1_sk4096"]

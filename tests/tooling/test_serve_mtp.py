@@ -94,7 +94,8 @@ def test_the_mtp_section_is_the_kept_run():
         assert shows(row["output tok/s (range)"], [lv["output_tok_s"], *lv["output_tok_s_range"]]), row
         assert shows(row["ms per token"], [lv["ms_per_token"]]), row
         assert shows(row["accept length"], [lv["accept_length"]]), row
-        for column, key in (("identical to the run without MTP", "vs_base"), ("identical to FlashMLA BF16", "vs_reference")):
+        for column, key in (("identical to the run without MTP", "vs_base"),
+                            ("identical to FlashMLA BF16", "vs_reference")):
             cmp = lv.get(key)
             values = [cmp["identical"], cmp["outputs"], 100 * cmp["leading_share"]] if cmp else [None]
             assert shows(row[column], values), (row, column)

@@ -169,7 +169,8 @@ def test_the_mtp_layer_is_saved_where_sglangs_nextn_draft_loads_it(mtp_checkpoin
     with safe_open(str(mtp_checkpoint / "model.safetensors"), "pt") as f:
         names = set(f.keys())
         eh_proj = f.get_tensor(f"{conf.nextn_layer_prefix}.eh_proj.weight")
-    draft = {n.removeprefix(conf.nextn_layer_prefix + ".") for n in names if n.startswith(conf.nextn_layer_prefix + ".")}
+    prefix = conf.nextn_layer_prefix + "."
+    draft = {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
     nextn = {n for n in draft if any(s in n for s in conf.nextn_spec_weight_names)}
     assert nextn == {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"}
     assert draft - nextn == {n.removeprefix("model.layers.1.") for n in names if n.startswith("model.layers.1.")}
