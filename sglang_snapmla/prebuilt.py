@@ -25,6 +25,7 @@ import torch
 
 from . import numerics as nx
 from .cuda_sources import CODEGEN_FLAGS, SOURCE_DIR as CUDA_DIR
+from .decode_plan import PARTIAL_MIN_SLOTS
 
 log = logging.getLogger(__name__)
 LIBRARY = CUDA_DIR / "prebuilt" / "libsnapmla_decode_sm90.so"
@@ -58,6 +59,49 @@ def build(out: Path = LIBRARY, nvcc: str | None = None, source_dir: Path = CUDA_
     return out
 
 
+def split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
+                 lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
+                 launch_flags: int) -> DecodeParams:
+    """The kernel's DecodeParams for the torch binding's `decode_split` arguments, checked as the binding checks them
+    (what the kernel's address arithmetic relies on); any device, nothing launched. Either the split partials o_part
+    [B, R, slots, 512] / lse_part [B, R, slots] (slots >= num_splits: the decode plan may space rows further apart
+    than the splits, `decode_plan.partial_slots`) or, with one split, the final out / lse_out."""
+    for t in (q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
+        if not t.is_contiguous():
+            raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
+    final = out.numel() > 0
+    if final and not (num_splits == 1 and lse_out.numel() > 0 and out.dtype == torch.bfloat16
+                      and lse_out.dtype == torch.float32):
+        raise RuntimeError("snapmla sm90 decode: final outputs (bf16 out, fp32 lse) only with num_splits == 1")
+    if not final and not (o_part.numel() > 0 and lse_part.numel() > 0):
+        raise RuntimeError("snapmla sm90 decode: pass either the split partials or the final outputs")
+    slots = 1 if final else o_part.shape[2]
+    if not final and not (o_part.dim() == 4 and lse_part.dim() == 3 and lse_part.shape[2] == slots
+                          and slots >= num_splits):
+        raise RuntimeError("snapmla sm90 decode: o_part [B, R, slots, 512] and lse_part [B, R, slots] with "
+                           "slots >= num_splits")
+    if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        raise RuntimeError("block_table must be int32 with unit stride in its last dim")
+    storage = block_table.untyped_storage().nbytes() // 4 - block_table.storage_offset()
+    if not 0 <= bt_entries <= storage:
+        raise RuntimeError("snapmla sm90 decode: bt_entries exceeds the block table's storage")
+    return DecodeParams(
+        q8=q8.data_ptr(), q_scale=q_scale.data_ptr(), q_rope=q_rope.data_ptr(), kv_content=kv_content.data_ptr(),
+        kv_scale=kv_scale.data_ptr(), kv_rope=kv_rope.data_ptr(), block_table=block_table.data_ptr(),
+        seq_lens=seq_lens.data_ptr(), o_part=None if final else o_part.data_ptr(),
+        lse_part=None if final else lse_part.data_ptr(), out=out.data_ptr() if final else None,
+        lse_out=lse_out.data_ptr() if final else None, pool_rows=kv_content.shape[0], bt_entries=bt_entries,
+        stride_bt=block_table.stride(0), batch=q8.shape[0], R=R, H=H, S_Q=S_Q, num_splits=num_splits,
+        part_slots=slots, launch_flags=launch_flags, qk_scale_log2=qk_scale_log2)
+
+
+def launch_error(err: int, describe) -> str:
+    """The message for the library's error code `err` (`describe`: its snapmla_error_string)."""
+    return (f"snapmla sm90 decode launch failed: {describe(err).decode()}"
+            + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be 16-byte aligned)"
+               if err == 1 else ""))
+
+
 class PrebuiltDecode:
     """The library's decode behind the torch binding's `decode_split` signature."""
 
@@ -77,37 +121,13 @@ class PrebuiltDecode:
                      out, lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
                      launch_flags: int) -> None:
         for t in (q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
-            if not (t.is_cuda and t.is_contiguous()):
+            if not t.is_cuda:
                 raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
-        final = out.numel() > 0
-        if final and not (num_splits == 1 and lse_out.numel() > 0 and out.dtype == torch.bfloat16
-                          and lse_out.dtype == torch.float32):
-            raise RuntimeError("snapmla sm90 decode: final outputs (bf16 out, fp32 lse) only with num_splits == 1")
-        if not final and not (o_part.numel() > 0 and lse_part.numel() > 0):
-            raise RuntimeError("snapmla sm90 decode: pass either the split partials or the final outputs")
-        slots = 1 if final else o_part.shape[2]
-        if not final and not (o_part.dim() == 4 and lse_part.dim() == 3 and lse_part.shape[2] == slots
-                              and slots >= num_splits):
-            raise RuntimeError("snapmla sm90 decode: o_part [B, R, slots, 512] and lse_part [B, R, slots] with "
-                               "slots >= num_splits")
-        if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
-            raise RuntimeError("block_table must be int32 with unit stride in its last dim")
-        storage = block_table.untyped_storage().nbytes() // 4 - block_table.storage_offset()
-        if not 0 <= bt_entries <= storage:
-            raise RuntimeError("snapmla sm90 decode: bt_entries exceeds the block table's storage")
-        params = DecodeParams(
-            q8=q8.data_ptr(), q_scale=q_scale.data_ptr(), q_rope=q_rope.data_ptr(), kv_content=kv_content.data_ptr(),
-            kv_scale=kv_scale.data_ptr(), kv_rope=kv_rope.data_ptr(), block_table=block_table.data_ptr(),
-            seq_lens=seq_lens.data_ptr(), o_part=None if final else o_part.data_ptr(),
-            lse_part=None if final else lse_part.data_ptr(), out=out.data_ptr() if final else None,
-            lse_out=lse_out.data_ptr() if final else None, pool_rows=kv_content.shape[0], bt_entries=bt_entries,
-            stride_bt=block_table.stride(0), batch=q8.shape[0], R=R, H=H, S_Q=S_Q, num_splits=num_splits,
-            part_slots=slots, launch_flags=launch_flags, qk_scale_log2=qk_scale_log2)
+        params = split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                              lse_part, out, lse_out, R, H, S_Q, qk_scale_log2, num_splits, bt_entries, launch_flags)
         err = self.fn(ctypes.byref(params), torch.cuda.current_stream(q8.device).cuda_stream)
         if err != 0:
-            raise RuntimeError(f"snapmla sm90 decode launch failed: {self.lib.snapmla_error_string(err).decode()}"
-                               + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be "
-                                  "16-byte aligned)" if err == 1 else ""))
+            raise RuntimeError(launch_error(err, self.lib.snapmla_error_string))
 
 
 # The check's bound on rel-L2 against the spec. The sm_90a decode's own error on small cases like the check's (2-16
@@ -116,13 +136,17 @@ class PrebuiltDecode:
 # four cases without outliers); twice that keeps a right library passing and names one off by 5 % (rel-L2 0.05).
 MEASURED_MAX_REL_L2 = 1.56e-2
 SELF_CHECK_REL_L2 = 2 * MEASURED_MAX_REL_L2
+# slots per partial row in the check's 3-split decode: the padding a server's plans give small partials
+CHECK_SLOTS = PARTIAL_MIN_SLOTS
 
 
 def self_check(module, device: str = "cuda") -> str | None:
     """One small decode (2 sequences over page edges, 16 heads, 2 query tokens, one split and three) through `module`
     against the executable spec (`numerics`: the decode, and the combine of its split partials) on `device` -> None,
-    or what differed. Catches a library that loads but does not run right here. (`device="cpu"` with
-    TRITON_INTERPRET=1: tests run the check itself on CPU tensors, with an injected decode.)"""
+    or what differed. Catches a library that loads but does not run right here; the three splits' partial rows are
+    CHECK_SLOTS slots apart, as a server's padded partials are (`decode_plan.partial_slots`), so a library that
+    spaces them by the split count fails too. (`device="cpu"` with TRITON_INTERPRET=1: tests run the check itself on CPU
+    tensors, with an injected decode.)"""
     gen = torch.Generator(device=device).manual_seed(0)
     B, H, s_q, lens = 2, 16, 2, [130, 64]
     pages = 3
@@ -136,8 +160,8 @@ def self_check(module, device: str = "cuda") -> str | None:
     for splits in (1, 3):
         out = torch.empty(B, s_q, H, 512, dtype=torch.bfloat16, device=device)
         lse = torch.empty(B, H, s_q, device=device)
-        o_part = torch.empty(B, s_q * H, splits, 512, device=device) if splits > 1 else lse[:0]
-        lse_part = torch.empty(B, s_q * H, splits, device=device) if splits > 1 else lse[:0]
+        o_part = torch.empty(B, s_q * H, CHECK_SLOTS, 512, device=device) if splits > 1 else lse[:0]
+        lse_part = torch.empty(B, s_q * H, CHECK_SLOTS, device=device) if splits > 1 else lse[:0]
         final = (out, lse) if splits == 1 else (out[:0], lse[:0])
         module.decode_split(query.content, query.scale, query.rope, pool.content, pool.scale, pool.rope, table,
                             seq_lens, o_part, lse_part, *final, s_q * H, H, s_q, 576 ** -0.5 * 1.4426950408889634,

@@ -47,6 +47,84 @@ def test_library_is_sm90a_and_exports_the_entry_point(library):
     assert "libcudart" not in needed and "libtorch" not in needed, needed
 
 
+def _split_args(B=2, H=16, S_Q=2, slots=16, splits=3, final=False, table=None, bt_entries=None, **override):
+    """The binding's decode_split arguments for B sequences on CPU tensors (a pool of 200 rows, the block table a
+    narrowed view of a wider one at an offset, as SGLang's captured views are) -> dict by argument name."""
+    R = S_Q * H
+    table = table if table is not None else torch.zeros(4, 8, dtype=torch.int32)[1:1 + B, :3]
+    empty = torch.empty(0)
+    args = dict(q8=torch.zeros(B, S_Q, H, 512, dtype=torch.uint8), q_scale=torch.zeros(B, S_Q, H),
+                q_rope=torch.zeros(B, S_Q, H, 64, dtype=torch.bfloat16),
+                kv_content=torch.zeros(200, 512, dtype=torch.uint8), kv_scale=torch.zeros(200),
+                kv_rope=torch.zeros(200, 64, dtype=torch.bfloat16), block_table=table,
+                seq_lens=torch.ones(B, dtype=torch.int32),
+                o_part=empty if final else torch.zeros(B, R, slots, 512),
+                lse_part=empty if final else torch.zeros(B, R, slots),
+                out=torch.zeros(B, S_Q, H, 512, dtype=torch.bfloat16) if final else empty,
+                lse_out=torch.zeros(B, H, S_Q) if final else empty, R=R, H=H, S_Q=S_Q, qk_scale_log2=0.5,
+                num_splits=1 if final else splits, bt_entries=table.numel() if bt_entries is None else bt_entries,
+                launch_flags=0)
+    return {**args, **override}
+
+
+def test_split_params_are_what_the_kernel_reads():
+    """DecodeParams as the kernel's address arithmetic reads them: the partials' slots from o_part (wider than the
+    splits where the plan pads them), the block table's row stride and not its view's width, the pool's rows."""
+    a = _split_args()
+    p = prebuilt.split_params(**a)
+    assert (p.part_slots, p.num_splits, p.stride_bt, p.pool_rows, p.batch, p.R, p.H, p.S_Q) == (16, 3, 8, 200, 2, 32,
+                                                                                               16, 2)
+    assert p.bt_entries == 6 and p.block_table == a["block_table"].data_ptr() and p.o_part == a["o_part"].data_ptr()
+    assert p.out is None and p.lse_out is None and p.qk_scale_log2 == 0.5
+    a = _split_args(final=True)
+    p = prebuilt.split_params(**a)
+    assert p.part_slots == 1 and p.o_part is None and p.lse_part is None and p.out == a["out"].data_ptr()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(q8=torch.zeros(2, 16, 2, 512, dtype=torch.uint8).transpose(1, 2)), "contiguous"),
+    (dict(final=True, num_splits=3), "only with num_splits == 1"),
+    (dict(final=True, out=torch.zeros(2, 2, 16, 512)), "only with num_splits == 1"),
+    (dict(final=True, lse_out=torch.zeros(2, 16, 2, dtype=torch.bfloat16)), "only with num_splits == 1"),
+    (dict(o_part=torch.empty(0)), "either the split partials or the final outputs"),
+    (dict(slots=2), "slots >= num_splits"),
+    (dict(lse_part=torch.zeros(2, 32, 15)), "slots >= num_splits"),
+    (dict(table=torch.zeros(2, 3, dtype=torch.int64)), "int32 with unit stride"),
+    (dict(table=torch.zeros(3, 2, dtype=torch.int32).t()), "int32 with unit stride"),
+    (dict(bt_entries=4 * 8 - 8 + 1), "exceeds the block table's storage"),  # the view starts 8 entries in
+    (dict(bt_entries=-1), "exceeds the block table's storage"),
+])
+def test_split_params_refuse_what_the_binding_refuses(change, message):
+    keys = ("B", "H", "S_Q", "slots", "splits", "final", "table", "bt_entries")
+    built = _split_args(**{k: v for k, v in change.items() if k in keys},
+                        **{k: v for k, v in change.items() if k not in keys})
+    with pytest.raises(RuntimeError, match=message):
+        prebuilt.split_params(**built)
+    assert prebuilt.split_params(**_split_args(bt_entries=4 * 8 - 8))  # the view's storage, to its end
+
+
+def test_a_launch_error_names_what_tma_needs():
+    describe = {1: b"invalid argument", 2: b"out of memory"}.get
+    assert prebuilt.launch_error(1, describe).endswith("must be 16-byte aligned)")
+    assert prebuilt.launch_error(2, describe) == "snapmla sm90 decode launch failed: out of memory"
+
+
+def test_load_refuses_a_library_that_fails_its_check_or_cannot_be_checked(monkeypatch, tmp_path):
+    (tmp_path / "lib.so").write_bytes(b"")
+    monkeypatch.setattr(prebuilt, "LIBRARY", tmp_path / "lib.so")
+    monkeypatch.setattr(prebuilt, "PrebuiltDecode", lambda: "the library")
+    monkeypatch.setattr(prebuilt, "self_check", lambda module: "3 split(s): rel-L2 0.5 against the spec")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert prebuilt.load.__wrapped__() == (None, "prebuilt library failed its check on this GPU: 3 split(s): rel-L2 "
+                                                 "0.5 against the spec")
+    monkeypatch.setattr(prebuilt, "self_check", lambda module: None)
+    assert prebuilt.load.__wrapped__() == ("the library", None)
+    # inside a CUDA-graph capture the check (which synchronizes) is not run, and the library not used
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    module, why = prebuilt.load.__wrapped__()
+    assert module is None and "inside a CUDA graph capture" in why
+
+
 def test_decode_split_refuses_what_the_binding_refuses(library):
     decode = prebuilt.PrebuiltDecode(library)
     t = torch.zeros(1, 4, 512)
@@ -117,8 +195,10 @@ class _TritonAsLibrary:
     correct library would decode; `garbage` makes it write random outputs instead, as a library that loads but
     computes wrong would; `skewed_partials` scales its split partials, as one whose multi-split path is wrong would."""
 
-    def __init__(self, garbage: bool = False, skewed_partials: bool = False, scale: float = 1.0):
+    def __init__(self, garbage: bool = False, skewed_partials: bool = False, scale: float = 1.0,
+                 rows_by_splits: bool = False):
         self.garbage, self.skewed_partials, self.scale = garbage, skewed_partials, scale
+        self.rows_by_splits = rows_by_splits  # partial rows `splits` slots apart whatever o_part's slots
 
     def decode_split(self, q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                      out, lse, R, H, S_Q, qk_scale_log2, splits, bt_entries, launch_flags):
@@ -127,6 +207,15 @@ class _TritonAsLibrary:
         if self.garbage:
             for t in (o_part, lse_part, out, lse):
                 t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(1)).to(t.dtype))
+            return
+        if self.rows_by_splits and splits > 1:
+            packed = o_part[:, :, :splits].contiguous(), lse_part[:, :, :splits].contiguous()
+            self.rows_by_splits = False
+            self.decode_split(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, *packed,
+                              out, lse, R, H, S_Q, qk_scale_log2, splits, bt_entries, launch_flags)
+            self.rows_by_splits = True
+            for whole, part in zip((o_part, lse_part), packed):
+                whole.view(-1)[:part.numel()].copy_(part.view(-1))
             return
         ops.launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
                                  lse_part, out, lse, qk_scale_log2 / 1.4426950408889634, splits)
@@ -146,6 +235,10 @@ def test_start_up_check_passes_a_right_decode_and_names_a_wrong_one():
     problem = prebuilt.self_check(_TritonAsLibrary(garbage=True), device="cpu")
     assert problem is not None and problem.startswith("1 split(s): rel-L2") and "against the spec" in problem
     problem = prebuilt.self_check(_TritonAsLibrary(skewed_partials=True), device="cpu")
+    assert problem is not None and problem.startswith("3 split(s): rel-L2")
+    # a library that spaces the partial rows by the split count, not by the slots it is given (a server's padded
+    # partials, decode_plan.partial_slots), is named too
+    problem = prebuilt.self_check(_TritonAsLibrary(rows_by_splits=True), device="cpu")
     assert problem is not None and problem.startswith("3 split(s): rel-L2")
     # within the band between a right decode and garbage: outputs 5 % off are named
     problem = prebuilt.self_check(_TritonAsLibrary(scale=1.05), device="cpu")
