@@ -306,3 +306,15 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     with pytest.raises(RuntimeError, match="only with num_splits == 1"):
         ops.launch_cuda_decode(*args[:8], o_part, lse_part, out, lse, 1.0, 2)
+
+
+def test_the_prebuilt_library_passes_its_start_up_check_here(tmp_path):
+    """The library a wheel ships (the checkout's, else one built here with nvcc), loaded with ctypes, passes the check
+    a server runs before it serves with it (`prebuilt.self_check`: one split and three against the spec, the
+    partials 16 slots apart as a server pads them)."""
+    from sglang_snapmla import prebuilt
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the prebuilt library is built for sm_90a")
+    library = prebuilt.LIBRARY if prebuilt.LIBRARY.exists() else prebuilt.build(tmp_path / prebuilt.LIBRARY.name)
+    assert prebuilt.self_check(prebuilt.PrebuiltDecode(library)) is None
