@@ -11,7 +11,8 @@ another on the same GPU (CUDA graphs up to the largest concurrency, the accuracy
 output tokens per second and the median request's time per output token (median over rounds, with their range), the
 accept length (output tokens over verify steps, summed over the requests; the draft proposes 2 tokens a step, so at
 most 3), and for an `X-mtp` run against `X` (the same backend without the draft), the outputs identical token for
-token and the mean share of leading tokens they have in common; likewise against the first run (the reference).
+token and the mean share of leading tokens they have in common; likewise against the `--reference` run (FlashMLA
+BF16 without a draft by default).
 Greedy speculative decoding accepts a draft token only where it is the target's own greedy choice, so a backend's
 outputs with and without MTP differ only where its numerics differ between a verify step (s_q 3) and a decode step.
 Prints a table, writes serve_mtp.json (after each run; the outputs' token ids in serve_mtp_ids.json) and a PNG. Runs
@@ -28,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from harness.probes import POOL_FLAGS
+from harness.probes import POOL_FLAGS, first_difference
 from harness.results import read_json, save_png
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, serving
 
@@ -68,8 +69,7 @@ def summarize(rounds: list[dict], new_tokens: int) -> dict:
 
 def shared(a: list[list[int]], b: list[list[int]]) -> tuple[int, float]:
     """(outputs identical token for token, mean share of leading tokens two sets of outputs have in common)."""
-    lead = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), min(len(u), len(v))) / max(1, len(u))
-            for u, v in zip(a, b)]
+    lead = [first_difference(u, v) / max(1, len(u)) for u, v in zip(a, b)]
     return sum(u == v for u, v in zip(a, b)), statistics.fmean(lead)
 
 
@@ -188,12 +188,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def save(out: Path, results: dict, meta: dict) -> None:
     """serve_mtp.json without the outputs' token ids, which go to serve_mtp_ids.json."""
-    ids = {run: {c: lv.pop("ids") for c, lv in res.get("levels", {}).items()} for run, res in results.items()}
-    (out / "serve_mtp.json").write_text(json.dumps({"meta": meta, "runs": results}, indent=1))
+    ids = {run: {c: lv["ids"] for c, lv in res.get("levels", {}).items()} for run, res in results.items()}
+    runs = {run: {**res, "levels": {c: {k: v for k, v in lv.items() if k != "ids"} for c, lv in res["levels"].items()}}
+            if "levels" in res else res for run, res in results.items()}
+    (out / "serve_mtp.json").write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     (out / "serve_mtp_ids.json").write_text(json.dumps(ids))
-    for run, levels in ids.items():
-        for c, lv_ids in levels.items():
-            results[run]["levels"][c]["ids"] = lv_ids
 
 
 def load(out: Path) -> tuple[dict, dict]:

@@ -129,11 +129,16 @@ def held(level: list[dict]) -> tuple[int, int]:
     return min(counted, default=(0, 0))
 
 
+def first_difference(a: list, b: list) -> int:
+    """The index of the first token where two generations differ; the shorter one's length where none does."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def token_errors(run: list[dict], ref: list[dict]) -> tuple[float, int]:
     """(mean |logprob difference| over the tokens before the first differing token, probes identical to ref)."""
     diffs, same = [], 0
     for a, b in zip(run, ref):
-        n = next((i for i, (x, y) in enumerate(zip(a["ids"], b["ids"])) if x != y), len(a["ids"]))
+        n = first_difference(a["ids"], b["ids"])
         # token n itself is compared too: both generated it from the same context (they differ in the choice).
         # A missing logprob is a non-finite one (the server returns NaN as null): an infinite error.
         diffs += [abs(x - y) if x is not None and y is not None else math.inf

@@ -1,4 +1,5 @@
-"""Test helpers: NaN-proof comparisons, a machine's GPUs as torch.cuda reports them, and the problem builders of `harness.problems` under their names."""
+"""Test helpers: NaN-proof comparisons, a machine's GPUs as torch.cuda reports them, and the problem builders of
+`harness.problems` under their names."""
 
 from __future__ import annotations
 

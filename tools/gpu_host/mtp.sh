@@ -22,5 +22,5 @@ fi
 RUNS=("$@")
 [ ${#RUNS[@]} -gt 0 ] || RUNS=(snapmla snapmla-mtp flashmla flashmla-mtp)
 python3 -m benchmarks.serve_mtp --model $CKPT --runs "${RUNS[@]}" --out $RESULTS 2>&1 | tail -40
-cp $RESULTS/serve_mtp.json $RESULTS/serve_mtp.png "$OUT/" 2>/dev/null
+cp $RESULTS/serve_mtp.json $RESULTS/serve_mtp_ids.json $RESULTS/serve_mtp.png "$OUT/" 2>/dev/null
 tar czf "$OUT/serve_mtp_server_logs.tgz" -C $RESULTS $(cd $RESULTS && ls *.log)
