@@ -10,9 +10,12 @@ another on the same GPU (CUDA graphs up to the largest concurrency, the accuracy
 `--new-tokens` each (EOS ignored), c at a time: once to warm up, then `--rounds` times measured. Per run and c:
 output tokens per second and the median request's time per output token (median over rounds, with their range), the
 accept length (output tokens over verify steps, summed over the requests; the draft proposes 2 tokens a step, so at
-most 3), and for an `X-mtp` run against `X` (the same backend without the draft), the outputs identical token for
-token and the mean share of leading tokens they have in common; likewise against the `--reference` run (FlashMLA
-BF16 without a draft by default).
+most 3), the GPU time of the decode forwards per output token (each forward's time on the server's device timer,
+`harness.gpu_time`: draft, verify and draft-extend passes with MTP; it includes host work inside a forward, such as
+building its metadata, where the GPU waits for it, but not the scheduler's work between forwards: wall time per token
+minus this is time outside the forwards), and for an `X-mtp` run against `X` (the same backend without the draft),
+the outputs identical token for token and the mean share of leading tokens they have in common; likewise against the
+`--reference` run (FlashMLA BF16 without a draft by default).
 Greedy speculative decoding accepts a draft token only where it is the target's own greedy choice, so a backend's
 outputs with and without MTP differ only where its numerics differ between a verify step (s_q 3) and a decode step.
 Prints a table, writes serve_mtp.json (after each run; the outputs' token ids in serve_mtp_ids.json) and a PNG. Runs
@@ -29,6 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from harness import gpu_time
 from harness.probes import POOL_FLAGS, first_difference
 from harness.results import read_json, save_png
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, serving
@@ -39,23 +43,36 @@ MTP_SUFFIX = "-mtp"
 
 def generate_level(port: int, prompts: list[list[int]], concurrency: int, new_tokens: int) -> dict:
     """All `prompts`, `concurrency` at a time -> {"seconds", "latencies", "ids", "completion_tokens",
-    "verify_steps"} (verify steps None without a draft)."""
+    "verify_steps", "gpu_s"} (verify steps None without a draft; gpu_s: the growth of the server's forward-time
+    counters over the round, {category: GPU seconds}, None where it reports none)."""
     def one(ids):
         t0 = time.monotonic()
         r = greedy_generate(port, ids, new_tokens)
         meta = r["meta_info"]
         return r["output_ids"], time.monotonic() - t0, meta["completion_tokens"], meta.get("spec_verify_ct")
 
+    before = _forward_seconds(port)
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         done = list(pool.map(one, prompts))
-    return {"seconds": time.monotonic() - t0, "ids": [d[0] for d in done], "latencies": [d[1] for d in done],
+    seconds, after = time.monotonic() - t0, _forward_seconds(port)
+    return {"seconds": seconds, "ids": [d[0] for d in done], "latencies": [d[1] for d in done],
             "completion_tokens": sum(d[2] for d in done),
-            "verify_steps": None if any(d[3] is None for d in done) else sum(d[3] for d in done)}
+            "verify_steps": None if any(d[3] is None for d in done) else sum(d[3] for d in done),
+            "gpu_s": {c: after[c] - before.get(c, 0.0) for c in after} if before and after else None}
+
+
+def _forward_seconds(port: int) -> dict[str, float]:
+    """The server's GPU seconds per forward category so far ({} where its metrics have no device timer)."""
+    try:
+        return gpu_time.read_counters(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    except OSError:
+        return {}
 
 
 def summarize(rounds: list[dict], new_tokens: int) -> dict:
-    """One concurrency level's measured rounds -> medians and ranges (tok/s, ms per output token), accept length."""
+    """One concurrency level's measured rounds -> medians and ranges (tok/s, ms per output token), accept length, the
+    decode forwards' GPU ms per output token (median; None where a round has no device-timer counters)."""
     rates = [r["completion_tokens"] / r["seconds"] for r in rounds]
     tpot = [statistics.median(r["latencies"]) / new_tokens * 1e3 for r in rounds]
     steps = [r["verify_steps"] for r in rounds]
@@ -64,6 +81,10 @@ def summarize(rounds: list[dict], new_tokens: int) -> dict:
            "accept_length": None, "ids": rounds[-1]["ids"]}
     if all(s for s in steps):
         out["accept_length"] = sum(r["completion_tokens"] for r in rounds) / sum(steps)
+    gpu = [r.get("gpu_s") for r in rounds]
+    out["gpu_decode_ms_per_token"] = None if not all(gpu) else statistics.median(
+        sum(g.get(c, 0.0) for c in gpu_time.DECODE_CATEGORIES) / r["completion_tokens"] * 1e3
+        for g, r in zip(gpu, rounds))
     return out
 
 
@@ -77,11 +98,11 @@ def measure_run(model: str, run: str, levels: list[int], rounds: int, new_tokens
                 startup_timeout: float) -> dict:
     prompts = json.loads((Path(model) / "heldout.json").read_text())["prompts"]
     flags = [*RUNS[run], "--cuda-graph-max-bs", str(max(levels)), "--max-running-requests", str(max(levels)),
-             *POOL_FLAGS]
+             *POOL_FLAGS, *gpu_time.SERVER_FLAGS]
     t0 = time.time()
     try:
         with serving(model, port, flags, out / f"server_{run}.log", startup_timeout, load_format="auto",
-                     context_length=4096, env=RUN_ENV.get(run, {})):
+                     context_length=4096, env={**RUN_ENV.get(run, {}), **gpu_time.SERVER_ENV}):
             res = {"startup_s": round(time.time() - t0, 1), "levels": {}}
             for c in levels:
                 batch = prompts[:max(c, PROMPTS_AT_LEAST)]
@@ -107,21 +128,23 @@ def compare(results: dict, reference: str) -> None:
 
 
 def table(results: dict) -> str:
-    rows = ["| run | c | output tok/s (range) | ms per token | accept length | vs the run without MTP | vs reference |",
-            "|---|---:|---:|---:|---:|---|---|"]
+    rows = ["| run | c | output tok/s (range) | ms per token | GPU ms per token (decode forwards) | accept length | "
+            "vs the run without MTP | vs reference |", "|---|---:|---:|---:|---:|---:|---|---|"]
 
     def cmp(v):
         return f"{v['identical']}/{v['outputs']} identical, {v['leading_share']:.0%} leading" if v else "-"
 
     for run, res in results.items():
         if "error" in res:
-            rows.append(f"| {run} | | error: {res['error']} | | | | |")
+            rows.append(f"| {run} | | error: {res['error']} | | | | | |")
             continue
         for c, lv in res["levels"].items():
             lo, hi = lv["output_tok_s_range"]
             acc = f"{lv['accept_length']:.2f}" if lv["accept_length"] else "-"
+            gpu = lv.get("gpu_decode_ms_per_token")  # None, or absent from a run saved without it
             rows.append(f"| {run} | {c} | {lv['output_tok_s']:.0f} ({lo:.0f}-{hi:.0f}) | {lv['ms_per_token']:.2f} | "
-                        f"{acc} | {cmp(lv.get('vs_base'))} | {cmp(lv.get('vs_reference'))} |")
+                        f"{'-' if gpu is None else f'{gpu:.2f}'} | {acc} | {cmp(lv.get('vs_base'))} | "
+                        f"{cmp(lv.get('vs_reference'))} |")
     return "\n".join(rows)
 
 

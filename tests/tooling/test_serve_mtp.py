@@ -36,6 +36,48 @@ def test_accept_length_is_output_tokens_over_verify_steps_of_all_rounds():
     assert serve_mtp.summarize([_round(1.0, [1.0], 3, None)], 3)["accept_length"] is None  # no draft: no verify
 
 
+def test_a_run_reads_the_device_timer_of_its_decode_forwards_per_output_token(tmp_path, monkeypatch):
+    """The server runs with SGLang's device timer; each measured round's decode forwards (draft, verify and draft
+    extend with MTP; not prefill) give GPU ms per output token, beside wall ms per token."""
+    import contextlib
+
+    (tmp_path / "heldout.json").write_text(json.dumps({"prompts": [[1, 2]] * 4}))
+    started = {}
+
+    @contextlib.contextmanager
+    def serving(model, port, flags, log, timeout, **kw):
+        started.update(flags=flags, env=kw["env"])
+        yield None
+
+    counters = {"decode": 0.0, "target_verify": 0.0, "eagle_draft": 0.0, "extend": 0.0}
+
+    def read_counters(url, timeout=5):
+        assert url == "http://127.0.0.1:30123/metrics"
+        return dict(counters)
+
+    def generate(port, ids, new_tokens):  # one request: 8 tokens, 4 ms of target verify, 2 of draft, 5 of prefill
+        counters["target_verify"] += 0.004
+        counters["eagle_draft"] += 0.002
+        counters["extend"] += 0.005
+        return {"output_ids": [7] * new_tokens, "meta_info": {"completion_tokens": new_tokens, "spec_verify_ct": 4}}
+
+    monkeypatch.setattr(serve_mtp, "serving", serving)
+    monkeypatch.setattr(serve_mtp, "greedy_generate", generate)
+    monkeypatch.setattr(serve_mtp.gpu_time, "read_counters", read_counters)
+    res = serve_mtp.measure_run(str(tmp_path), "snapmla-mtp", [1], 2, 8, 30123, tmp_path, 1.0)
+    assert "--enable-metrics" in started["flags"] and started["env"]["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    lv = res["levels"]["1"]
+    assert lv["gpu_decode_ms_per_token"] == pytest.approx(6 / 8)  # 4 requests x 6 ms over 4 x 8 tokens
+    assert lv["accept_length"] == pytest.approx(2)
+    assert "| snapmla-mtp | 1 |" in serve_mtp.table({"snapmla-mtp": res}) and "| 0.75 | 2.00 |" in serve_mtp.table(
+        {"snapmla-mtp": res})
+    # a server whose metrics hold no device timer: no GPU figure, shown as "-"
+    monkeypatch.setattr(serve_mtp.gpu_time, "read_counters", lambda url, timeout=5: {})
+    res = serve_mtp.measure_run(str(tmp_path), "snapmla", [1], 1, 8, 30123, tmp_path, 1.0)
+    assert res["levels"]["1"]["gpu_decode_ms_per_token"] is None
+    assert "| - | 2.00 |" in serve_mtp.table({"snapmla": res})
+
+
 def test_outputs_are_compared_with_the_same_backend_without_mtp_and_with_the_reference():
     assert serve_mtp.shared([[1, 2, 3, 4], [5, 6]], [[1, 2, 9, 4], [5, 6]]) == (1, pytest.approx(0.75))
     results = {"snapmla": {"levels": {"4": _level([[1, 2, 9, 9]])}},
