@@ -11,8 +11,7 @@ set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 source tools/gpu_host/mutant.sh
 CKPT=.gpucache/tiny-mla-h${HEADS:-16}
-# the sm_90a extension builds on the CPU while the model trains on the GPU
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 &
+build_cuda_ext_meanwhile
 train_checkpoint $CKPT ${HEADS:-16}
 wait
 cp $CKPT/train_log.json "$OUT/"

@@ -44,6 +44,11 @@ wait_for_whl() {
   done
   sleep 5
 }
+# The sm_90a extension built (`cuda_ext.build`) in the background, its log in LOG (default $OUT/cuda_build.log): it
+# compiles on the CPU while the GPU trains or serves; the caller's `wait` waits for it:   build_cuda_ext_meanwhile [LOG]
+build_cuda_ext_meanwhile() {
+  python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "${1:-$OUT/cuda_build.log}" 2>&1 &
+}
 # The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2; TRAIN_FLAGS: more of its flags, e.g.
 # --mtp) in DIR unless a checkpoint is there:
 #   train_checkpoint DIR HEADS [GPU]   (GPU: the one to train on, on a host whose others are busy)

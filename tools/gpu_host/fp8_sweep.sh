@@ -13,8 +13,7 @@ set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 HEADS=${HEADS:-128}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-# the sm_90a extension builds on the CPU while the models train on the GPU
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > .gpucache/cuda_build.log 2>&1 &
+build_cuda_ext_meanwhile .gpucache/cuda_build.log
 for h in $HEADS; do train_checkpoint .gpucache/tiny-mla-h$h $h; done
 wait
 # per checkpoint one sweep, each on its own port range (a sweep's run i serves on its port + PORT_STRIDE x i,

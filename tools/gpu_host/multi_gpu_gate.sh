@@ -17,7 +17,7 @@ source tools/gpu_host/layouts.sh
 GPUS=$(nvidia-smi -L | wc -l)
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 CKPT=.gpucache/tiny-mla-h128
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 &
+build_cuda_ext_meanwhile
 train_checkpoint $CKPT 128 0
 wait
 # the runs' servers share each GPU: SGLang sizes a pool from the memory free at that server's start x the fraction,
