@@ -55,7 +55,10 @@ def test_a_run_reads_the_device_timer_of_its_decode_forwards_per_output_token(tm
         assert url == "http://127.0.0.1:30123/metrics"
         return dict(counters)
 
+    calls = []
+
     def generate(port, ids, new_tokens):  # one request: 8 tokens, 4 ms of target verify, 2 of draft, 5 of prefill
+        calls.append(ids)
         counters["target_verify"] += 0.004
         counters["eagle_draft"] += 0.002
         counters["extend"] += 0.005
@@ -66,6 +69,9 @@ def test_a_run_reads_the_device_timer_of_its_decode_forwards_per_output_token(tm
     monkeypatch.setattr(serve_mtp.gpu_time, "read_counters", read_counters)
     res = serve_mtp.measure_run(str(tmp_path), "snapmla-mtp", [1], 2, 8, 30123, tmp_path, 1.0)
     assert "--enable-metrics" in started["flags"] and started["env"]["SGLANG_ENABLE_METRICS_DEVICE_TIMER"] == "1"
+    # by default two warm-up passes (the second meets the prompts' cached prefixes, as the measured rounds do), then
+    # 2 rounds
+    assert len(calls) == (2 + 2) * 4
     lv = res["levels"]["1"]
     assert lv["gpu_decode_ms_per_token"] == pytest.approx(6 / 8)  # 4 requests x 6 ms over 4 x 8 tokens
     assert lv["accept_length"] == pytest.approx(2)
@@ -76,6 +82,21 @@ def test_a_run_reads_the_device_timer_of_its_decode_forwards_per_output_token(tm
     res = serve_mtp.measure_run(str(tmp_path), "snapmla", [1], 1, 8, 30123, tmp_path, 1.0)
     assert res["levels"]["1"]["gpu_decode_ms_per_token"] is None
     assert "| - | 2.00 |" in serve_mtp.table({"snapmla": res})
+
+
+def test_warm_up_passes_default_to_two_and_follow_the_flag(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 1}))
+    passes = []
+
+    def measure_run(*args):
+        passes.append(args[-1])
+        return {"error": "not served here"}
+
+    monkeypatch.setattr(serve_mtp, "measure_run", measure_run)
+    monkeypatch.setattr(serve_mtp, "kill_servers_on_exit", lambda: None)
+    serve_mtp.main(["--model", str(tmp_path), "--runs", "snapmla", "--out", str(tmp_path / "a")])
+    serve_mtp.main(["--model", str(tmp_path), "--runs", "snapmla", "--warm-up", "3", "--out", str(tmp_path / "b")])
+    assert passes == [2, 3]
 
 
 def test_outputs_are_compared_with_the_same_backend_without_mtp_and_with_the_reference():
