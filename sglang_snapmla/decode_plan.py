@@ -79,7 +79,7 @@ def cuda_num_splits(batch: int, rows: int, max_pages: int, device: torch.device,
     if tiles == 1:
         most = choose_num_splits(batch, tiles, max_pages, device, ctas_per_sm=1, sms=sms)
         return _cheapest_split_count(batch, rows, max_pages, most, 0)
-    within_budget = SEVERAL_WAVES_PARTIAL_BYTES // (batch * rows * KV_LORA_RANK * 4)
+    within_budget = SEVERAL_WAVES_PARTIAL_BYTES // (max(1, batch) * rows * KV_LORA_RANK * 4)  # batch 0: no partials
     return _cheapest_split_count(batch, rows, max_pages, max(1, min(MAX_SPLITS, max_pages, within_budget)),
                                  sms or _num_sms(device.index or 0))
 

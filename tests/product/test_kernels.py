@@ -415,10 +415,11 @@ def test_split_counts_stay_within_the_pages_and_the_limit(monkeypatch, sms):
     count of at least 1 and at most MAX_SPLITS and the page bound they are planned with, for batches 1-4096, 1-512
     query rows per sequence and page bounds 1-8192. The backend plans with a static page bound (its context length)
     under CUDA graphs: the count then depends on no sequence's length, and every split has a page to read when the
-    longest sequence reaches the bound."""
+    longest sequence reaches the bound. An empty batch (`decode_quantized` with B = 0, which launches nothing) plans
+    too."""
     monkeypatch.setattr(decode_plan, "_num_sms", lambda index: sms)
     dev = torch.device("cpu")
-    for batch in (1, 2, 7, 33, 64, 128, 513, 4096):
+    for batch in (0, 1, 2, 7, 33, 64, 128, 513, 4096):
         for rows in (1, 3, 16, 17, 64, 65, 128, 384, 512):
             for pages in (1, 2, 3, 10, 64, 65, 257, 1024, 8192):
                 tiles = math.ceil(rows / decode_plan.decode_tiling(rows)[0])
