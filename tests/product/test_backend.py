@@ -384,6 +384,25 @@ def test_a_padded_idle_batch_is_planned_as_a_decode(setup):
     assert graph_lens.tolist() == [1, 1, 200, 200]
 
 
+def test_a_step_whose_block_table_the_kernels_cannot_read_is_refused_when_planned(setup):
+    """The step's checks run in its forward-metadata hook, before any layer launches a kernel: a block table of int64
+    page ids (the kernels read int32) or a column-major one is refused there, naming what the kernels need."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_snapmla.errors import SnapMLAInputError
+
+    backend, _, _ = setup
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, seq_lens=torch.tensor([70, 5]))
+    table = backend.forward_metadata.block_kv_indices
+    backend.plan_step(fb)  # FlashMLA's int32 row-major table: planned
+    backend.forward_metadata.block_kv_indices = table.long()
+    with pytest.raises(SnapMLAInputError, match=r"block_table must be \[B=2, max_pages\] int32"):
+        backend.plan_step(fb)
+    backend.forward_metadata.block_kv_indices = table.t().contiguous().t()
+    with pytest.raises(SnapMLAInputError, match="unit stride in its last dim"):
+        backend.plan_step(fb)
+
+
 def test_a_plan_fits_only_its_own_batch():
     """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
     (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
