@@ -403,6 +403,23 @@ def test_a_step_whose_block_table_the_kernels_cannot_read_is_refused_when_planne
         backend.plan_step(fb)
 
 
+def test_index_checks_cover_every_absorbed_extend_launch(setup, monkeypatch):
+    """With SNAPMLA_CHECK_INDICES=1 each absorbed-extend launch's block table, gathered from req_to_token, is checked
+    against the pool when the step is planned: a request whose slots name a page past the pool is refused by name
+    before any layer runs (without the opt-in, nothing reads device values on the host)."""
+    from sglang_snapmla.errors import SnapMLAInputError
+
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
+    monkeypatch.setenv("SNAPMLA_CHECK_INDICES", "1")
+    backend, pool, _ = setup
+    prefix, ext = [100, 3], [5, 61]
+    backend.plan_step(extend_batch(prefix, ext))  # the setup's pages, all in the pool: planned
+    backend.req_to_token[1, :64] += 64 * 40  # request 1's first page: 40 pages past its own, outside the pool
+    page = int(backend.req_to_token[1, 0]) // 64
+    with pytest.raises(SnapMLAInputError, match=rf"uses page ids in \[{page}, {page}\], outside the pool's"):
+        backend.plan_step(extend_batch(prefix, ext))
+
+
 def test_a_plan_fits_only_its_own_batch():
     """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
     (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
