@@ -420,6 +420,26 @@ def test_index_checks_cover_every_absorbed_extend_launch(setup, monkeypatch):
         backend.plan_step(extend_batch(prefix, ext))
 
 
+def test_a_step_of_another_mode_leaves_no_plan_behind(setup, gen):
+    """A batch the backend does not plan (here PREBUILT, a PD decode server's batch whose cache was transferred) clears
+    the previous step's plan: a decode layer of the same shape that then runs without a plan of its own is refused
+    instead of reading the earlier step's lengths and pages."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    backend, _, layer = setup
+    heads = layer.tp_q_head_num
+    q = torch.randn(2, heads, 512, generator=gen).to(torch.bfloat16)
+    qr = torch.randn(2, heads, 64, generator=gen).to(torch.bfloat16)
+    decode = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=2, seq_lens=torch.tensor([70, 5]),
+                             out_cache_loc=None)
+    backend.plan_step(decode)
+    backend.forward_decode(q, None, None, layer, decode, save_kv_cache=False, q_rope=qr)  # planned: runs
+    backend.plan_step(SimpleNamespace(forward_mode=ForwardMode.PREBUILT, batch_size=2))
+    assert backend.step_plan is None
+    with pytest.raises(RuntimeError, match=r"its plan is for None"):
+        backend.forward_decode(q, None, None, layer, decode, save_kv_cache=False, q_rope=qr)
+
+
 def test_a_plan_fits_only_its_own_batch():
     """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
     (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
