@@ -152,6 +152,17 @@ def test_the_fp8_tolerance_still_rejects_a_wrong_decode(kits, monkeypatch, bug):
                                            rtol=FP8_RTOL, **DIMS)
 
 
+def test_a_runner_without_the_snapmla_pool_is_refused_by_the_backend(kits, monkeypatch):
+    """A model runner whose KV pool is SGLang's own 576-wide one (the plugin's pool hook did not run in that process)
+    gets no backend: its construction names the missing plugin instead of decoding SGLang's bytes as SnapMLA's."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    monkeypatch.setattr(kits["mla"], "MLATokenToKVPool", MLATokenToKVPool)
+    with pytest.raises(RuntimeError, match="needs its KV pool, but this process built MLATokenToKVPool"):
+        kits["mla"].run_mla_attention_case(_Case(), _case(kits, "DECODE", 16, (1, 63)), atol=FP8_ATOL,
+                                           rtol=FP8_RTOL, **DIMS)
+
+
 @pytest.mark.parametrize("heads", [16, pytest.param(128, marks=pytest.mark.gpu)])  # 128: minutes in the interpreter
 def test_absorbed_extend_eager(kits, heads, monkeypatch):
     """Prefill through the absorbed MQA layer (the kit passes q as latent + RoPE concatenated, no k): new spans over
