@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import assert_close
-from sglang_graph_protocol import MODES, GraphProtocol, zeros_in_layout
+from sglang_graph_protocol import MODES, GraphProtocol, import_flashmla_backend, zeros_in_layout
 from sglang_snapmla import cuda_ext, decode_plan
 from sglang_snapmla.kernels.triton import decode as tdecode
 from sglang_snapmla.kernels.triton import quant as tquant
@@ -135,8 +135,6 @@ def test_flashmla_tile_schedule_is_not_computed(gen, mode):
     and at every replay -- the module's `get_mla_metadata` hands back placeholders instead: under graphs views of
     FlashMLA's static buffers, which its copies then copy into themselves. Any other caller gets FlashMLA's schedule;
     SNAPMLA_FLASHMLA_SCHEDULE=1 (the backend's `skips_flashmla_schedule` off) computes it for snapmla too."""
-    from sglang_graph_protocol import import_flashmla_backend
-
     proto = GraphProtocol(heads=16, max_bs=4, lens=[70, 130, 3], gen=gen, device="cpu")
     be, flashmla_backend = proto.backend, import_flashmla_backend()
     flashmla_schedule = flashmla_backend.get_mla_metadata.__wrapped__
@@ -202,6 +200,35 @@ def test_mtp_draft_steps_plan_without_flashmlas_schedule(gen):
         assert be.unread_schedules == 2, "a draft step computed FlashMLA's schedule"
         assert be.step_plan is not None and (be.step_plan.decode.batch, be.step_plan.decode.s_q) == (proto.bs, 1)
         assert be.step_plan.seq_lens.tolist() == proto.lens
+
+
+def test_the_mtp_draft_container_holds_a_snapmla_backend_per_draft_step_but_the_last(monkeypatch):
+    """SGLang runs draft step i through the container's attn_backends[i] for i < steps - 1, each with its own row of
+    the container's kv_indptr: the container built for 3 steps holds two SnapMLA backends (none of FlashMLA's left),
+    on rows 0 and 1, over the draft runner's SnapMLA pool. FlashMLABackend.__init__ (which needs a GPU model runner)
+    is replaced by one that records its arguments and sets what SnapMLABackend's own __init__ reads."""
+    from types import SimpleNamespace
+
+    from sglang_snapmla import plugin
+    from sglang_snapmla.backend import backend_class, multi_step_draft_backend_class
+    from sglang_snapmla.pool import SnapMLATokenToKVPool
+
+    plugin.register()
+    flashmla_backend = import_flashmla_backend()
+    pool = SnapMLATokenToKVPool(size=64 * 4, page_size=64, dtype=torch.bfloat16, kv_lora_rank=512,
+                                qk_rope_head_dim=64, layer_num=1, device="cpu", enable_memory_saver=False)
+    runner = SimpleNamespace(kv_index_translator=None, req_to_token_pool=SimpleNamespace(size=4), device="cpu")
+
+    def flashmla_init(self, model_runner, skip_prefill=False, kv_indptr_buf=None, kv_last_page_len_buf=None):
+        assert model_runner is runner and skip_prefill
+        self.kv_indptr_buf, self.token_to_kv_pool, self.max_context_len = kv_indptr_buf, pool, 4096
+
+    monkeypatch.setattr(flashmla_backend.FlashMLABackend, "__init__", flashmla_init)
+    container = multi_step_draft_backend_class()(runner, 1, 3)
+    steps = container.attn_backends
+    assert [type(b) for b in steps] == [backend_class()] * 2
+    assert [b.kv_indptr_buf.data_ptr() for b in steps] == [container.kv_indptr[i].data_ptr() for i in range(2)]
+    assert all(b.max_pages == decode_plan.static_max_pages(4096) for b in steps)
 
 
 @pytest.mark.parametrize("accepted", [[1, 3, 2], [3, 3, 3]])
