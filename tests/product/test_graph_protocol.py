@@ -231,6 +231,29 @@ def test_the_mtp_draft_container_holds_a_snapmla_backend_per_draft_step_but_the_
     assert all(b.max_pages == decode_plan.static_max_pages(4096) for b in steps)
 
 
+def test_the_graph_lengths_buffer_holds_the_largest_captured_batch(monkeypatch):
+    """init_cuda_graph_state adds to FlashMLA's graph buffers the int32 lengths that every capture and replay writes
+    (`plan_step`) and the captured kernels read: max_bs of them, on the device of FlashMLA's block table (whose own
+    method allocates on "cuda" by name, so it is stood in for here). CUDA-graph metadata asked for before the graph
+    state exists is refused."""
+    from sglang_snapmla.backend import backend_class
+
+    flashmla_backend = import_flashmla_backend()
+
+    def flashmla_graph_state(self, max_bs, max_num_tokens, block_kv_indices=None):
+        self.cuda_graph_kv_indices = torch.ones(max_bs, 9, dtype=torch.int32)
+
+    monkeypatch.setattr(flashmla_backend.FlashMLABackend, "init_cuda_graph_state", flashmla_graph_state)
+    monkeypatch.setattr(flashmla_backend.FlashMLABackend, "init_forward_metadata_out_graph", lambda *a, **k: None)
+    be = object.__new__(backend_class())
+    be.snapmla_graph_seq_lens, be.skips_flashmla_schedule = None, True
+    with pytest.raises(RuntimeError, match="before init_cuda_graph_state"):
+        be.init_forward_metadata_out_graph(None, in_capture=True)
+    be.init_cuda_graph_state(48, 48 * 3)
+    lens = be.snapmla_graph_seq_lens
+    assert lens.shape == (48,) and lens.dtype == torch.int32 and lens.device == be.cuda_graph_kv_indices.device
+
+
 @pytest.mark.parametrize("accepted", [[1, 3, 2], [3, 3, 3]])
 def test_draft_extend_attends_over_the_window_aligned_lengths(gen, monkeypatch, accepted):
     """Eager MTP draft extend where requests accepted fewer draft tokens than the window: SGLang passes seq_lens =
