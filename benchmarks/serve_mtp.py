@@ -13,7 +13,8 @@ accept length (output tokens over verify steps, summed over the requests; the dr
 most 3), the GPU time of the decode forwards per output token (each forward's time on the server's device timer,
 `harness.gpu_time`: draft, verify and draft-extend passes with MTP; it includes host work inside a forward, such as
 building its metadata, where the GPU waits for it, but not the scheduler's work between forwards: wall time per token
-minus this is time outside the forwards), and for an `X-mtp` run against `X` (the same backend without the draft),
+minus this is time outside the forwards; SGLang counts a forward when a later one ends, so a forward or two at each
+end of a round fall into its neighbours), and for an `X-mtp` run against `X` (the same backend without the draft),
 the outputs identical token for token and the mean share of leading tokens they have in common; likewise against the
 `--reference` run (FlashMLA BF16 without a draft by default).
 Greedy speculative decoding accepts a draft token only where it is the target's own greedy choice, so a backend's
