@@ -202,15 +202,13 @@ def test_mtp_draft_steps_plan_without_flashmlas_schedule(gen):
         assert be.step_plan.seq_lens.tolist() == proto.lens
 
 
-def test_the_mtp_draft_container_holds_a_snapmla_backend_per_draft_step_but_the_last(monkeypatch):
-    """SGLang runs draft step i through the container's attn_backends[i] for i < steps - 1, each with its own row of
-    the container's kv_indptr: the container built for 3 steps holds two SnapMLA backends (none of FlashMLA's left),
-    on rows 0 and 1, over the draft runner's SnapMLA pool. FlashMLABackend.__init__ (which needs a GPU model runner)
-    is replaced by one that records its arguments and sets what SnapMLABackend's own __init__ reads."""
+def _runner_without_a_gpu(monkeypatch):
+    """A draft model runner stand-in over a SnapMLA pool, with FlashMLABackend.__init__ (which needs a GPU model
+    runner) replaced by one that checks its arguments, keeps its kv_indptr row and sets what SnapMLABackend's own
+    __init__ reads (the pool, a context length of 4 096)."""
     from types import SimpleNamespace
 
     from sglang_snapmla import plugin
-    from sglang_snapmla.backend import backend_class, multi_step_draft_backend_class
     from sglang_snapmla.pool import SnapMLATokenToKVPool
 
     plugin.register()
@@ -224,11 +222,32 @@ def test_the_mtp_draft_container_holds_a_snapmla_backend_per_draft_step_but_the_
         self.kv_indptr_buf, self.token_to_kv_pool, self.max_context_len = kv_indptr_buf, pool, 4096
 
     monkeypatch.setattr(flashmla_backend.FlashMLABackend, "__init__", flashmla_init)
+    return runner
+
+
+def test_the_mtp_draft_container_holds_a_snapmla_backend_per_draft_step_but_the_last(monkeypatch):
+    """SGLang runs draft step i through the container's attn_backends[i] for i < steps - 1, each with its own row of
+    the container's kv_indptr: the container built for 3 steps holds two SnapMLA backends (none of FlashMLA's left),
+    on rows 0 and 1, over the draft runner's SnapMLA pool, with the server's static page bound."""
+    from sglang_snapmla.backend import backend_class, multi_step_draft_backend_class
+
+    runner = _runner_without_a_gpu(monkeypatch)  # first: it installs the stand-ins FlashMLA's module imports
     container = multi_step_draft_backend_class()(runner, 1, 3)
     steps = container.attn_backends
     assert [type(b) for b in steps] == [backend_class()] * 2
     assert [b.kv_indptr_buf.data_ptr() for b in steps] == [container.kv_indptr[i].data_ptr() for i in range(2)]
     assert all(b.max_pages == decode_plan.static_max_pages(4096) for b in steps)
+
+
+def test_a_backend_computes_flashmlas_schedule_only_when_asked(monkeypatch):
+    """A new backend skips FlashMLA's tile schedule (its kernels never read it) unless SNAPMLA_FLASHMLA_SCHEDULE=1."""
+    from sglang_snapmla.backend import backend_class
+
+    runner = _runner_without_a_gpu(monkeypatch)
+    monkeypatch.delenv("SNAPMLA_FLASHMLA_SCHEDULE", raising=False)
+    assert backend_class()(runner, skip_prefill=True).skips_flashmla_schedule
+    monkeypatch.setenv("SNAPMLA_FLASHMLA_SCHEDULE", "1")
+    assert not backend_class()(runner, skip_prefill=True).skips_flashmla_schedule
 
 
 def test_the_graph_lengths_buffer_holds_the_largest_captured_batch(monkeypatch):
