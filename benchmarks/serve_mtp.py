@@ -39,6 +39,9 @@ from harness.results import read_json, save_png
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, serving
 
 PROMPTS_AT_LEAST = 4  # prompts at concurrency 1 (one after another)
+# unmeasured passes per concurrency: the first meets the batch size's graphs, the second the prompts' cached prefixes
+# as every measured round does (a prefill over a cached prefix runs other kernels)
+WARM_UP_PASSES = 2
 MTP_SUFFIX = "-mtp"
 
 
@@ -52,23 +55,16 @@ def generate_level(port: int, prompts: list[list[int]], concurrency: int, new_to
         meta = r["meta_info"]
         return r["output_ids"], time.monotonic() - t0, meta["completion_tokens"], meta.get("spec_verify_ct")
 
-    before = _forward_seconds(port)
+    before = gpu_time.server_seconds(port)
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         done = list(pool.map(one, prompts))
-    seconds, after = time.monotonic() - t0, _forward_seconds(port)
+    seconds, after = time.monotonic() - t0, gpu_time.server_seconds(port)
     return {"seconds": seconds, "ids": [d[0] for d in done], "latencies": [d[1] for d in done],
             "completion_tokens": sum(d[2] for d in done),
             "verify_steps": None if any(d[3] is None for d in done) else sum(d[3] for d in done),
             "gpu_s": {c: after[c] - before.get(c, 0.0) for c in after} if before and after else None}
 
-
-def _forward_seconds(port: int) -> dict[str, float]:
-    """The server's GPU seconds per forward category so far ({} where its metrics have no device timer)."""
-    try:
-        return gpu_time.read_counters(f"http://127.0.0.1:{port}/metrics", timeout=10)
-    except OSError:
-        return {}
 
 
 def summarize(rounds: list[dict], new_tokens: int) -> dict:
@@ -96,7 +92,7 @@ def shared(a: list[list[int]], b: list[list[int]]) -> tuple[int, float]:
 
 
 def measure_run(model: str, run: str, levels: list[int], rounds: int, new_tokens: int, port: int, out: Path,
-                startup_timeout: float, warm_up: int = 2) -> dict:
+                startup_timeout: float, warm_up: int = WARM_UP_PASSES) -> dict:
     prompts = json.loads((Path(model) / "heldout.json").read_text())["prompts"]
     flags = [*RUNS[run], "--cuda-graph-max-bs", str(max(levels)), "--max-running-requests", str(max(levels)),
              *POOL_FLAGS, *gpu_time.SERVER_FLAGS]
@@ -107,9 +103,6 @@ def measure_run(model: str, run: str, levels: list[int], rounds: int, new_tokens
             res = {"startup_s": round(time.time() - t0, 1), "levels": {}}
             for c in levels:
                 batch = prompts[:max(c, PROMPTS_AT_LEAST)]
-                # warm-up: the first pass meets this batch size's graphs, the second the prompts' cached prefixes as
-                # every measured round does (a prefill over a cached prefix runs other kernels; after one pass, one of
-                # snapmla's three measured rounds at one request ran at a tenth of the others' rate)
                 for _ in range(warm_up):
                     generate_level(port, batch, c, new_tokens)
                 res["levels"][str(c)] = summarize(
@@ -182,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
                     choices=list(RUNS))
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warm-up", type=int, default=2, help="unmeasured passes per concurrency before the rounds")
+    ap.add_argument("--warm-up", type=int, default=WARM_UP_PASSES,
+                    help="unmeasured passes per concurrency before the rounds")
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--startup-timeout", type=float, default=400)

@@ -94,22 +94,14 @@ def parse(text: str) -> dict:
     return parse_metrics(text, {**METRICS, **EXTRA_METRICS})
 
 
-def gpu_seconds(port: int) -> dict[str, float]:
-    """The server's GPU seconds per forward category so far ({} where /metrics does not answer)."""
-    try:
-        return gpu_time.read_counters(f"http://127.0.0.1:{port}/metrics", timeout=10)
-    except OSError:
-        return {}
-
-
 def run_workload(port: int, model: str, backend: str, name: str, out: Path, timeout: float, log_path: Path) -> dict:
     workload = WORKLOADS[name]
     subprocess.run(bench_command(port, model, workload, seed=2, warmup=True), capture_output=True, timeout=timeout)
     flush_cache(port)
     first_line = len(log_path.read_text(errors="replace").splitlines())
-    before = gpu_seconds(port)
+    before = gpu_time.server_seconds(port)
     b = subprocess.run(bench_command(port, model, workload), capture_output=True, text=True, timeout=timeout)
-    after = gpu_seconds(port)
+    after = gpu_time.server_seconds(port)
     (out / f"bench_{Path(model).name}_{backend}_{name}.txt").write_text(b.stdout + b.stderr)
     metrics = parse(b.stdout)
     if not metrics.get("output_tok_s") or not metrics.get("retokenized_output_tokens"):

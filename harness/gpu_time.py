@@ -50,6 +50,14 @@ def read_counters(url: str, timeout: float = 5) -> dict[str, float]:
         return parse_counters(resp.read().decode("utf-8", "replace"))
 
 
+def server_seconds(port: int, host: str = "127.0.0.1") -> dict[str, float]:
+    """`read_counters` of the server on `port`, {} where its /metrics does not answer."""
+    try:
+        return read_counters(f"http://{host}:{port}/metrics", timeout=10)
+    except OSError:
+        return {}
+
+
 class GpuTimeSampler:
     """Reads the server's /metrics every `period` seconds in a thread, from start() to stop() -> the samples
     [{"time": ISO local time, "seconds": {category: GPU s}}] (local time, as the server's log lines). A scrape that
