@@ -216,11 +216,34 @@ def test_block_fp8_dummy_load_without_the_switch_warns(registered, monkeypatch, 
     assert f"set {DUMMY_WEIGHTS_ENV}=deployment" in caplog.text
 
 
-def test_loaded_model_check_names_a_kv_scale_that_is_not_one():
+@pytest.mark.parametrize("k, v", [(1.0, 0.00042), (0.00031, 1.0)])
+def test_loaded_model_check_names_a_kv_scale_that_is_not_one(k, v):
+    """Either scale off stops the start, naming the layer; with both 1.0 every attention layer counts."""
     m = tiny_block_fp8_model()
-    m.attn.k_scale_float, m.attn.v_scale_float = 1.0, 0.00042
-    with pytest.raises(RuntimeError, match=r"attn: k_scale 1.0, v_scale 0.00042"):
+    m.attn2 = Attention()
+    m.attn.k_scale_float = m.attn.v_scale_float = m.attn2.k_scale_float = m.attn2.v_scale_float = 1.0
+    assert dummy_weights.check_loaded_model(m) == 2
+    m.attn2.k_scale_float, m.attn2.v_scale_float = k, v
+    with pytest.raises(RuntimeError, match=rf"attn2: k_scale {k}, v_scale {v}"):
         dummy_weights.check_loaded_model(m)
+
+
+def test_only_fp8_weights_with_block_scales_are_redrawn_and_the_logged_scale_range_is_theirs():
+    """A BF16 weight beside a `*_scale_inv` and an FP8 weight whose scale is not a block grid of its rank are not
+    block-FP8 pairs and keep their values; the reported scale range is the smallest and largest block scale drawn."""
+    m = tiny_block_fp8_model()
+    m.bf16_proj = nn.Module()
+    m.bf16_proj.weight = nn.Parameter(torch.full((256, 256), 0.5, dtype=torch.bfloat16), requires_grad=False)
+    m.bf16_proj.weight_scale_inv = nn.Parameter(torch.full((2, 2), 3.0), requires_grad=False)
+    m.per_tensor = nn.Module()
+    m.per_tensor.weight = nn.Parameter(torch.full((256, 256), 2.0).to(torch.float8_e4m3fn), requires_grad=False)
+    m.per_tensor.weight_scale_inv = nn.Parameter(torch.tensor([3.0]), requires_grad=False)
+    counts = dummy_weights.make_deployment_like(m)
+    assert counts["block_fp8_weights"] == 3
+    assert (m.bf16_proj.weight == 0.5).all() and (m.bf16_proj.weight_scale_inv == 3.0).all()
+    assert (m.per_tensor.weight.float() == 2.0).all() and m.per_tensor.weight_scale_inv.item() == 3.0
+    scales = torch.cat([getattr(mod, s).flatten() for mod, _, s in dummy_weights.block_fp8_pairs(m)])
+    assert counts["block_scale_range"] == [scales.min().item(), scales.max().item()]
 
 
 def test_the_load_check_runs_only_where_deployment_weights_were_asked_for(monkeypatch):
