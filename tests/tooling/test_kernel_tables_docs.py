@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.results import read_json
-from helpers import doc_sections, doc_tables, shows
+from helpers import cell_numbers, doc_sections, doc_tables, shows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -211,3 +211,78 @@ def test_the_batch_1_split_paragraph_is_the_kept_sweep():
         counts = {decode_plan.cuda_num_splits(b, s_q * h, pages, torch.device("cpu"), sms=132)
                   for h in (8, 16, 32, 64, 128) for s_q in (1, 2, 3, 4) for b in range(1, 513, 7)}
         assert not counts & {32, 64}, ctx
+
+
+SHORT_H100 = ("kernels_h100_short_context_serving_plan.json", "kernels_h100_short_context_serving_plan_second_run.json")
+SHORT_H100_SWEEP = "split_sweep_h100_short_context.json"
+
+
+def _shows_range(cell: str, values: list[float]) -> bool:
+    """A cell quoting several runs: 'lo-hi', or one figure where both round to it."""
+    lo, hi = min(values), max(values)
+    return shows(cell, [lo, hi]) if len(cell_numbers(cell)) == 2 else shows(cell, [lo]) and shows(cell, [hi])
+
+
+def _short_h100():
+    section = doc_sections((ROOT / "docs" / "BENCHMARKS-H100.md").read_text())["Decode kernel (H100)"]
+    runs = [run_of(name) for name in SHORT_H100]
+    # the split table sits in a list item (indented), which doc_tables reads once the indent is gone
+    tables = doc_tables("\n".join(line.strip() for line in section.splitlines()))
+    bench = next(t for t in tables if "splits" in t[0] and "snapmla µs" in t[0])
+    sweep = next(t for t in tables if "1 split" in t[0])
+    return section, runs, bench, sweep, read_json(ROOT / "results" / "bench" / SHORT_H100_SWEEP)
+
+
+def _ratio_range(runs, shape, over) -> str:
+    ratios = sorted(r[shape][over]["us"] / r[shape]["snapmla_cuda_sm90"]["us"] for r in runs)
+    return f"{ratios[0]:.2f}-{ratios[1]:.2f}x" if f"{ratios[0]:.2f}" != f"{ratios[1]:.2f}" else f"{ratios[0]:.2f}x"
+
+
+def test_the_h100_short_context_tables_are_their_kept_runs():
+    """BENCHMARKS-H100's short-context table at the serving plan: every cell the range over its two runs, the split
+    count each shape ran being the one decode_plan makes for a 32 768-token context; the split table beneath it the
+    kept split sweep, the fastest count in bold, the serving plan's count and time beside it; the ratios the text
+    draws from both."""
+    import torch
+
+    from sglang_snapmla import decode_plan
+
+    section, runs, bench, sweep_rows, sweep = _short_h100()
+    assert f"`results/bench/{SHORT_H100[0]}.xz`, `..._second_run.json.xz`" in section
+    assert f"`results/bench/{SHORT_H100_SWEEP}`" in section
+    assert len(bench) == len(runs[0]) == len(runs[1]) == 14
+    us = {"snapmla µs": "snapmla_cuda_sm90", "FlashMLA BF16 µs": "flashmla_bf16",
+          "FlashMLA FP8 µs": "flashmla_fp8_pertensor"}
+    for row in bench:
+        h, b, sk = (int(row[c].replace(" ", "")) for c in ("heads", "batch", "s_k"))
+        shape = (h, 1, b, sk)
+        ran = {r[shape]["snapmla_cuda_sm90"]["splits"] for r in runs}
+        planned = decode_plan.cuda_num_splits(b, h, decode_plan.static_max_pages(32768), torch.device("cpu"), sms=132)
+        assert ran == {planned} and shows(row["splits"], [planned]), (shape, ran, planned)
+        for col, kernel in us.items():
+            assert _shows_range(row[col], [r[shape][kernel]["us"] for r in runs]), (shape, col)
+        for col, over in (("vs FlashMLA BF16", "flashmla_bf16"), ("vs FlashMLA FP8", "flashmla_fp8_pertensor")):
+            assert row[col].strip("*") == _ratio_range(runs, shape, over), (shape, col, row[col])
+    by_shape = {(int(r["heads"]), int(r["batch"]), int(r["s_k"].replace(" ", ""))): r for r in bench}
+    assert len(sweep_rows) == len(sweep) == 6
+    for row in sweep_rows:
+        h, b, sk = (int(row[c].replace(" ", "")) for c in ("heads", "batch", "s_k"))
+        r = sweep[f"h{h}_b{b}_sk{sk}"]
+        assert shows(row["FlashMLA BF16"], [r["flashmla_bf16"]]), row
+        full = r["full_by_splits"]
+        for s in full:
+            col = "1 split" if s == "1" else s
+            assert shows(row[col], [full[s]]) and (row[col].startswith("**") == (s == min(full, key=full.get))), row
+        count, times = row["the serving plan's (above)"].partition(": ")[::2]
+        assert count == by_shape[(h, b, sk)]["splits"] and times == ("" if count == "1" else
+                                                                     by_shape[(h, b, sk)]["snapmla µs"]), row
+    flat = " ".join(section.split())
+
+    def fitted(key):
+        r = sweep[key]
+        return f"{r['flashmla_bf16'] / min(r['full_by_splits'].values()):.2f}x"
+
+    assert (f"h128 b32 s_k 640 would run at {fitted('h128_b32_sk640')} FlashMLA BF16 instead of "
+            f"{_ratio_range(runs, (128, 1, 32, 640), 'flashmla_bf16')}, h64 b64 at {fitted('h64_b64_sk640')} instead "
+            f"of {_ratio_range(runs, (64, 1, 64, 640), 'flashmla_bf16')} and h64 b32 at {fitted('h64_b32_sk640')} "
+            f"instead of {_ratio_range(runs, (64, 1, 32, 640), 'flashmla_bf16')}") in flat

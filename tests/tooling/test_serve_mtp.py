@@ -3,6 +3,7 @@ continued rather than served again, the refusal of a draft the checkpoint lacks;
 trained draft" section and the README's MTP figures read back from the run kept in results/."""
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from helpers import doc_sections, doc_tables, shows
 
 ROOT = Path(__file__).resolve().parents[2]
 KEPT = ROOT / "results" / "serve" / "mtp_trained_draft_h200"
+KEPT_H100 = ROOT / "results" / "serve" / "mtp_trained_draft_h100"
 SECTION = "MTP with a trained draft (H200, small trained checkpoint)"
+SECTION_H100 = "The same on an H100, with each step's GPU time"
 
 
 def _round(seconds, latencies, tokens, steps, ids=((1, 2, 3),)):
@@ -170,11 +173,53 @@ def test_the_mtp_section_is_the_kept_run():
     assert f"{100 * train['heldout_mtp_agreement']:.1f} % of positions" in text
 
 
-def test_the_readme_quotes_the_kept_run():
-    runs = read_json(KEPT / "serve_mtp.json")["runs"]
+def _one_request_ratios(runs) -> str:
+    """snapmla's output rate at one request over FlashMLA BF16's, without MTP and with it: 'lo-hi'."""
     one = [runs[r]["levels"]["1"]["output_tok_s"] for r in ("snapmla", "flashmla", "snapmla-mtp", "flashmla-mtp")]
     ratios = sorted((one[0] / one[1], one[2] / one[3]))
+    return f"{ratios[0]:.2f}-{ratios[1]:.2f}x"
+
+
+def test_the_h100_section_is_its_kept_run():
+    """The H100 table, every cell with the GPU time per token from the servers' device timer, and the one-request
+    figures the text draws from it."""
+    kept = read_json(KEPT_H100 / "serve_mtp.json")
+    runs = kept["runs"]
+    assert kept["meta"]["reference"] == "flashmla" and kept["meta"]["new_tokens"] == 256
+    text = doc_sections((ROOT / "docs" / "BENCHMARKS.md").read_text())[SECTION_H100]
+    assert "results/serve/mtp_trained_draft_h100/" in text
+    rows = doc_tables(text)[0]
+    assert len(rows) == sum(len(r["levels"]) for r in runs.values()) == 15
+    for row in rows:
+        lv = runs[row["run"]]["levels"][row["c"]]
+        assert shows(row["output tok/s (range)"], [lv["output_tok_s"], *lv["output_tok_s_range"]]), row
+        assert shows(row["ms per token"], [lv["ms_per_token"]]), row
+        assert shows(row["GPU ms per token (decode forwards)"], [lv["gpu_decode_ms_per_token"]]), row
+        assert shows(row["accept length"], [lv["accept_length"]]), row
+        for column, key in (("identical to the run without MTP", "vs_base"),
+                            ("identical to FlashMLA BF16", "vs_reference")):
+            cmp = lv.get(key)
+            values = [cmp["identical"], cmp["outputs"], 100 * cmp["leading_share"]] if cmp else [None]
+            assert shows(row[column], values), (row, column)
+    one = {r: runs[r]["levels"]["1"] for r in runs}
+    flat = " ".join(text.split())
+    assert (f"snapmla makes {one['snapmla']['output_tok_s'] / one['flashmla']['output_tok_s']:.2f}x FlashMLA BF16's "
+            f"rate ({one['snapmla']['output_tok_s']:.0f} against {one['flashmla']['output_tok_s']:.0f} tok/s") in flat
+    gpu = [one[r]["gpu_decode_ms_per_token"] for r in ("snapmla", "flashmla", "flashmla-fp8")]
+    assert f"({gpu[0]:.2f} ms against {gpu[1]:.2f} and {gpu[2]:.2f})" in flat
+    gains = sorted(one[f"{r}-mtp"]["output_tok_s"] / one[r]["output_tok_s"] for r in ("flashmla", "snapmla"))
+    assert f"({gains[1]:.2f}x and {gains[0]:.2f}x)" in flat
+    train = read_json(KEPT_H100 / "train_log.json")
+    assert f"{train['steps']} steps in 2 minutes, held-out perplexity {math.exp(train['heldout_loss']):.2f}" in flat
+    assert f"the model's next at {100 * train['heldout_mtp_agreement']:.1f} % of held-out positions" in flat
+
+
+def test_the_readme_quotes_the_kept_runs():
+    runs, h100 = read_json(KEPT / "serve_mtp.json")["runs"], read_json(KEPT_H100 / "serve_mtp.json")["runs"]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"snapmla's verify accepts {_accept(runs, 'snapmla-mtp')} tokens a cycle, FlashMLA BF16's "
             f"{_accept(runs, 'flashmla-mtp')}") in readme
-    assert f"({ratios[0]:.2f}-{ratios[1]:.2f}x, cause not isolated" in readme
+    gpu = [h100[r]["levels"]["1"]["gpu_decode_ms_per_token"] for r in ("snapmla", "flashmla")]
+    assert (f"snapmla made {_one_request_ratios(runs)} BF16's rate on an H200 and {_one_request_ratios(h100)} on an "
+            f"H100, where its forwards took the same GPU time as BF16's ({gpu[0]:.2f} and {gpu[1]:.2f} ms a token") \
+        in readme
