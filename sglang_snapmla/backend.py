@@ -155,8 +155,11 @@ class SnapMLAForward:
         logger.info("snapmla: q_nope [tokens, heads, 512] arrives %s", layout)
 
     step_plan: Optional[StepPlan | ExtendPlan] = None  # the plan of the step that `plan_step` saw last
+    # (step kind, batch) -> the StepPlan a CUDA graph of that kind and batch was captured with; None before
+    # init_cuda_graph_state
+    graph_step_plans: Optional[dict] = None
 
-    def plan_step(self, forward_batch, graph_seq_lens: Optional[torch.Tensor] = None) -> None:
+    def plan_step(self, forward_batch, graph_seq_lens: Optional[torch.Tensor] = None, replay: bool = False) -> None:
         """Plan a step for all of its layers from the batch and FlashMLA's metadata for it (the caller has just built
         that). A decode, target verify or draft extend step: the split count from the static page bound
         (`max_pages`), not from the block table, whose width under CUDA graphs is that of the view SGLang captured
@@ -164,7 +167,11 @@ class SnapMLAForward:
         the plan.
         `graph_seq_lens`: under CUDA graphs (capture and every replay), a static int32 buffer of at least B entries,
         which the lengths are written into here, outside the graph, for the captured kernels to read; eager steps
-        cast them to a new tensor."""
+        cast them to a new tensor.
+        `replay`: a graph replay. Only the lengths are written: the plan is the one this kind and batch was captured
+        with, over the same static buffers, since no layer code runs in a replay (the plan and its checks cost ~10 us
+        of host time a step, docs/DESIGN.md "Per-step metadata"); with SNAPMLA_CHECK_INDICES=1 the step is planned
+        and checked again, the checks reading the replayed table."""
         mode = forward_batch.forward_mode
         if mode.is_target_verify() or mode.is_draft_extend_v2():
             s_q = self.num_draft_tokens
@@ -184,10 +191,19 @@ class SnapMLAForward:
             if mode.is_target_verify():  # the draft tokens follow the committed ones
                 seq_lens = seq_lens + s_q
             seq_lens = graph_seq_lens[:bs].copy_(seq_lens) if graph_seq_lens is not None else seq_lens.to(torch.int32)
+        kind = (mode.is_target_verify(), mode.is_draft_extend_v2(), bs)
+        captured = self.graph_step_plans.get(kind) if replay and self.graph_step_plans is not None else None
+        if (captured is not None and not settings.index_checks_enabled()
+                and captured.seq_lens.data_ptr() == seq_lens.data_ptr()
+                and captured.block_table.data_ptr() == self.forward_metadata.block_kv_indices.data_ptr()):
+            self.step_plan = captured
+            return
         plan = decode_plan.plan_decode(bs, s_q, self.num_q_heads, self.max_pages, seq_lens.device)
         block_table = self.forward_metadata.block_kv_indices[:bs]
         ops.check_decode_step(block_table, seq_lens, plan, self.token_to_kv_pool.num_slots)
         self.step_plan = StepPlan(plan, block_table, seq_lens)
+        if graph_seq_lens is not None and self.graph_step_plans is not None and not replay:
+            self.graph_step_plans[kind] = self.step_plan
 
     def _plan_extend(self, forward_batch) -> ExtendPlan:
         """The route, and where it is absorbed MLA (then every layer of the step runs it), the launches too."""
@@ -368,6 +384,7 @@ def backend_class() -> type:
             # the int32 lengths that captured decode-like graphs read, written before every replay (plan_step)
             self.snapmla_graph_seq_lens = torch.ones(max_bs, dtype=torch.int32,
                                                      device=self.cuda_graph_kv_indices.device)
+            self.graph_step_plans = {}
 
         def init_forward_metadata(self, forward_batch):
             with building_metadata(self, graphed=False):
@@ -379,7 +396,7 @@ def backend_class() -> type:
                 super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
             if self.snapmla_graph_seq_lens is None:
                 raise RuntimeError("snapmla: CUDA-graph metadata asked for before init_cuda_graph_state")
-            self.plan_step(forward_batch, graph_seq_lens=self.snapmla_graph_seq_lens)
+            self.plan_step(forward_batch, graph_seq_lens=self.snapmla_graph_seq_lens, replay=not in_capture)
 
     return SnapMLABackend
 

@@ -163,6 +163,37 @@ def test_flashmla_tile_schedule_is_not_computed(gen, mode):
     assert be.forward_metadata.flashmla_metadata.shape == expected[0].shape
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_replay_writes_the_lengths_and_reuses_the_plan_it_was_captured_with(gen, monkeypatch, mode):
+    """No layer code runs in a graph replay, so the plan a replay needs is the one its graph was captured with: a
+    replay writes the step's lengths into the graph's buffer and neither plans nor checks again (~10 us of host time
+    a step); a batch of another kind, or a batch never captured, is planned, and with SNAPMLA_CHECK_INDICES=1 every
+    replay is planned and checked again, the checks reading the replayed table."""
+    from sglang_snapmla.errors import SnapMLAInputError
+
+    proto = GraphProtocol(heads=16, max_bs=4, lens=[70, 130, 3], gen=gen, device="cpu", window=2)
+    be = proto.backend
+    proto.capture_metadata(mode)
+    captured = be.step_plan
+    planned, plan_decode = [], decode_plan.plan_decode
+    monkeypatch.setattr(decode_plan, "plan_decode", lambda *a, **k: planned.append(a) or plan_decode(*a, **k))
+    proto.replay_metadata(mode)
+    assert be.step_plan is captured and planned == []
+    if mode != "draft_extend":  # (draft extend reads FlashMLA's own window-aligned lengths buffer)
+        assert be.snapmla_graph_seq_lens[:proto.bs].tolist() == proto.kv_lens(mode)
+    other = "decode" if mode != "decode" else "target_verify"
+    proto.replay_metadata(other)  # never captured: planned for itself
+    assert len(planned) == 1 and be.step_plan.decode.s_q == proto.s_q(other)
+    proto.replay_metadata(mode)
+    assert be.step_plan is captured and len(planned) == 1
+    monkeypatch.setenv("SNAPMLA_CHECK_INDICES", "1")
+    proto.replay_metadata(mode)
+    assert len(planned) == 2 and be.step_plan is not captured
+    be.req_to_token[2, :64] += 64 * 10_000  # request 1's first page now lies past the pool
+    with pytest.raises(SnapMLAInputError, match="outside the pool"):
+        proto.replay_metadata(mode)
+
+
 def test_a_release_without_get_mla_metadata_is_refused():
     from types import SimpleNamespace
 

@@ -120,6 +120,7 @@ class GraphProtocol:
             be.cuda_graph_num_splits = torch.empty(max_bs + 1, dtype=torch.int32)
             be.cuda_graph_draft_extend_seq_lens_k = torch.ones(max_bs, dtype=torch.int32)
             be.snapmla_graph_seq_lens = torch.ones(max_bs, dtype=torch.int32)
+            be.graph_step_plans = {}
         self.backend, self.pool, self.max_bs = be, pool, max_bs
         self.layer = SimpleNamespace(layer_id=0, tp_q_head_num=heads, scaling=(nx.KV_LORA_RANK + nx.ROPE_DIM) ** -0.5)
         self._write_batch(num_pages, pages_per_req)
