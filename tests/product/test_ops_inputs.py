@@ -1,6 +1,8 @@
 """The public ops refuse malformed inputs with a SnapMLAInputError naming what is wrong, before any launch (a kernel
 given them would read or write the wrong rows, or fault). Each case takes a well-formed call and breaks one thing."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -74,6 +76,15 @@ CASES = {
                             r"pool arrays disagree on slots: 256, 255, 256"),
     "pool not contiguous": (lambda: append(kv=[pool()[0], pool()[1], wider(pool()[2], 128)]),
                             "pool arrays must be contiguous"),
+    "rope array of other slots": (lambda: append(kv=[pool()[0], pool()[1], pool()[2][:-1]]),
+                                  r"pool arrays disagree on slots: 256, 256, 255"),
+    "scales of two dims": (lambda: append(kv=[pool()[0], pool()[1].view(-1, 1), pool()[2]]),
+                           r"kv_scale must have 1 dims, got shape \(256, 1\)"),
+    "float slot ids": (lambda: append(loc=torch.arange(3, device=DEV).float()), r"loc must be \[3\] int32 or int64"),
+    "fetch into rope rows of another width": (
+        lambda: ops.fetch_dequant(torch.arange(2, device=DEV), *pool(),
+                                  out_k_rope=torch.empty(2, 32, dtype=torch.bfloat16, device=DEV)),
+        "out_k_rope last dim must be 64"),
     "loc of other rows": (lambda: append(loc=torch.arange(2, device=DEV)), r"loc must be \[3\] int32 or int64"),
     "k_rope of other rows": (lambda: append(k_rope=rows(2)[1]), "c_kv has 3 rows, k_rope 2"),
     "q_rope of other heads": (lambda: ops.quantize_q(rows(4)[0].view(2, 2, 512), rows(2)[1].view(2, 1, 64)),
@@ -89,6 +100,11 @@ CASES = {
     "table of another batch": (lambda: step(batch=B + 1), r"block_table must be \[B=3, max_pages\]"),
     "table strided": (lambda: step(bt=table()[0].t().contiguous().t()), "block_table must have unit stride"),
     "lengths of another batch": (lambda: step(lens=table()[1][:1]), r"seq_lens must be \[B=2\] int32"),
+    "query scales of another batch": (lambda: decode(q=(queries()[0], queries()[1][:1], queries()[2])),
+                                      r"q_scale \(1, 1, 16\), q_rope \(2, 1, 16, 64\) must agree"),
+    "a plan and a split count": (lambda: decode(plan=decode_plan.plan_decode(B, 1, H, PAGES, torch.device(DEV),
+                                                                             "triton"), num_splits=2),
+                                 "pass either a plan or num_splits / tiling / impl, not both"),
     "plan of another batch": (lambda: decode(plan=decode_plan.plan_decode(B + 1, 1, H, PAGES, torch.device(DEV),
                                                                            "triton")),
                               r"the decode plan is for \[batch, s_q, heads\] = \[3, 1, 16\]"),
@@ -110,6 +126,59 @@ def test_the_triton_decode_writes_final_outputs_at_one_split_only():
         ops.launch_triton_decode(q8, qs, qr, *pool(), t, s, empty, empty,
                                  torch.empty(B, 1, H, 512, dtype=torch.bfloat16, device=DEV),
                                  torch.empty(B, H, 1, device=DEV), 0.1, splits=2)
+
+
+def test_an_empty_batch_launches_nothing(monkeypatch):
+    """B = 0 (an idle step): empty outputs and no launch (a CUDA grid of 0 blocks is a launch error)."""
+    for name in ("launch_cuda_decode", "launch_triton_decode", "combine"):
+        monkeypatch.setattr(ops, name, lambda *a, _name=name, **k: pytest.fail(f"{_name} launched for an empty batch"))
+    triton = decode_plan.plan_decode(0, 1, H, PAGES, torch.device(DEV), "triton")
+    for plan in (triton, dataclasses.replace(triton, impl="cuda", splits=1), dataclasses.replace(triton, splits=2)):
+        q8, qs, qr = (t[:0] for t in queries())
+        out, lse = ops.decode_planned(q8, qs, qr, *pool(), table()[0][:0], table()[1][:0], 0.1, plan)
+        assert out.shape == (0, 1, H, 512) and lse.shape == (0, H, 1)
+
+
+@pytest.mark.parametrize("pdl, follows_q_quant", [(False, False), (True, False), (True, True)])
+def test_the_cuda_launch_passes_its_flags_and_the_tables_storage(monkeypatch, pdl, follows_q_quant):
+    """What the sm_90a decode is told besides its tensors: the launch flags (PDL; the lengths, table and first pages
+    read before the wait, only right after the Q-quant) and the block table's entries to the end of its storage,
+    not the view's width (a width-1 capture view of SGLang's table, replayed with longer sequences)."""
+    from sglang_snapmla import cuda_ext
+
+    seen = {}
+
+    class Recorder:
+        def decode_split(self, *args):
+            seen["bt_entries"], seen["flags"] = args[-2], args[-1]
+
+    monkeypatch.setattr(cuda_ext, "load", lambda: Recorder())
+    t, s = table()
+    wide = torch.zeros(B, 8, dtype=torch.int32, device=DEV)
+    empty = torch.empty(0, device=DEV)
+    out, lse = torch.empty(B, 1, H, 512, dtype=torch.bfloat16, device=DEV), torch.empty(B, H, 1, device=DEV)
+    ops.launch_cuda_decode(*queries(), *pool(), wide[:, :1], s, empty, empty, out, lse, 0.1, splits=1, pdl=pdl,
+                           follows_q_quant=follows_q_quant)
+    assert seen["bt_entries"] == B * 8
+    assert seen["flags"] == (ops.CUDA_LAUNCH_FLAGS["kLaunchPdl"] if pdl else 0) | (
+        ops.CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] if follows_q_quant else 0)
+
+
+def test_tensors_off_the_gpu_are_refused_outside_the_interpreter(monkeypatch):
+    """On CPU the kernels run only under Triton's interpreter (the tests); elsewhere a CPU tensor is refused by name
+    before any launch."""
+    monkeypatch.setattr(ops, "interpreter_mode", lambda: False)
+    c, r = rows(1)
+    with pytest.raises(ops.SnapMLAInputError, match=r"SnapMLA kernels need CUDA tensors \(got cpu\)"):
+        ops.quantize_q(c.cpu().view(1, 1, 512), r.cpu().view(1, 1, 64))
+
+
+def test_index_checks_refuse_a_negative_page_id(monkeypatch):
+    monkeypatch.setenv(ops.CHECK_INDICES_ENV, "1")
+    t, s = table()
+    t[1, 1] = -1
+    with pytest.raises(ops.SnapMLAInputError, match=r"sequence 1 uses page ids in \[-1, 2\], outside the pool's"):
+        decode(bt=t)
 
 
 def test_index_checks_refuse_a_negative_length(monkeypatch):
