@@ -2,6 +2,8 @@
 implementations that agree with the kernels' outputs, and a decode step that torch.compile traces as one graph with
 the same outputs as eager (on the CPU: Triton's interpreter behind the ops, `aot_eager` as the compiler backend)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -101,11 +103,20 @@ def test_decode_opcheck(gen, batch, s_q, splits):
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
-def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen):
+def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatch):
     """Append the step's new keys, fetch some rows back, Q-quant and decode: torch.compile(fullgraph=True) must trace
     it without a graph break (a plain call into `ops` breaks it: Dynamo would trace the launch code) and compute what
-    the eager calls compute, bit for bit."""
+    the eager calls compute, bit for bit. Both reach the decode with the same plan (split count, partial slots, PDL,
+    tiling) and the same follows-Q-quant flag: the typed op passes each of them on."""
     batch, heads, pages = 3, 16, 4
+    launches = []
+    decode_planned = ops.decode_planned
+
+    def recording(*args):  # args[-2:]: the plan and follows_q_quant; run without PDL (Triton's interpreter)
+        launches.append(args[-2:])
+        return decode_planned(*args[:-2], dataclasses.replace(args[-2], pdl=False), args[-1])
+
+    monkeypatch.setattr(ops, "decode_planned", recording)
     gen_state = gen.get_state()
 
     def inputs():
@@ -117,7 +128,8 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen):
         loc = (table[:, 0].long() * nx.PAGE_SIZE + (lens.long() - 1) % nx.PAGE_SIZE)  # each sequence's last slot
         return arrays, table, lens, new_k, new_rope, loc, queries(gen, batch, heads)
 
-    plan = decode_plan.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=2)
+    plan = dataclasses.replace(decode_plan.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=2,
+                                                       tiling=(16, 4, 1)), pdl=True)
 
     def step(arrays, table, lens, new_k, new_rope, loc, q):
         library.append_kv(new_k, new_rope, loc, *arrays)
@@ -135,5 +147,6 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen):
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_in)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+    assert launches == [(plan, True), (plan, True)], launches
     for a, b in zip(eager_in[0], compiled_in[0]):  # the pool writes happened in the compiled step too
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
