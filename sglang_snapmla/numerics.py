@@ -75,7 +75,8 @@ class QuantizedQuery:
 def to_fp8(x: torch.Tensor) -> torch.Tensor:
     """fp32 -> float8_e4m3fn with round-to-nearest-even and saturation to +-448 (the GPU's cvt.rn.satfinite).
 
-    torch's own cast turns out-of-range values into NaN, hence the clamp (NaN stays NaN)."""
+    torch 2.11's own cast (the GPU hosts' release) turns out-of-range values into NaN (2.14's saturates), hence
+    the clamp (NaN stays NaN)."""
     return x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 

@@ -196,6 +196,23 @@ def test_reference_causal_among_query_tokens(gen):
     assert not torch.equal(out2[:, 1], out2[:, 0])
 
 
+def test_a_non_finite_draft_key_reaches_only_the_rows_that_see_it(gen):
+    """s_q = 2, the second draft token's own key holds an infinity (stored as content 0, RoPE 0, scale NaN): query
+    token 0, which does not see that key, gives what it gives on the sequence without it; token 1's rows are NaN. An
+    invisible key weighs exactly 0 whatever its scale holds (0 x NaN would otherwise reach every row)."""
+    p = paged_problem(gen, [97, 64], 4, s_q=2)
+    last = int(nx.gather_sequence(p["block_table"][0], int(p["seq_lens"][0]))[-1])
+    p["c_kv"][last, 7] = math.inf
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    assert math.isnan(cache.scale[last]) and not cache.content[last].float().any()
+    q = nx.quantize_q(p["q_nope"], p["q_rope"])
+    out2, lse2 = nx.snapmla_decode_reference(q, cache, p["block_table"], p["seq_lens"], p["softmax_scale"])
+    q1 = nx.QuantizedQuery(q.content[:, :1], q.scale[:, :1], q.rope[:, :1])
+    out1, lse1 = nx.snapmla_decode_reference(q1, cache, p["block_table"], p["seq_lens"] - 1, p["softmax_scale"])
+    assert torch.isfinite(out2[:, 0]).all() and torch.equal(out2[:, :1], out1) and torch.equal(lse2[..., :1], lse1)
+    assert torch.isnan(out2[0, 1]).all() and torch.isfinite(out2[1, 1]).all()
+
+
 def test_reference_rejects_bad_paging(gen):
     p = paged_problem(gen, [10], 2, s_q=2)
     q = nx.quantize_q(p["q_nope"], p["q_rope"])
