@@ -109,3 +109,10 @@ def shows(cell: str, values: list, rel: float = 1e-9) -> bool:
     return len(numbers) == len(values) and all(
         (shown is None) == (value is None) and (value is None or abs(shown - value) <= half + rel * abs(value))
         for (shown, half), value in zip(numbers, values))
+
+
+def quoted_range(figures: list[str]) -> str:
+    """'a' where the runs agree, else 'lo-hix' (the docs' way of quoting two runs; figures of one printed width,
+    compared as strings)."""
+    lo, hi = min(figures), max(figures)
+    return lo if lo == hi else f"{lo[:-1]}-{hi}"

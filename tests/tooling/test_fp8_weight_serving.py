@@ -14,7 +14,7 @@ import pytest
 from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
 from harness.server_log import BATCH_LINE, decode_lines, field, read_log, startup_report
-from helpers import clock_seconds, doc_sections
+from helpers import clock_seconds, doc_sections, quoted_range
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = ROOT / "results/serve/v3_fp8_tp8_h200_long"
@@ -32,12 +32,6 @@ def load(run: str) -> dict:
 
 def section_text() -> str:
     return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION]
-
-
-def quoted_range(figures: list[str]) -> str:
-    """'a' where the runs agree, else 'lo-hix' (the docs' way of quoting two runs)."""
-    lo, hi = min(figures), max(figures)
-    return lo if lo == hi else f"{lo[:-1]}-{hi}"
 
 
 def test_one_workload_three_backends_per_run():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.results import read_json
-from helpers import cell_numbers, doc_sections, doc_tables, shows
+from helpers import cell_numbers, doc_sections, doc_tables, quoted_range, shows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -234,8 +234,7 @@ def _short_h100():
 
 
 def _ratio_range(runs, shape, over) -> str:
-    ratios = sorted(r[shape][over]["us"] / r[shape]["snapmla_cuda_sm90"]["us"] for r in runs)
-    return f"{ratios[0]:.2f}-{ratios[1]:.2f}x" if f"{ratios[0]:.2f}" != f"{ratios[1]:.2f}" else f"{ratios[0]:.2f}x"
+    return quoted_range([f"{r[shape][over]['us'] / r[shape]['snapmla_cuda_sm90']['us']:.2f}x" for r in runs])
 
 
 def test_the_h100_short_context_tables_are_their_kept_runs():
