@@ -26,6 +26,18 @@ def _to(p, dev):
     return {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in p.items()}
 
 
+def _quantized_problem(gen, seq_lens, heads, s_q):
+    """A paged problem on the GPU (one all-zero content row per sequence), its SnapMLA cache, and the decode's
+    arguments up to seq_lens: the quantized queries [B, s_q, heads, ...], the pool arrays, block table, lengths."""
+    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    B = len(seq_lens)
+    q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
+                                         p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
+    return p, cache, (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1),
+                      *pool_arrays(cache), p["block_table"], p["seq_lens"])
+
+
 @pytest.mark.parametrize("seq_lens,heads,s_q", [
     ([4300], 16, 4200),  # absorbed-MLA extend: 67200 query rows, more than a grid's y/z axis holds
     ([65536, 1, 4097, 30000], 16, 1),
@@ -253,14 +265,8 @@ def test_cuda_decode_partials_in_padded_slots(gen, seq_lens, heads, s_q, splits)
     write: they would land in the next sequence's rows."""
     if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
-    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
-    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = pool_arrays(cache)
+    p, cache, args = _quantized_problem(gen, seq_lens, heads, s_q)
     B, R = len(seq_lens), s_q * heads
-    q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
-                                         p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
-    args = (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1), *kv,
-            p["block_table"], p["seq_lens"])
     none = torch.empty(0, device="cuda")
     results = []
     for slots in (splits, splits + 6, 16):
@@ -287,14 +293,9 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     combine). Bit for bit what the combine makes of the same kernel's single partial, which this test launches too."""
     if decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a CUDA decode is not available on this GPU")
-    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=1), "cuda")
-    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
-    kv = pool_arrays(cache)
+    p, cache, args = _quantized_problem(gen, seq_lens, heads, s_q)
+    args = (*args, p["softmax_scale"])
     B, R = len(seq_lens), s_q * heads
-    q8, q_scale, q_rope = ops.quantize_q(p["q_nope"].to(torch.bfloat16).view(B * s_q, heads, -1),
-                                         p["q_rope"].to(torch.bfloat16).view(B * s_q, heads, -1))
-    args = (q8.view(B, s_q, heads, -1), q_scale.view(B, s_q, heads), q_rope.view(B, s_q, heads, -1), *kv,
-            p["block_table"], p["seq_lens"], p["softmax_scale"])
     out, lse = ops.decode_quantized(*args, num_splits=1, impl="cuda")
 
     o_part = torch.empty(B, R, 1, nx.KV_LORA_RANK, dtype=torch.float32, device="cuda")
