@@ -285,3 +285,34 @@ def test_the_h100_short_context_tables_are_their_kept_runs():
             f"{_ratio_range(runs, (128, 1, 32, 640), 'flashmla_bf16')}, h64 b64 at {fitted('h64_b64_sk640')} instead "
             f"of {_ratio_range(runs, (64, 1, 64, 640), 'flashmla_bf16')} and h64 b32 at {fitted('h64_b32_sk640')} "
             f"instead of {_ratio_range(runs, (64, 1, 32, 640), 'flashmla_bf16')}") in flat
+
+
+PER_SEQUENCE = "per_sequence_split_counts_h100.json"
+
+
+def test_the_per_sequence_split_count_table_is_its_kept_runs():
+    """KERNEL.md's measurement of per-sequence split counts under a 32k serving plan (not kept): every cell the range
+    over the two kept runs, the plan's split count and P as they ran, and the figures the text draws from them (the
+    one-split times and those of the counts that leave every 10-page sequence one split)."""
+    text = doc_sections((ROOT / "docs" / "KERNEL.md").read_text())["What limits it"]
+    assert f"`results/bench/{PER_SEQUENCE}`" in text
+    runs = read_json(ROOT / "results" / "bench" / PER_SEQUENCE)["runs"]
+    table = next(t for t in doc_tables("\n".join(line.strip() for line in text.splitlines()))
+                 if "every sequence over them" in t[0])
+    assert len(table) == len([k for k, r in runs[0].items() if r["splits"] > 1]) == 10
+    for row in table:
+        sk = row["s_k"].replace(" ", "").replace("half", "").replace(",", "+")
+        key = f"h{row['heads']}_b{row['batch']}_sk{sk}"
+        got = [r[key] for r in runs]
+        assert shows(row["splits (32k bound)"], [got[0]["splits"]]) and got[0]["splits"] == got[1]["splits"], key
+        for col, field in (("FlashMLA BF16 µs", "flashmla_bf16_us"), ("every sequence over them",
+                                                                      "every_sequence_all_splits_us"),
+                           ("one split for the batch", "one_split_us")):
+            assert _shows_range(row[col], [r[field] for r in got]), (key, col)
+        plan, pages = row["per sequence, P"].rstrip(")").split(" (P ")
+        assert _shows_range(plan, [r["plan_us"] for r in got]) and int(pages) == got[0]["plan_min_split_pages"], key
+    one_split_pages = ("8", "16", "32")  # P at which a 10-page sequence runs one split
+    for key in ("h128_b32_sk640", "h64_b64_sk640"):
+        times = [r[key]["by_min_split_pages_us"][p] for r in runs for p in one_split_pages]
+        ones = [r[key]["one_split_us"] for r in runs]
+        assert f"{min(times):.1f}-{max(times):.1f}" in text and f"{min(ones):.1f}-{max(ones):.1f}" in text, key
