@@ -14,21 +14,28 @@ ROPE = tl.constexpr(64)
 
 
 @triton.jit
+def _row_amax(x):
+    """x [R, D] fp32 -> [R]: each row's max |x|, +inf for a row holding a NaN or an infinity (a NaN counts as +inf
+    before the reduction: max may drop a NaN operand)."""
+    a = tl.abs(x)
+    return tl.max(tl.where(a == a, a, float("inf")), axis=1)
+
+
+@triton.jit
 def _quantize_rows(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constexpr):
     """content [R, 512] fp32, rope [R, 64] fp32 -> (content fp8 [R, 512], scale fp32 [R], rope' bf16 [R, 64]), each
     row on its own (every reduction is along axis 1).
 
     The spec's non-finite policy (numerics.quantize_with_scale): a row with a NaN or an infinity is stored as
-    content 0, RoPE 0, scale NaN. Tested explicitly because max / min / clamp may drop a NaN operand here."""
-    finite = (tl.sum((tl.abs(content) < float("inf")).to(tl.int32), axis=1)
-              + tl.sum((tl.abs(rope) < float("inf")).to(tl.int32), axis=1)) == LATENT + ROPE
-    content = tl.where(finite[:, None], content, 0.0)
-    rope = tl.where(finite[:, None], rope, 0.0)
-    amax = tl.max(tl.abs(content), axis=1)
-    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)
-    q = tl.math.div_rn(content, scale[:, None])
+    content 0, RoPE 0, scale NaN. One max reduction per part gives both the scale and the verdict (+inf marks a
+    non-finite row): two integer sums less than counting finite values, 11 % less time at 128 x 128 rows
+    (docs/KERNEL.md, the Q-quant table)."""
+    amax = tl.where(_row_amax(rope) < float("inf"), _row_amax(content), float("inf"))
+    finite = amax < float("inf")
+    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)  # inf on a non-finite row, whose zeros stay 0
+    q = tl.math.div_rn(tl.where(finite[:, None], content, 0.0), scale[:, None])
     q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # saturate (the cast is RNE; clamp makes it exact to spec)
-    rope_aligned = tl.math.div_rn(rope, scale[:, None])
+    rope_aligned = tl.math.div_rn(tl.where(finite[:, None], rope, 0.0), scale[:, None])
     return q.to(tl.float8e4nv), tl.where(finite, scale, float("nan")), rope_aligned.to(tl.bfloat16)
 
 

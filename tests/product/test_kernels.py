@@ -44,6 +44,57 @@ def test_quantize_q_bit_exact(gen, H, rows):
     assert torch.equal(qr.cpu().view(torch.int16), ref.rope.view(torch.int16))
 
 
+# amax values whose scale RN(amax / 448) is not a power of two and under which some bf16 value's quotient computed as
+# x * RN(1 / scale), a tempting shortcut for the division, lands on the other side of an fp8 rounding boundary (found
+# by search); 1e-7 is below the scale floor, 448 gives scale 1
+EVERY_VALUE_AMAXES = (1e-7, 0.0004482269287109375, 0.83203125, 448.0, 2912.0, 8224768.0, 2.2198107529608095e+38)
+
+
+def every_bf16_value_rows() -> tuple[torch.Tensor, torch.Tensor]:
+    """(content [N, 512], rope [N, 64]) bf16: every finite bf16 value (-0 included) as content under each of
+    EVERY_VALUE_AMAXES (a row: its amax, then 511 values no larger in magnitude), the RoPE part cycling through every
+    finite bf16 value (rope' overflows to inf where a large RoPE meets a small scale, as in the spec)."""
+    every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    every = every[every.isfinite()]
+    rows = []
+    for amax in EVERY_VALUE_AMAXES:
+        a = torch.tensor(amax).to(torch.bfloat16).float()
+        vals = every[every.abs() <= a]
+        vals = torch.cat([vals, vals[:(-vals.numel()) % 511]]).view(-1, 511)
+        rows.append(torch.cat([a.expand(vals.shape[0], 1), vals], dim=1))
+    content = torch.cat(rows)
+    rope = every.repeat(math.ceil(content.shape[0] * 64 / every.numel()))[:content.shape[0] * 64].view(-1, 64)
+    return content.to(torch.bfloat16), rope.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("op", ["quantize_q", "append_kv"])
+def test_quantization_matches_the_spec_on_every_bf16_value(op):
+    """Every finite bf16 value, -0 among them, as content under scales across the range and as RoPE: the Q-quant and
+    the K-append write the spec's bytes (IEEE division). Multiplying by the scale's reciprocal instead fails here."""
+    content, rope = every_bf16_value_rows()
+    n = content.shape[0]
+    if op == "quantize_q":
+        heads = 16
+        pad = (-n) % heads
+        content = torch.cat([content, content[:pad]]).view(-1, heads, 512)
+        rope = torch.cat([rope, rope[:pad]]).view(-1, heads, 64)
+        q8, qs, qr = ops.quantize_q(content.to(DEV), rope.to(DEV))
+        got = (q8.cpu().flatten(0, 1), qs.cpu().flatten(), qr.cpu().flatten(0, 1))
+        ref = nx.quantize_q(content, rope)
+        want = (ref.content.flatten(0, 1), ref.scale.flatten(), ref.rope.flatten(0, 1))
+    else:
+        kv = torch.empty(n, 512, dtype=nx.FP8_DTYPE, device=DEV)
+        sc = torch.empty(n, device=DEV)
+        rp = torch.empty(n, 64, dtype=torch.bfloat16, device=DEV)
+        ops.append_kv(content.to(DEV), rope.to(DEV), torch.arange(n, device=DEV), kv, sc, rp)
+        got, ref = (kv.cpu(), sc.cpu(), rp.cpu()), nx.quantize_kv(content, rope)
+        want = (ref.content, ref.scale, ref.rope)
+    bad = (got[0].view(torch.uint8) != want[0].view(torch.uint8)).any(dim=1)
+    assert not bad.any(), f"{int(bad.sum())} of {bad.numel()} rows differ from the spec's fp8 bytes"
+    assert torch.equal(got[1], want[1])
+    assert torch.equal(got[2].view(torch.int16), want[2].view(torch.int16))
+
+
 def test_quantize_q_writes_nothing_past_its_rows(gen):
     """A last block masked past H writes no row of the next token and nothing past T x H (output buffers with room
     behind them, filled with a sentinel, handed to the kernel directly)."""
@@ -76,7 +127,7 @@ def test_q_quant_rows_plan():
             assert rows == 1 or programs(rows) >= floor, (tokens, heads, rows)
             assert 2 * rows > min(most, heads) or programs(2 * rows) < floor, (tokens, heads, rows)
     assert decode_plan.q_quant_rows(128, 128) == 8 and decode_plan.q_quant_rows(1, 128) == 1
-    assert decode_plan.q_quant_rows(32, 128) == 4 and decode_plan.q_quant_rows(128, 16) == 2
+    assert decode_plan.q_quant_rows(32, 128) == 8 and decode_plan.q_quant_rows(128, 16) == 4
     with pytest.raises(ops.SnapMLAInputError, match="power of two"):
         ops.quantize_q(torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=DEV),
                        torch.zeros(2, 4, 64, dtype=torch.bfloat16, device=DEV), rows=3)
