@@ -170,9 +170,8 @@ def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.
                       tiling)
 
 
-Q_QUANT_MAX_ROWS = 8  # sm_90, 4 warps: 32 / 32 / 42 / 72 / 153 registers at 1 / 2 / 4 / 8 / 16 rows (16: slower)
-Q_QUANT_MIN_PROGRAMS = 512  # fewer leaves SMs idle (H100: 32 x 128 rows 4.0 us at 8 rows a program, 512 programs,
-# 4.9 at 4; 128 x 16 2.7 us at 4, 3.1 at 2; docs/KERNEL.md)
+Q_QUANT_MAX_ROWS = 8  # sm_90, 4 warps: 32 / 32 / 42 / 72 / 153 registers at 1 / 2 / 4 / 8 / 16 rows
+Q_QUANT_MIN_PROGRAMS = 1024  # about one wave of 128-thread programs on 132 SMs; fewer leaves SMs idle
 
 
 def q_quant_rows(tokens: int, heads: int) -> int:

@@ -127,7 +127,7 @@ def test_q_quant_rows_plan():
             assert rows == 1 or programs(rows) >= floor, (tokens, heads, rows)
             assert 2 * rows > min(most, heads) or programs(2 * rows) < floor, (tokens, heads, rows)
     assert decode_plan.q_quant_rows(128, 128) == 8 and decode_plan.q_quant_rows(1, 128) == 1
-    assert decode_plan.q_quant_rows(32, 128) == 8 and decode_plan.q_quant_rows(128, 16) == 4
+    assert decode_plan.q_quant_rows(32, 128) == 4 and decode_plan.q_quant_rows(128, 16) == 2
     with pytest.raises(ops.SnapMLAInputError, match="power of two"):
         ops.quantize_q(torch.zeros(2, 4, 512, dtype=torch.bfloat16, device=DEV),
                        torch.zeros(2, 4, 64, dtype=torch.bfloat16, device=DEV), rows=3)

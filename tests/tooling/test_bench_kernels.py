@@ -147,7 +147,7 @@ def _fmt(x: float) -> str:
 
 
 def test_kernel_doc_quotes_the_q_quant_blocks_run():
-    """docs/KERNEL.md's Q-quant table is results/bench/q_quant_rows_h200.json (benchmarks/gpu/q_quant_rows.py): every
+    """docs/KERNEL.md's Q-quant table is results/bench/q_quant_rows_h100.json (benchmarks/gpu/q_quant_rows.py): every
     block size's time, the block the plan picks now (`decode_plan.q_quant_rows`) and the copy of the same bytes."""
     from pathlib import Path
 
@@ -156,7 +156,7 @@ def test_kernel_doc_quotes_the_q_quant_blocks_run():
 
     root = Path(__file__).resolve().parents[2]
     doc = " ".join((root / "docs" / "KERNEL.md").read_text().split())
-    run = read_json(root / "results/bench/q_quant_rows_h200.json")
+    run = read_json(root / "results/bench/q_quant_rows_h100.json")
     assert run["meta"]["min_programs"] == decode_plan.Q_QUANT_MIN_PROGRAMS
     assert run["meta"]["max_rows"] == decode_plan.Q_QUANT_MAX_ROWS
     for r in run["results"]:
