@@ -511,6 +511,29 @@ def test_cuda_split_count_trades_page_loop_against_partials(monkeypatch):
             assert b * pick(b, h, 256) <= 132 or pick(b, h, 256) == 1
 
 
+def test_a_plan_counts_every_query_token_of_a_sequence(monkeypatch):
+    """`plan_decode` plans s_q x heads query rows per sequence (MTP's verify and draft windows: s_q 2-4), for the
+    sm_90a policy and the Triton one (whose row tiles come from `decode_tiling`: 16-row tiles up to 16 rows, 16 heads
+    at s_q 1 being V3/R1 at TP 8): a plan that counted one token's heads would pick other counts and slots there."""
+    monkeypatch.setattr(decode_plan, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: requested)
+    dev = torch.device("cpu")
+    assert decode_plan.decode_tiling(16) == (16, 4, 3) and decode_plan.decode_tiling(17) == (32, 4, 2)
+    differ = 0
+    for batch, s_q, heads, pages in [(8, 2, 64, 256), (1, 4, 16, 64), (40, 2, 128, 256), (3, 3, 16, 100),
+                                     (16, 2, 16, 512), (2, 4, 128, 2049)]:
+        rows = s_q * heads
+        cuda = decode_plan.plan_decode(batch, s_q, heads, pages, dev, impl="cuda")
+        assert cuda.splits == decode_plan.cuda_num_splits(batch, rows, pages, dev), (batch, s_q, heads)
+        assert cuda.slots == decode_plan.partial_slots(batch, rows, cuda.splits, "cuda")
+        triton = decode_plan.plan_decode(batch, s_q, heads, pages, dev, impl="triton")
+        tiles = math.ceil(rows / decode_plan.decode_tiling(rows)[0])
+        assert triton.splits == decode_plan.choose_num_splits(batch, tiles, pages, dev), (batch, s_q, heads)
+        differ += (cuda.splits != decode_plan.cuda_num_splits(batch, heads, pages, dev)
+                   or triton.splits != decode_plan.choose_num_splits(batch, 1, pages, dev))
+    assert differ >= 4  # the shapes tell the rows of one token from those of the window
+
+
 def test_the_split_cost_model_predicts_the_measured_sweep():
     """`predicted_decode_us` against the H200 sweep of decode + combine by split count at 128 heads
     (results/bench/split_sweep_h200_h128_between_waves.json: b40 / b48 / b56 at s_k 16k, b96 at s_k 4k, 1-8 splits):
