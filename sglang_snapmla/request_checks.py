@@ -33,7 +33,7 @@ def _first_outside(ids: Iterable, vocab_size: int) -> tuple[int, object] | None:
     for i, v in enumerate(ids):
         try:
             ok = int(v) == v and 0 <= int(v) < vocab_size
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int() of JSON's Infinity
             ok = False
         if not ok:
             return i, v

@@ -21,6 +21,13 @@ VOCAB = 32000
     ([1, 2], {"stop_token_ids": [7, VOCAB + 3]}, "sampling_params.stop_token_ids[1]"),
     ([1, 2], {"stop_token_ids": [7, 2.5]}, "sampling_params.stop_token_ids[1] = 2.5"),  # scattered as an index
     ([1, 2], {"logit_bias": {"5": 1.0, "-1": 2.0}}, "sampling_params.logit_bias[1] = -1"),
+    ([1, "7"], {}, "input_ids[1] = '7'"),  # a string among numbers: min / max raise TypeError
+    ([1, 2], {"logit_bias": {"5": 1.0, "x": 2.0}}, "sampling_params.logit_bias[1] = 'x'"),  # int("x") raises
+    ([1, 2], {"stop_token_ids": [3, float("nan")]}, "sampling_params.stop_token_ids[1] = nan"),  # JSON's NaN
+    # an infinity (JSON's Infinity as Python's json reads it, or a float handed to SGLang's Engine API): int() raises
+    # OverflowError, which must still be the refusal, a ValueError
+    ([1, 2], {"stop_token_ids": [float("inf")]}, "sampling_params.stop_token_ids[0] = inf"),
+    ([1, float("-inf")], {}, "input_ids[1] = -inf"),
 ])
 def test_out_of_vocabulary_ids_are_refused_with_the_field_named(ids, params, field):
     obj = SimpleNamespace(sampling_params=params)
@@ -35,7 +42,8 @@ def test_ids_inside_the_vocabulary_pass():
 
 
 @pytest.mark.parametrize("field,value", [("temperature", "hot"), ("top_p", [0.5]), ("max_new_tokens", "8"),
-                                         ("top_k", True), ("repetition_penalty", {"x": 1})])
+                                         ("top_k", True), ("repetition_penalty", {"x": 1}),
+                                         ("min_new_tokens", "2")])
 def test_sampling_numbers_of_another_type_are_refused_with_the_field_named(field, value):
     with pytest.raises(ValueError, match=rf"sampling_params.{field} = .* is not a number"):
         check_sampling_numbers(SimpleNamespace(sampling_params={"max_new_tokens": 4, field: value}))
