@@ -5,8 +5,8 @@ serve_and_bench.py keep next to each benchmark), for telling the engine's rate f
 
 Per log: the peak number of running requests, the decode rate near that peak (the fifth-highest `gen throughput`
 line: the top few are short bursts at the end of a run), the decode step at the peak (the median of running requests
-/ generation rate over the decode lines within 5 % of the peak batch that follow no prefill batch: the intervals
-decoded alone), the largest KV-pool usage, and the measured run's prefill
+x accept length / generation rate over the decode lines within 5 % of the peak batch that follow no prefill batch:
+the intervals decoded alone; with a speculative draft a step is a verify cycle), the largest KV-pool usage, and the measured run's prefill
 phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
 their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
 log's resolution), and the median rate of its prefill batches (`harness.server_log.prefill_intake`).
@@ -31,13 +31,16 @@ from harness.server_log import (BATCH_LINE, decode_lines, field, peak_running_re
 
 
 def decode_step_ms_at_peak(decodes: list[dict]) -> float | None:
-    """Median of 1000 x running requests / generation rate over `decode_lines` within 5 % of the peak batch that follow
-    no prefill batch; None for a log without a rated decode line."""
+    """Median of 1000 x running requests x accept length / generation rate over `decode_lines` within 5 % of the peak
+    batch that follow no prefill batch; None for a log without a rated decode line. Under speculative decoding a
+    request gains the accept length per step, so the step is a verify cycle (the target's verify and the draft's
+    steps), the unit a step without a draft compares with."""
     rated = [d for d in decodes if d["rate"]]
     if not rated:
         return None
     peak = max(d["running"] for d in rated)
-    alone = [1000 * d["running"] / d["rate"] for d in rated if d["running"] >= 0.95 * peak and not d["prefill_tokens"]]
+    alone = [1000 * d["running"] * d["accept"] / d["rate"] for d in rated
+             if d["running"] >= 0.95 * peak and not d["prefill_tokens"]]
     return statistics.median(alone) if alone else None
 
 

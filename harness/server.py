@@ -60,6 +60,16 @@ RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}
            "snapmla-hicache-kernels": {"SNAPMLA_HICACHE_COPIES": "kernels"},
            "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"},
            "snapmla-flashmla-schedule": {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}}
+# MTP's return on dummy weights, whose draft is never the target's token (accept length 1.00): SGLang's
+# SGLANG_SIMULATE_ACC_LEN makes every verify keep this many tokens a request on average (its "match-expected" method:
+# the floor or the ceiling, weighted to this mean) and fills them with one fixed token id, so a step's work and the
+# tokens it yields are those of a draft that good while the outputs carry no text. 2.5 of 3: the accept length a
+# trained MTP layer reached at 3 draft tokens on every backend (2.51-2.62, docs/BENCHMARKS.md "MTP with a trained draft")
+MTP_SIMULATED_ACCEPT = "2.5"
+for _run in ("snapmla", "flashmla", "flashmla-fp8"):
+    RUNS[f"{_run}-mtp-simulated"] = RUNS[f"{_run}-mtp"]
+    RUN_ENV[f"{_run}-mtp-simulated"] = {"SGLANG_SIMULATE_ACC_LEN": MTP_SIMULATED_ACCEPT,
+                                        "SGLANG_SIMULATE_ACC_METHOD": "match-expected"}
 # SGL_USE_DEEPGEMM_BMM=1: SGLang keeps a block-FP8 kv_b_proj's w_kc / w_vc in FP8 and runs the absorbed BMMs on
 # DeepGEMM's masked grouped GEMM, whose q_nope output is head-major with rows padded per head (the layout of
 # tests/product/test_backend.py's "head_major" case; snapmla's log names the layout it met). SGLang honours it only
@@ -256,6 +266,28 @@ def deep_gemm_refusal(model: str, env: dict, has_deep_gemm: bool) -> str | None:
     return None
 
 
+def simulated_accept_refusal(flags: list[str], env: dict) -> str | None:
+    """Why a server with SGLANG_SIMULATE_ACC_LEN in `env` would not measure a draft of that accept length, naming the
+    fix, or None: no speculative decoding in `flags` (the variable does nothing), a length outside 1 .. the draft
+    tokens a verify checks (SGLang clamps it), or an installed SGLang that does not read it (the dummy draft would
+    then be accepted never, silently)."""
+    if "SGLANG_SIMULATE_ACC_LEN" not in env:
+        return None
+    if "--speculative-algorithm" not in flags:
+        return ("SGLANG_SIMULATE_ACC_LEN is set for a server without --speculative-algorithm: serve an -mtp run "
+                "(harness.server.simulated_accept_refusal)")
+    drafts = int(flags[flags.index("--speculative-num-draft-tokens") + 1])
+    if not 1.0 <= float(env["SGLANG_SIMULATE_ACC_LEN"]) <= drafts:
+        return (f"SGLANG_SIMULATE_ACC_LEN={env['SGLANG_SIMULATE_ACC_LEN']} is outside 1 .. {drafts}, the tokens a verify "
+                "checks: pick a length in that range (harness.server.simulated_accept_refusal)")
+    from sglang.srt.environ import envs
+
+    if not hasattr(envs, "SGLANG_SIMULATE_ACC_LEN"):
+        return ("the installed SGLang does not read SGLANG_SIMULATE_ACC_LEN: serve these runs on 0.5.17 or 0.5.23 "
+                "(harness.server.simulated_accept_refusal)")
+    return None
+
+
 def dummy_weights_env(model: str, load_format: str) -> dict:
     """The server environment that makes a dummy load of a block-FP8 config draw weights as a deployment's, for every
     backend alike (sglang_snapmla.dummy_weights); empty otherwise."""
@@ -275,7 +307,7 @@ def start_server(model: str, port: int, flags: list[str], log_path: Path, load_f
     release = installed()
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
     refused = (top1_moe_refusal(model, release) or draft_worker_refusal(flags, release, has_deep_gemm)
-               or deep_gemm_refusal(model, env or {}, has_deep_gemm))
+               or deep_gemm_refusal(model, env or {}, has_deep_gemm) or simulated_accept_refusal(flags, env or {}))
     if refused:
         raise ValueError(refused)
     env = {**dummy_weights_env(model, load_format), **(env or {})}

@@ -25,11 +25,13 @@ def field(line: str, name: str) -> float | None:
 
 def decode_lines(text: str) -> list[dict]:
     """The decode batches of a server log, in order -> [{"time", "rank", "running", "tokens", "usage", "rate", "queue",
-    "prefill_tokens"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP attention),
-    `#running-req`, `#token` (tokens cached), `token usage` (of the pool), `gen throughput (token/s)` (tokens
-    generated since the previous decode line over the wall time since it, prefill batches in between included; None
-    where the line has none), `#queue-req`, and the `#new-token` of the prefill batches the same rank logged since its
-    previous decode line (0: the line's time is decoding alone)."""
+    "prefill_tokens", "accept"}]: the line's time (1 s resolution), the logging rank's DP tag ("DP1"; "" without DP
+    attention), `#running-req`, `#token` (tokens cached), `token usage` (of the pool), `gen throughput (token/s)`
+    (tokens generated since the previous decode line over the wall time since it, prefill batches in between
+    included; None where the line has none), `#queue-req`, the `#new-token` of the prefill batches the same rank
+    logged since its previous decode line (0: the line's time is decoding alone), and `accept len` (speculative
+    decoding: tokens a request gained per verify cycle over the line's interval; 1.0 without a draft, where a step
+    gains one)."""
     out = []
     prefill_tokens: dict[str, int] = {}  # per rank: each rank prefills and decodes its own requests
     for line in text.splitlines():
@@ -44,7 +46,8 @@ def decode_lines(text: str) -> list[dict]:
                         "running": int(field(line, "#running-req") or 0), "tokens": int(field(line, "#token") or 0),
                         "usage": field(line, "token usage") or 0.0,
                         "rate": field(line, "gen throughput (token/s)"),
-                        "queue": int(field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens.pop(rank, 0)})
+                        "queue": int(field(line, "#queue-req") or 0), "prefill_tokens": prefill_tokens.pop(rank, 0),
+                        "accept": field(line, "accept len") or 1.0})
     return out
 
 

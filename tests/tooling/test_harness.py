@@ -242,3 +242,30 @@ def test_a_deepgemm_bmm_run_is_refused_where_it_would_not_run_deepgemm(monkeypat
     server.start_server(fp8, free_port(), server.RUNS["snapmla-deepgemm-bmm"], tmp_path / "log", env=env)
     assert started and started[0]["SGL_USE_DEEPGEMM_BMM"] == "1" and started[0]["SGLANG_ENABLE_JIT_DEEPGEMM"] == "1"
     server._live_servers.clear()
+
+
+def test_a_simulated_accept_length_is_refused_where_it_would_not_apply(monkeypatch, tmp_path):
+    """The -mtp-simulated runs serve MTP with SGLANG_SIMULATE_ACC_LEN (a dummy draft is never accepted): start_server
+    refuses the variable on a server without a draft or with a length a verify of its draft tokens cannot reach,
+    before anything starts; the installed SGLang reads it."""
+    from sglang.srt.environ import envs
+
+    env = server.RUN_ENV["snapmla-mtp-simulated"]
+    flags = server.RUNS["snapmla-mtp-simulated"]
+    assert flags == server.RUNS["snapmla-mtp"] and hasattr(envs, "SGLANG_SIMULATE_ACC_LEN")
+    assert 1 < float(env["SGLANG_SIMULATE_ACC_LEN"]) <= int(flags[flags.index("--speculative-num-draft-tokens") + 1])
+    assert server.simulated_accept_refusal(flags, env) is None
+    assert server.simulated_accept_refusal(server.RUNS["snapmla"], {}) is None
+    assert "without --speculative-algorithm" in server.simulated_accept_refusal(server.RUNS["snapmla"], env)
+    assert "outside 1 .. 3" in server.simulated_accept_refusal(flags, {"SGLANG_SIMULATE_ACC_LEN": "3.5"})
+    started = []
+    monkeypatch.setattr(server.subprocess, "Popen", lambda *a, **k: started.append(k["env"]) or
+                        types.SimpleNamespace(pid=7))
+    monkeypatch.setattr(server.importlib.util, "find_spec", lambda name: object())
+    bf16 = str(Path(__file__).resolve().parents[2] / "configs/models/deepseek-v3-shape")
+    with pytest.raises(ValueError, match="without --speculative-algorithm"):
+        server.start_server(bf16, free_port(), server.RUNS["snapmla"], tmp_path / "log", env=env)
+    assert not started
+    server.start_server(bf16, free_port(), flags, tmp_path / "log", env=env)
+    assert started[0]["SGLANG_SIMULATE_ACC_LEN"] == env["SGLANG_SIMULATE_ACC_LEN"]
+    server._live_servers.clear()

@@ -37,6 +37,17 @@ def test_stats_of_the_measured_run():
     assert sls.log_stats(_log(), min_queue=2)["prefill_span_s"] == 18.0  # the warm-up's 13 counts then
 
 
+def test_a_speculative_step_is_a_verify_cycle():
+    """With a draft (MTP) a decode line's rate counts the accepted tokens, `accept len` a request per cycle: the step
+    at the peak is running x accept length / rate, the cycle that a step without a draft compares with."""
+    spec = [_decode(21 + i, 64, 4400.0 + 100 * i).replace(", cuda graph", f", accept len: {2.4 + 0.05 * i:.2f}, "
+                                                          "accept rate: 0.70, cuda graph") for i in range(3)]
+    decodes = server_log.decode_lines("\n".join(spec))
+    assert [d["accept"] for d in decodes] == [2.4, 2.45, 2.5]
+    assert sls.log_stats("\n".join(spec))["decode_step_ms_at_peak"] == 1000 * 64 * 2.45 / 4500
+    assert [d["accept"] for d in server_log.decode_lines(_log())] == [1.0] * 9  # no draft: one token a step
+
+
 def test_cli_reads_xz(tmp_path, capsys):
     path = tmp_path / "server_x.log.xz"
     path.write_bytes(lzma.compress(_log().encode()))
