@@ -49,15 +49,17 @@ def _refuse(field: str, where: tuple[int, object], vocab_size: int) -> ValueErro
 def check_request_token_ids(obj, input_ids, vocab_size: int) -> None:
     """Raises ValueError (HTTP 400) naming the first out-of-vocabulary id in the prompt `input_ids` or in the
     request's stop_token_ids or logit_bias keys (`obj`: SGLang's GenerateReqInput or
-    EmbeddingReqInput for one request). The prompt is checked by its extremes first: a long prompt costs one
-    min / max pass."""
+    EmbeddingReqInput for one request). A prompt of Python ints (what SGLang's parsers make of a JSON array of
+    integers) is checked by its extremes: a long prompt costs a pass over its types and one min / max pass. Any other
+    prompt goes id by id: min / max alone would pass a NaN between two ids (no comparison with NaN is true) or a
+    fraction."""
     if input_ids is not None and len(input_ids):
-        try:
-            in_range = 0 <= min(input_ids) and max(input_ids) < vocab_size
-        except TypeError:  # a non-number among them
-            in_range = False
-        if not in_range:
-            raise _refuse("input_ids", _first_outside(input_ids, vocab_size), vocab_size)
+        if set(map(type, input_ids)) == {int}:
+            bad = None if 0 <= min(input_ids) and max(input_ids) < vocab_size else _first_outside(input_ids, vocab_size)
+        else:
+            bad = _first_outside(input_ids, vocab_size)
+        if bad:
+            raise _refuse("input_ids", bad, vocab_size)
     params = getattr(obj, "sampling_params", None)
     if isinstance(params, dict):
         for field, ids in (("stop_token_ids", params.get("stop_token_ids")),

@@ -28,6 +28,9 @@ VOCAB = 32000
     # OverflowError, which must still be the refusal, a ValueError
     ([1, 2], {"stop_token_ids": [float("inf")]}, "sampling_params.stop_token_ids[0] = inf"),
     ([1, float("-inf")], {}, "input_ids[1] = -inf"),
+    # a NaN or a fraction between ids inside the vocabulary: no comparison with NaN is true, so min / max pass both
+    ([1, float("nan"), 2], {}, "input_ids[1] = nan"),
+    ([1, 2.5, 3], {}, "input_ids[1] = 2.5"),
 ])
 def test_out_of_vocabulary_ids_are_refused_with_the_field_named(ids, params, field):
     obj = SimpleNamespace(sampling_params=params)
@@ -38,6 +41,7 @@ def test_out_of_vocabulary_ids_are_refused_with_the_field_named(ids, params, fie
 def test_ids_inside_the_vocabulary_pass():
     obj = SimpleNamespace(sampling_params={"stop_token_ids": [0, VOCAB - 1, None], "logit_bias": {"12": -1.0}})
     check_request_token_ids(obj, [0, 17, VOCAB - 1], VOCAB)
+    check_request_token_ids(obj, [0, 17.0, True], VOCAB)  # whole numbers of other types, as SGLang takes them
     check_request_token_ids(SimpleNamespace(sampling_params=None), None, VOCAB)  # a text prompt, tokenized later
 
 
