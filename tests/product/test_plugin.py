@@ -59,6 +59,11 @@ def test_server_args_parse_and_pin_page_size(plugin):
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
                  "--load-format", "dummy")
     assert args.attention_backend == "snapmla" and args.page_size == 64
+    # no CUDA graphs on a CPU: the decode graph size and the memory fraction stay SGLang's
+    other = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu",
+                  "--load-format", "dummy")
+    assert args.cuda_graph_config.decode.max_bs == other.cuda_graph_config.decode.max_bs
+    assert args.mem_fraction_static == other.mem_fraction_static
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
                  "--kv-cache-dtype", "fp8_e4m3", "--page-size", "16")
     assert args.page_size == 64 and args.kv_cache_dtype == "fp8_e4m3"
@@ -88,6 +93,8 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
         server_policy.log_default_graph_size.cache_clear()
         said = []
         monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
+        _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla")
+        assert said == []  # another backend's server hears nothing of snapmla's graphs
         _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
         _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla")
         assert [m for m in said if "decode CUDA graphs at SGLang's default size on SGLang" in m] == said[:1]  # once
@@ -110,6 +117,10 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     assert fixed.mem_fraction_static == 0.6 and fixed.cuda_graph_config.decode.max_bs == 480
     off = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--disable-cuda-graph")
     assert off.cuda_graph_config.decode.backend == "disabled"
+    # no graphs, no memory reserved for larger ones: the pool's fraction is BF16's without graphs
+    off_bf16 = _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla", "--disable-cuda-graph")
+    assert off.mem_fraction_static == off_bf16.mem_fraction_static
+    assert off.cuda_graph_config.decode.max_bs == off_bf16.cuda_graph_config.decode.max_bs
     # DP attention: SGLang reserves graph memory per DP rank; larger graphs would shrink every rank's pool
     dp = ("--tp", "8", "--dp", "8", "--enable-dp-attention")
     dp_bf16 = _parse_on_an_h100(monkeypatch, "--attention-backend", "flashmla", *dp)
@@ -271,10 +282,23 @@ def test_unsupported_models_fail_clearly(plugin, tmp_path, changes, match):
         parse("--model-path", _config_dir(tmp_path, **changes), "--attention-backend", "snapmla", "--device", "cpu")
 
 
+def test_a_config_whose_text_model_is_mla_is_read_there(plugin, monkeypatch):
+    """A multimodal config (an MLA language model under `text_config`) is checked by its text model's shapes."""
+    from sglang.srt.utils import hf_transformers_utils
+
+    text = SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64, model_type="deepseek_v3")
+    monkeypatch.setattr(hf_transformers_utils, "get_config",
+                        lambda *a, **k: SimpleNamespace(model_type="vl", text_config=text))
+    assert server_policy._model_config(SimpleNamespace(model_path="m")) is text
+
+
 def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
     with pytest.raises(ValueError, match="only readable by snapmla"):
         parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--prefill-attention-backend",
               "flashinfer", "--device", "cpu")
+    # snapmla named for one phase only selects it too: SGLang's default for the other phase could not read its pool
+    with pytest.raises(ValueError, match="only readable by snapmla"):
+        parse("--model-path", str(V2_LITE), "--decode-attention-backend", "snapmla", "--device", "cpu")
     from sglang.srt import server_args as sa
 
     # snapmla's layout is its own: every other cache dtype of this release is refused, not silently ignored
