@@ -19,6 +19,29 @@ def test_groups_keep_padding_under_a_third_and_skip_empty_spans():
     assert extend.group_requests([4, 3, 2]) == [[0, 1], [2]]  # exactly 3/4 of the longest still joins: 33 % padding
 
 
+def test_each_absorbed_window_reads_only_its_own_requests_rows():
+    """Every position of a launch's window reads a row of its own request: its real tokens their own rows in order,
+    its left padding the request's first token. A padding row past the request would read the next request's token,
+    or past the batch's last row where the last request is padded (the batch may have no rows beyond it)."""
+    ext = [5, 61, 4, 0, 48, 3, 2]  # 48 pads to 61 and is the batch's last padded request; 4 and 3 pad to 5
+    prefix = [100, 3, 0, 64, 70, 7, 0]
+    seq = [p + e for p, e in zip(prefix, ext)]
+    req_to_token = torch.arange(len(ext) * 256, dtype=torch.int32).view(len(ext), 256)
+    starts = [sum(ext[:i]) for i in range(len(ext))]
+    launches = extend.plan_absorbed_launches(ext, seq, torch.arange(len(ext)), req_to_token)
+    covered = []
+    for launch in launches:
+        assert torch.equal(launch.rows[launch.src], launch.dst)  # a real token's position reads its own row
+        windows = launch.rows.view(-1, launch.s_q)
+        for b, window in enumerate(windows):
+            own = launch.dst[launch.src // launch.s_q == b]
+            i = next(j for j, e in enumerate(ext) if e and starts[j] == int(own[0]))  # request 3 starts there too
+            assert own.tolist() == list(range(starts[i], starts[i] + ext[i]))
+            assert window.tolist() == [starts[i]] * (launch.s_q - ext[i]) + own.tolist(), (i, window)
+            covered.append(i)
+    assert sorted(covered) == [i for i, e in enumerate(ext) if e]
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_short_questions_over_long_prefixes_go_absorbed_long_spans_go_mha(heads, monkeypatch):
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)

@@ -85,6 +85,11 @@ def test_the_text_quotes_the_table():
     steps = (over_runs(lambda run: f"{step_ms(run, 'snapmla'):.1f}"), over_runs(lambda run: f"{step_ms(run, 'flashmla'):.1f}"),
              over_runs(lambda run: f"{step_ms(run, 'flashmla') / step_ms(run, 'snapmla'):.2f}"))
     assert f"({steps[0]} against {steps[1]} ms, {steps[2]}x)" in t
+    gaps = (over_runs(lambda run: f"{step_ms(run, 'flashmla-mtp-simulated') - step_ms(run, 'snapmla-mtp-simulated'):.1f}"),
+            over_runs(lambda run: f"{step_ms(run, 'flashmla') - step_ms(run, 'snapmla'):.1f}"))
+    assert f"snapmla's cycle is {gaps[0]} ms shorter than BF16's, as its step is ({gaps[1]} ms)" in t
+    more = over_runs(lambda run: f"{100 * (runs(run)['flashmla-mtp-simulated']['accept_length'] / runs(run)['snapmla-mtp-simulated']['accept_length'] - 1):.0f}")
+    assert f"BF16's MTP runs had {more} % more tokens a cycle" in t
     with_mtp = over_runs(lambda run: f"{runs(run)['snapmla-mtp-simulated']['output_tok_s'] / runs(run)['flashmla-mtp-simulated']['output_tok_s']:.2f}")
     assert f"snapmla with MTP makes {with_mtp}x BF16's rate with MTP" in t
 
