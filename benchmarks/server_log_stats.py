@@ -6,10 +6,11 @@ serve_and_bench.py keep next to each benchmark), for telling the engine's rate f
 Per log: the peak number of running requests, the decode rate near that peak (the fifth-highest `gen throughput`
 line: the top few are short bursts at the end of a run), the decode step at the peak (the median of running requests
 x accept length / generation rate over the decode lines within 5 % of the peak batch that follow no prefill batch:
-the intervals decoded alone; with a speculative draft a step is a verify cycle), the largest KV-pool usage, and the measured run's prefill
-phase: from the first prefill batch with at least `--min-queue` requests waiting (the throughput workloads send all
-their prompts at once; the harness's warm-ups send at most 16) to the last prefill batch, in whole seconds (the
-log's resolution), and the median rate of its prefill batches (`harness.server_log.prefill_intake`).
+the intervals decoded alone; with a speculative draft a step is a verify cycle), the largest KV-pool usage, and the
+measured run's prefill phase: from the first prefill batch with at least `--min-queue` requests waiting (the
+throughput workloads send all their prompts at once; the harness's warm-ups send at most 16) to the last prefill
+batch, in whole seconds (the log's resolution), and the median rate of its prefill batches
+(`harness.server_log.prefill_intake`).
 Prints a markdown table.
 
     python -m benchmarks.server_log_stats --startup LOG...

@@ -61,10 +61,11 @@ RUN_ENV = {"flashmla-mhaprefill": {"SGLANG_CHUNKED_PREFIX_CACHE_THRESHOLD": "1"}
            "snapmla-hicache-copies": {"SNAPMLA_HICACHE_COPIES": "torch"},
            "snapmla-flashmla-schedule": {"SNAPMLA_FLASHMLA_SCHEDULE": "1"}}
 # MTP's return on dummy weights, whose draft is never the target's token (accept length 1.00): SGLang's
-# SGLANG_SIMULATE_ACC_LEN makes every verify keep this many tokens a request on average (its "match-expected" method:
-# the floor or the ceiling, weighted to this mean) and fills them with one fixed token id, so a step's work and the
-# tokens it yields are those of a draft that good while the outputs carry no text. 2.5 of 3: the accept length a
-# trained MTP layer reached at 3 draft tokens on every backend (2.51-2.62, docs/BENCHMARKS.md "MTP with a trained draft")
+# SGLANG_SIMULATE_ACC_LEN makes every verify keep this many tokens a request on average (its "match-expected"
+# method: the floor or the ceiling, weighted to this mean) and fills them with one fixed token id, so a step's work
+# and the tokens it yields are those of a draft that good while the outputs carry no text. 2.5 of 3: the accept
+# length a trained MTP layer reached at 3 draft tokens on every backend (2.51-2.62, docs/BENCHMARKS.md "MTP with a
+# trained draft")
 MTP_SIMULATED_ACCEPT = "2.5"
 for _run in ("snapmla", "flashmla", "flashmla-fp8"):
     RUNS[f"{_run}-mtp-simulated"] = RUNS[f"{_run}-mtp"]
@@ -276,10 +277,12 @@ def simulated_accept_refusal(flags: list[str], env: dict) -> str | None:
     if "--speculative-algorithm" not in flags:
         return ("SGLANG_SIMULATE_ACC_LEN is set for a server without --speculative-algorithm: serve an -mtp run "
                 "(harness.server.simulated_accept_refusal)")
-    drafts = int(flags[flags.index("--speculative-num-draft-tokens") + 1])
-    if not 1.0 <= float(env["SGLANG_SIMULATE_ACC_LEN"]) <= drafts:
-        return (f"SGLANG_SIMULATE_ACC_LEN={env['SGLANG_SIMULATE_ACC_LEN']} is outside 1 .. {drafts}, the tokens a verify "
-                "checks: pick a length in that range (harness.server.simulated_accept_refusal)")
+    length = float(env["SGLANG_SIMULATE_ACC_LEN"])
+    if "--speculative-num-draft-tokens" in flags:  # else SGLang picks the count: the length is checked against it
+        drafts = int(flags[flags.index("--speculative-num-draft-tokens") + 1])
+        if not 1.0 <= length <= drafts:
+            return (f"SGLANG_SIMULATE_ACC_LEN={length:g} is outside 1 .. {drafts}, the tokens a verify checks: pick a "
+                    "length in that range (harness.server.simulated_accept_refusal)")
     from sglang.srt.environ import envs
 
     if not hasattr(envs, "SGLANG_SIMULATE_ACC_LEN"):

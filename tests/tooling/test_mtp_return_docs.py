@@ -66,31 +66,33 @@ def test_the_table_is_the_kept_runs():
 
 def test_the_text_quotes_the_table():
     t = text()
+    snap, bf16 = "snapmla-mtp-simulated", "flashmla-mtp-simulated"
 
-    def over_runs(figure) -> str:  # 'a' where the two runs print the same, else 'lo-hi'
-        lo, hi = min(figure(run) for run in FOLDERS), max(figure(run) for run in FOLDERS)
-        return lo if lo == hi else f"{lo}-{hi}"
+    def over_runs(figure, digits: int = 2) -> str:  # 'a' where the two runs print the same, else 'lo-hi'
+        shown = sorted(f"{figure(run):.{digits}f}" for run in FOLDERS)
+        return shown[0] if shown[0] == shown[-1] else f"{shown[0]}-{shown[-1]}"
 
-    for name, label in (("snapmla-mtp-simulated", "snapmla"), ("flashmla-mtp-simulated", "flashmla BF16")):
-        tokens = over_runs(lambda run: f"{2.5 * step_ms(run, BASE[name]) / step_ms(run, name):.2f}")
-        rate = over_runs(lambda run: f"{runs(run)[name]['output_tok_s'] / runs(run)[BASE[name]]['output_tok_s']:.2f}")
-        assert f"({tokens}x" in t or f"and {tokens}x)" in t, (label, tokens)
-        assert f"{rate}x" in t, (label, rate)
-    cycles = [over_runs(lambda run: f"{step_ms(run, n) / step_ms(run, BASE[n]):.2f}") for n in BASE]
+    def rate(run, name):
+        return runs(run)[name]["output_tok_s"]
+
+    for name in BASE:
+        tokens = over_runs(lambda run: 2.5 * step_ms(run, BASE[name]) / step_ms(run, name))
+        assert f"({tokens}x" in t or f"and {tokens}x)" in t, (name, tokens)
+        assert f"{over_runs(lambda run: rate(run, name) / rate(run, BASE[name]))}x" in t, name
+    cycles = [over_runs(lambda run: step_ms(run, n) / step_ms(run, BASE[n])) for n in BASE]
     assert f"costs {cycles[0]}x a decode step with snapmla and {cycles[1]}x with flashmla BF16" in t
-    snap_cycle = over_runs(lambda run: f"{step_ms(run, 'snapmla-mtp-simulated'):.1f}")
-    bf16_cycle = over_runs(lambda run: f"{step_ms(run, 'flashmla-mtp-simulated'):.1f}")
-    lead = over_runs(lambda run: f"{step_ms(run, 'flashmla-mtp-simulated') / step_ms(run, 'snapmla-mtp-simulated'):.2f}")
-    assert f"its cycle takes {snap_cycle} ms against BF16's {bf16_cycle} ({lead}x)" in t
-    steps = (over_runs(lambda run: f"{step_ms(run, 'snapmla'):.1f}"), over_runs(lambda run: f"{step_ms(run, 'flashmla'):.1f}"),
-             over_runs(lambda run: f"{step_ms(run, 'flashmla') / step_ms(run, 'snapmla'):.2f}"))
+    lead = over_runs(lambda run: step_ms(run, bf16) / step_ms(run, snap))
+    assert (f"its cycle takes {over_runs(lambda run: step_ms(run, snap), 1)} ms against BF16's "
+            f"{over_runs(lambda run: step_ms(run, bf16), 1)} ({lead}x)") in t
+    steps = (over_runs(lambda run: step_ms(run, "snapmla"), 1), over_runs(lambda run: step_ms(run, "flashmla"), 1),
+             over_runs(lambda run: step_ms(run, "flashmla") / step_ms(run, "snapmla")))
     assert f"({steps[0]} against {steps[1]} ms, {steps[2]}x)" in t
-    gaps = (over_runs(lambda run: f"{step_ms(run, 'flashmla-mtp-simulated') - step_ms(run, 'snapmla-mtp-simulated'):.1f}"),
-            over_runs(lambda run: f"{step_ms(run, 'flashmla') - step_ms(run, 'snapmla'):.1f}"))
+    gaps = (over_runs(lambda run: step_ms(run, bf16) - step_ms(run, snap), 1),
+            over_runs(lambda run: step_ms(run, "flashmla") - step_ms(run, "snapmla"), 1))
     assert f"snapmla's cycle is {gaps[0]} ms shorter than BF16's, as its step is ({gaps[1]} ms)" in t
-    more = over_runs(lambda run: f"{100 * (runs(run)['flashmla-mtp-simulated']['accept_length'] / runs(run)['snapmla-mtp-simulated']['accept_length'] - 1):.0f}")
+    more = over_runs(lambda run: 100 * (runs(run)[bf16]["accept_length"] / runs(run)[snap]["accept_length"] - 1), 0)
     assert f"BF16's MTP runs had {more} % more tokens a cycle" in t
-    with_mtp = over_runs(lambda run: f"{runs(run)['snapmla-mtp-simulated']['output_tok_s'] / runs(run)['flashmla-mtp-simulated']['output_tok_s']:.2f}")
+    with_mtp = over_runs(lambda run: rate(run, snap) / rate(run, bf16))
     assert f"snapmla with MTP makes {with_mtp}x BF16's rate with MTP" in t
 
 
