@@ -39,12 +39,13 @@ def device_pool(pages=8, start_layer=None):
                                 start_layer=start_layer)
 
 
-def host_pool(device, layout):
-    """SGLang's own construction of the host pool for `device` (a snapmla pool, or SGLang's MLA pool)."""
+def host_pool(device, layout, **builder_kwargs):
+    """SGLang's own construction of the host pool for `device` (a snapmla pool, or SGLang's MLA pool);
+    builder_kwargs: what else the release's builder passes (override_kv_cache_dim; 0.5.23's mtp_draft_device_pools)."""
     from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 
     if sglang_release.installed() == "0.5.17":  # HiRadixCache's call
-        return MLATokenToKVPoolHost(device, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu")
+        return MLATokenToKVPoolHost(device, 2.0, 0, PAGE, layout, pin_memory=False, device="cpu", **builder_kwargs)
     from sglang.srt.mem_cache.hybrid_cache import hybrid_pool_assembler as assembler
     from sglang.srt.mem_cache.pool_host import common
 
@@ -54,7 +55,7 @@ def host_pool(device, layout):
         for module in (assembler, common):
             mp.setattr(module, "get_memory", lambda: memory)
         mp.setattr(assembler, "get_parallel", lambda: SimpleNamespace(dcp_enabled=False))
-        return assembler.build_kv_host_pool(kv_pool=device, page_size=PAGE)
+        return assembler.build_kv_host_pool(kv_pool=device, page_size=PAGE, **builder_kwargs)
 
 
 def fill_random(pool, gen):
@@ -156,6 +157,68 @@ def test_unsupported_layouts_and_io_backends_are_refused(plugin):
     with pytest.raises(ValueError, match="--hicache-mem-layout page_first_kv_split is not supported with "
                                          "--attention-backend snapmla; use one of layer_first, page_first"):
         host_pool(device_pool(), "page_first_kv_split")
+
+
+@pytest.mark.cpu_interpreter
+def test_an_io_backend_is_checked_on_load_too_and_what_moves_the_pages_is_logged_once(plugin, caplog):
+    """A load names the io backend as a backup does (HiCache's prefetch can load pages the server never backed up in
+    this process: a storage tier's); the line saying that records, not the backend's kernels, move the pages is
+    logged once per process, whichever call comes first."""
+    from sglang_snapmla import host_pool as hp
+
+    device = device_pool()
+    host = host_pool(device, "layer_first")
+    host_loc = host.alloc(PAGE)
+    with pytest.raises(ValueError, match="--hicache-io-backend kernel_ascend is not supported"):
+        host.load_to_device_per_layer(device, host_loc, slots([1]), 0, "kernel_ascend")
+    hp._log_io_backend.cache_clear()
+    with caplog.at_level("INFO", logger=hp.__name__):
+        for layer in range(LAYERS):
+            host.load_to_device_per_layer(device, host_loc, slots([1]), layer, "direct")
+        host.backup_from_device_all_layer(device, host_loc, slots([2]), "direct")
+    lines = [r.getMessage() for r in caplog.records if "pages move as 644-byte records" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert f"with {'Triton kernels' if host.record_copies == 'triton' else 'torch copies'}" in lines[0]
+    assert "--hicache-io-backend direct's transfer kernels move one array per layer and are not used" in lines[0]
+
+
+@pytest.mark.cpu_interpreter
+def test_a_host_row_other_than_the_records_is_refused(plugin):
+    """The builder's row override (0.5.23 passes the device pool's nominal 576; both releases accept 644 and none) is
+    the records' width or refused: a 1 152-byte BF16 row would size the host pool for another layout."""
+    with pytest.raises(ValueError, match="the snapmla host pool's row is 644 bytes; got override_kv_cache_dim=1152"):
+        host_pool(device_pool(), "layer_first", override_kv_cache_dim=1152)
+    assert host_pool(device_pool(), "layer_first", override_kv_cache_dim=644).kv_cache_dim == 644
+
+
+@pytest.mark.cpu_interpreter
+def test_mtp_draft_layers_in_the_host_pool_are_refused_on_0_5_23(plugin):
+    """SGLang 0.5.23 packs an MTP draft's KV layers into the target's host rows (`mtp_draft_device_pools`); the
+    snapmla host pool holds none, so a server with a draft and HiCache is refused when the host pool is built."""
+    if sglang_release.installed() == "0.5.17":
+        pytest.skip("SGLang 0.5.17 keeps an MTP draft's KV out of the host pool")
+    with pytest.raises(ValueError, match="keeps no MTP draft layers in the host pool on SGLang 0.5.23"):
+        host_pool(device_pool(), "layer_first", mtp_draft_device_pools=(device_pool(),))
+
+
+@pytest.mark.cpu_interpreter
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_each_layers_registered_host_memory_holds_that_layers_records(plugin, layout):
+    """`data_refs` (what SGLang registers with a transfer engine, one tensor per layer, and the pointers of
+    `get_contiguous_buf_infos`) views layer i's records in the per-layer layouts: after a backup, the records at the
+    host slots, read through data_refs[i], are layer i's bytes."""
+    from sglang_snapmla.host_pool import RECORD_BYTES, byte_views, pack
+
+    device = device_pool()
+    fill_random(device, torch.Generator().manual_seed(11))
+    host = host_pool(device, layout)
+    written = slots([6, 1])
+    host_loc = host.alloc(len(written))
+    host.backup_from_device_all_layer(device, host_loc, written, "kernel")
+    assert len(host.data_refs) == LAYERS
+    for layer, ref in enumerate(host.data_refs):
+        records = ref.reshape(-1, RECORD_BYTES)[host_loc]
+        assert torch.equal(records, pack(byte_views(*device.layer_arrays(layer)), written)), f"layer {layer}"
 
 
 @pytest.mark.cpu_interpreter
