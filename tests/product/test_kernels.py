@@ -560,6 +560,7 @@ def test_pdl_only_where_it_can_run(monkeypatch):
     """Programmatic dependent launch: on for CUDA devices of compute capability >= 9 unless SNAPMLA_PDL=0; never in
     the CPU interpreter, on CPU tensors or on older GPUs (whose launch would reject the attribute)."""
     cuda0 = torch.device("cuda", 0)
+    capability_rule = decode_plan._pdl_capable.__wrapped__  # uncached
     monkeypatch.setattr(decode_plan, "_pdl_capable", lambda index: True)
     monkeypatch.setattr(decode_plan, "interpreter_mode", lambda: False)
     monkeypatch.delenv("SNAPMLA_PDL", raising=False)
@@ -573,6 +574,10 @@ def test_pdl_only_where_it_can_run(monkeypatch):
     monkeypatch.setattr(decode_plan, "_pdl_capable", lambda index: True)
     monkeypatch.setattr(decode_plan, "interpreter_mode", lambda: True)
     assert not decode_plan.pdl_enabled(cuda0)
+    # the capability rule itself (cached per device in a server): Hopper's sm_90 and later, not Ada's or an A100's
+    for capability, capable in (((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        assert capability_rule(0) is capable, capability
 
 
 def test_launch_flags_are_the_kernels():
