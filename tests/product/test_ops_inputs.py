@@ -108,6 +108,14 @@ CASES = {
     "plan of another batch": (lambda: decode(plan=decode_plan.plan_decode(B + 1, 1, H, PAGES, torch.device(DEV),
                                                                            "triton")),
                               r"the decode plan is for \[batch, s_q, heads\] = \[3, 1, 16\]"),
+    "a flat table, unplanned": (lambda: decode(bt=table()[0].view(-1)), r"block_table must be \[B=2, max_pages\]"),
+    "Q-quant rows not a power of two": (lambda: ops.quantize_q(rows(3)[0].view(1, 3, 512), rows(3)[1].view(1, 3, 64),
+                                                               rows=3),
+                                        "rows per program must be a power of two, got 3"),
+    "queries without a batch dim": (lambda: ops.quantize_and_decode(rows(H)[0].view(1, H, 512),
+                                                                    rows(H)[1].view(1, H, 64), *pool(), *table(),
+                                                                    0.1),
+                                    r"q_nope must be \[B, s_q, H, 512\], got \(1, 16, 512\)"),
 }
 
 
@@ -171,6 +179,20 @@ def test_tensors_off_the_gpu_are_refused_outside_the_interpreter(monkeypatch):
     c, r = rows(1)
     with pytest.raises(ops.SnapMLAInputError, match=r"SnapMLA kernels need CUDA tensors \(got cpu\)"):
         ops.quantize_q(c.cpu().view(1, 1, 512), r.cpu().view(1, 1, 64))
+    # the step's own checks, which the backend runs once a step apart from every layer's decode
+    t, s = table()
+    with pytest.raises(ops.SnapMLAInputError, match=r"SnapMLA kernels need CUDA tensors \(got cpu\)"):
+        ops.check_decode_step(t.cpu(), s.cpu(), decode_plan.plan_decode(B, 1, H, PAGES, torch.device("cpu"), "triton"),
+                              N)
+
+
+def test_the_tables_entries_count_from_the_views_first_element():
+    """The CUDA decode's bound on block-table reads (and the index checks' storage) starts at the view's first
+    element: a view that starts at row 1 (a later batch's table in one allocation) has one row fewer to read."""
+    wide = torch.zeros(3, 8, dtype=torch.int32, device=DEV)
+    assert ops.block_table_entries(wide) == 24
+    assert ops.block_table_entries(wide[1:, :2]) == 16
+    assert ops.block_table_entries(wide[2:, 3:]) == 5
 
 
 def test_index_checks_refuse_a_negative_page_id(monkeypatch):

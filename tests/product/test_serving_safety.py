@@ -201,6 +201,11 @@ def test_index_checks_reject_what_would_read_or_write_outside_the_pool(gen, monk
             ops.append_kv(*rows, torch.tensor([bad], device=DEV), *kv)
         with pytest.raises(ops.SnapMLAInputError, match="outside the pool"):
             ops.fetch_dequant(torch.tensor([0, bad], device=DEV), *kv)
+        # HiCache's record moves, both ways (two 644-byte records, 161 int32 words each)
+        words, record_words = torch.zeros(2 * 161, dtype=torch.int32, device=DEV), torch.tensor([0, 161], device=DEV)
+        for move in (ops.pool_to_records, ops.records_to_pool):
+            with pytest.raises(ops.SnapMLAInputError, match="outside the pool"):
+                move(words, record_words, torch.tensor([0, bad], device=DEV), *kv)
     wrong_page = bt.clone()
     wrong_page[1, 2] = n // 64  # one past the last page
     with pytest.raises(ops.SnapMLAInputError, match="sequence 1 uses page ids"):
