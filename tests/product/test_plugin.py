@@ -647,8 +647,8 @@ def test_pool_set_get_roundtrip_equals_quantize_dequantize(pool, gen):
     # the concatenated 576-wide write path stores the same bytes
     loc2 = loc.flip(0)
     pool.set_kv_buffer(LAYER, loc2, torch.cat([nope, rope], -1), None)
-    again, _ = pool.get_mla_kv_buffer(LAYER, loc2, torch.bfloat16)
-    assert torch.equal(again[:, 0], ref_nope)
+    again_nope, again_rope = pool.get_mla_kv_buffer(LAYER, loc2, torch.bfloat16)
+    assert torch.equal(again_nope[:, 0], ref_nope) and torch.equal(again_rope[:, 0], ref_rope)
 
 
 @pytest.mark.cpu_interpreter
