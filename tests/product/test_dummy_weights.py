@@ -246,6 +246,36 @@ def test_only_fp8_weights_with_block_scales_are_redrawn_and_the_logged_scale_ran
     assert counts["block_scale_range"] == [scales.min().item(), scales.max().item()]
 
 
+@pytest.mark.parametrize("block", [64, 128, 256])
+def test_a_weight_of_each_known_block_size_is_redrawn_on_its_own_grid(block):
+    """The block a weight's scales cover is read back from the two shapes (128 in the released checkpoints; 64 and
+    256 known too): the redraw fills that grid with positive amax / 448 scales, every block's largest FP8 value 448;
+    a grid of no known square block is refused by name."""
+    n, k = 512, 768
+    weight = torch.zeros(n, k, dtype=torch.float8_e4m3fn)
+    scale = torch.full((n // block, k // block), -1e-3)  # SGLang's signed draw on 0.5.17
+    dummy_weights.redraw_block_fp8(weight, scale, torch.Generator().manual_seed(0))
+    assert (scale > 0).all()
+    assert (block_fp8.block_amax(weight.float(), (block, block)) == 448).all()
+    assert block_fp8.dequantize_block_fp8(weight, scale, (block, block)).std().item() == pytest.approx(k**-0.5,
+                                                                                                        rel=0.05)
+    with pytest.raises(ValueError, match="has no square block size of 64, 128 or 256"):
+        dummy_weights.redraw_block_fp8(weight, torch.ones(n // 32, k // 32), torch.Generator())
+
+
+def test_a_model_without_block_fp8_weights_says_what_was_set(registered, monkeypatch, caplog):
+    """SNAPMLA_DUMMY_WEIGHTS=deployment on a BF16 model: the KV scales, router bias and norms are still set, and a
+    warning says the model has no block-FP8 weights (a BF16 config served with the switch on, by mistake)."""
+    monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "deployment")
+    m = tiny_block_fp8_model()
+    for name in ("q_b_proj", "experts"):  # its block-FP8 layers
+        delattr(m, name)
+    with caplog.at_level(logging.WARNING, logger="sglang_snapmla.dummy_weights"):
+        sglang_dummy_init(m)
+    assert "this model has no block-FP8 weights; only k/v scales, router bias and norms were set" in caplog.text
+    assert m.attn.k_scale.item() == 1.0 and (m.gate.e_score_correction_bias == 0).all()
+
+
 def test_the_load_check_runs_only_where_deployment_weights_were_asked_for(monkeypatch):
     """The hook around DummyModelLoader.load_model: without the switch a dummy load keeps SGLang's random KV scales
     (a BF16 config's server, or one measuring SGLang's own draw, must start); with it, a scale that is not 1.0 stops
