@@ -182,8 +182,7 @@ def test_tensors_off_the_gpu_are_refused_outside_the_interpreter(monkeypatch):
     # the step's own checks, which the backend runs once a step apart from every layer's decode
     t, s = table()
     with pytest.raises(ops.SnapMLAInputError, match=r"SnapMLA kernels need CUDA tensors \(got cpu\)"):
-        ops.check_decode_step(t.cpu(), s.cpu(), decode_plan.plan_decode(B, 1, H, PAGES, torch.device("cpu"), "triton"),
-                              N)
+        step(bt=t.cpu(), lens=s.cpu())
 
 
 def test_the_tables_entries_count_from_the_views_first_element():
