@@ -39,8 +39,9 @@ STAND_IN = textwrap.dedent('''
             self.wfile.write(data)
 
         def do_GET(self):
-            if self.path == "/server_info":
-                return self.send(200, {"max_req_input_len": 20000, "chunked_prefill_size": 8192})
+            if self.path == "/server_info" and fault != "no-server-info":
+                return self.send(200, {"max_req_input_len": 20000 if fault != "short" else 1000,
+                                       "chunked_prefill_size": -1 if fault == "no-chunks" else 8192})
             self.send(200 if self.path == "/health" else 404, {})
 
         def do_POST(self):
@@ -49,6 +50,8 @@ STAND_IN = textwrap.dedent('''
                 f.write(json.dumps({"tokens": len(req["input_ids"]), "sampling": req["sampling_params"]}) + "\\n")
             if fault == "500" and len(req["input_ids"]) > 8192:
                 return self.send(500, {"error": "internal"})
+            if fault == "no-output":
+                return self.send(200, {"meta_info": {}})
             self.send(200, {"output_ids": [1] * req["sampling_params"]["max_new_tokens"]})
 
     HTTPServer(("127.0.0.1", port), H).serve_forever()
@@ -147,10 +150,26 @@ def test_the_compiler_folder_is_found_as_flashinfer_finds_it(tmp_path, monkeypat
     assert prepare.compiler_home() == "/a"
 
 
-@pytest.mark.parametrize("fault,message", [("500", "HTTP Error 500"), ("never-starts", "exited with status 3")])
+@pytest.mark.parametrize("fault,lengths", [("short", [496, 528, 992]), ("no-chunks", [2048, 2080, 4096]),
+                                           ("no-server-info", [2044, 2076, 4088])])
+def test_the_prompts_fit_the_server_it_started(stand_in, tmp_path, fault, lengths):
+    """The prompts follow the server's /server_info: a 1 000-token input limit halves the prefix and sends nothing
+    longer than it (not the 8 256 tokens that would cross a chunk); with chunked prefill off (-1) no prompt is sent as
+    longer than a chunk; a server that does not answer /server_info is taken as 4 096 tokens without chunking. Every
+    request fits, so the preparation succeeds."""
+    _, record = stand_in(fault)
+    assert prepare.main(["--model-path", "m", "--server-log", str(tmp_path / "server.log")]) == 0
+    sent = [json.loads(line)["tokens"] for line in record.read_text().splitlines()]
+    assert sent[:3] == lengths and len(sent) == 3 + prepare.BATCH + 1 + len(prepare.SAMPLED), sent
+
+
+@pytest.mark.parametrize("fault,message", [("500", "HTTP Error 500"), ("never-starts", "exited with status 3"),
+                                          ("no-output", "/generate answered without output")])
 def test_a_server_that_fails_ends_it_with_the_log(stand_in, tmp_path, capsys, fault, message):
     stand_in(fault)
-    assert prepare.main(["--model-path", "m", "--server-log", str(tmp_path / "server.log")]) == 1
+    # a server that exits ends the wait at once, not at the start-up timeout (bounded here, for a wait that would not)
+    argv = ["--model-path", "m", "--server-log", str(tmp_path / "server.log"), "--startup-timeout", "60"]
+    assert prepare.main(argv) == 1
     err = capsys.readouterr().err
     assert message in err and "SnapMLA decode:" in err  # the log's tail comes with the reason
 
