@@ -106,6 +106,11 @@ def test_bad_shapes_raise():
         nx.quantize_kv(torch.zeros(2, 256), torch.zeros(2, 64))
     with pytest.raises(ValueError, match="qk_rope_head_dim=64"):
         nx.quantize_q(torch.zeros(2, 4, 512), torch.zeros(2, 4, 128))
+    # content and RoPE of other tokens or heads: broadcasting would pair each with another's scale
+    with pytest.raises(ValueError, match="disagree on leading dims"):
+        nx.quantize_kv(torch.zeros(3, 512), torch.zeros(1, 64))
+    with pytest.raises(ValueError, match="disagree on leading dims"):
+        nx.quantize_q(torch.zeros(2, 4, 512), torch.zeros(2, 1, 64))
 
 
 # ------------------------------------------------------------------------------------------------------
