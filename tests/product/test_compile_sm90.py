@@ -169,3 +169,73 @@ def test_source_dir_override_builds_a_separately_named_extension(monkeypatch, tm
     assert variant["name"].startswith("snapmla_sm90_") and variant["name"] != shipped["name"]
     assert all(s.startswith(str(tmp_path)) for s in variant["sources"])
     assert variant["extra_include_paths"] == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("available,capability,reason", [
+    (False, None, "no CUDA device"), (True, (9, 0), None),
+    (True, (10, 0), "needs an sm_90 GPU (H100/H200), found sm_100"),  # sm_90a code does not run on Blackwell
+    (True, (8, 9), "needs an sm_90 GPU (H100/H200), found sm_89")])
+def test_the_sm90a_decode_runs_on_sm90_alone(monkeypatch, available, capability, reason):
+    import torch
+
+    from sglang_snapmla import cuda_ext
+
+    def capability_of_this_gpu():
+        assert available, "the capability asked of a machine without a CUDA device"
+        return capability
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability_of_this_gpu)
+    assert cuda_ext.unavailable_reason() == reason
+
+
+def test_a_source_dir_override_builds_and_never_loads_the_shipped_library(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as cpp
+
+    from sglang_snapmla import cuda_ext, prebuilt
+
+    monkeypatch.setattr(cuda_ext, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(cpp, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), ""))  # a shipped library that would pass its check
+    monkeypatch.delenv(cuda_ext.SOURCE_DIR_ENV, raising=False)
+    assert cuda_ext.locate()[0] == "prebuilt"
+    monkeypatch.setenv(cuda_ext.SOURCE_DIR_ENV, str(tmp_path))
+    assert cuda_ext.locate() == ("build", None, "kernel development build")
+
+
+@pytest.mark.parametrize("kind", ["prebuilt", "build", "build fails", "unavailable"])
+def test_load_returns_the_decode_or_logs_why_the_triton_one_runs(monkeypatch, caplog, kind):
+    """`cuda_ext.load`: the shipped library, else the extension built with nvcc; a build that raises (any error:
+    nvcc, the linker, the import) or no way to build leaves None and one warning naming the reason, and the Triton
+    decode runs."""
+    import logging
+
+    from sglang_snapmla import cuda_ext
+
+    library, built = object(), object()
+    located = {"prebuilt": ("prebuilt", library, ""), "unavailable": ("unavailable", None, "no CUDA device")}
+    monkeypatch.setattr(cuda_ext, "locate", lambda: located.get(kind, ("build", None, "no library for this torch")))
+
+    def build():
+        if kind == "build fails":
+            raise RuntimeError("Error building extension 'snapmla_sm90'")
+        return built
+
+    monkeypatch.setattr(cuda_ext, "build", build)
+    cuda_ext.load.cache_clear()
+    caplog.set_level(logging.INFO, logger=cuda_ext.__name__)
+    try:
+        got = cuda_ext.load()
+    finally:
+        cuda_ext.load.cache_clear()  # the next caller locates the decode on its own machine again
+    said = [r.getMessage() for r in caplog.records]
+    expected = {"prebuilt": library, "build": built}.get(kind)
+    assert got is expected
+    if expected is not None:
+        assert any(m.startswith("SnapMLA decode: sm_90a CUDA kernel") for m in said), said
+        return
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "using the Triton kernels" in warnings[0], said
+    why = ("no library for this torch; build failed: RuntimeError(\"Error building extension 'snapmla_sm90'\")"
+           if kind == "build fails" else "no CUDA device")
+    assert f"unavailable ({why})" in warnings[0], warnings
