@@ -38,3 +38,40 @@ def test_every_switch_is_documented_and_every_documented_one_exists():
     assert not undocumented, undocumented
     stale = {v for v in documented if v.startswith("SNAPMLA_") and v not in switches()}
     assert not stale, stale
+
+
+# each switch's reader: unset -> the default the DEPLOY table names, then what values it takes
+READERS = {
+    settings.DECODE_IMPL_ENV: (settings.requested_decode_impl, "auto", [("cuda", "cuda"), ("triton", "triton")]),
+    settings.PDL_ENV: (settings.pdl_allowed, True, [("0", False), ("1", True)]),
+    settings.CHECK_INDICES_ENV: (settings.index_checks_enabled, False, [("1", True), ("0", False), ("yes", False)]),
+    settings.EXTEND_ROUTE_ENV: (settings.requested_extend_route, "auto", [("mha", "mha"), ("absorbed", "absorbed")]),
+    settings.HICACHE_COPIES_ENV: (settings.requested_hicache_copies, "kernels", [("torch", "torch")]),
+    settings.FLASHMLA_SCHEDULE_ENV: (settings.flashmla_schedule_computed, False, [("1", True), ("0", False)]),
+    settings.DUMMY_WEIGHTS_ENV: (settings.requested_dummy_weights, "sglang", [("deployment", "deployment")]),
+    settings.CUDA_SOURCE_DIR_ENV: (settings.cuda_source_dir, None, [("", None), ("/src/kernels", "/src/kernels")]),
+}
+
+
+def test_each_switch_reads_as_the_docs_say(monkeypatch):
+    """Unset, each reader gives the default the docs name (the table's "(default" value, or the opt-in's off state);
+    set, the value it was given (an opt-in only by the documented `1`). A switch read at its use sees a value set
+    after the import; Triton's own TRITON_INTERPRET is read the same way."""
+    assert set(READERS) == switches()
+    rows = {r["variable"].strip("`"): r["effect"] for r in
+            doc_tables(doc_sections((ROOT / "docs" / "DEPLOY.md").read_text())["Environment variables"])[0]}
+    for var, (reader, default, values) in READERS.items():
+        monkeypatch.delenv(var, raising=False)
+        assert reader() == default, var
+        if isinstance(default, str):
+            effect = rows[var]
+            assert effect.startswith(f"`{default}` (default") or f"Unset or `{default}`:" in effect, (var, effect[:60])
+        for value, read in values:
+            monkeypatch.setenv(var, value)
+            assert reader() == read, (var, value)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert not settings.interpreter_mode()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert settings.interpreter_mode()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not settings.interpreter_mode()
