@@ -12,7 +12,7 @@ from benchmarks.server_log_stats import log_stats
 from harness.results import read_json
 from harness.server import MTP_SIMULATED_ACCEPT
 from harness.server_log import read_log
-from helpers import doc_sections, doc_tables, shows
+from helpers import doc_sections, doc_tables, quoted_range, shows
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVE = ROOT / "results/serve"
@@ -49,14 +49,22 @@ def rate(folder: Path, name: str) -> float:
     return runs(folder)[name]["output_tok_s"]
 
 
+def section() -> str:
+    return doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION]
+
+
 def text() -> str:
-    return " ".join(doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION].split())
+    return " ".join(section().split())
+
+
+def printed(folders, figure, digits: int = 2) -> list[str]:
+    """`figure` of each folder as the docs print a ratio ('1.03x')."""
+    return [f"{figure(f):.{digits}f}x" for f in folders]
 
 
 def over(folders, figure, digits: int = 2) -> str:
-    """'a' where the folders print the same, else 'lo-hi' (figures of one printed width)."""
-    shown = sorted(f"{figure(f):.{digits}f}" for f in folders)
-    return shown[0] if shown[0] == shown[-1] else f"{shown[0]}-{shown[-1]}"
+    """The ratio over the folders as the docs quote it: 'ax' where they agree, else 'lo-hix'."""
+    return quoted_range(printed(folders, figure, digits))
 
 
 @pytest.mark.parametrize("folder", [*FOLDERS.values(), LONG], ids=[*FOLDERS, "8k"])
@@ -83,7 +91,7 @@ def test_each_run_served_one_workload_at_40_layers_on_an_h100(folder):
 
 
 def test_the_table_is_the_kept_runs():
-    rows = doc_tables(doc_sections((ROOT / "docs/BENCHMARKS.md").read_text())[SECTION])[0]
+    rows = doc_tables(section())[0]
     assert [(row["run"], row["backend"]) for row in rows] == [
         (run, LABELS[name]) for run, folder in FOLDERS.items() for name in runs(folder)]  # the order they served in
     by_label = {(row["run"], row["backend"]): row for row in rows}
@@ -106,32 +114,30 @@ def test_the_text_quotes_the_table():
     t = text()
     every, warm = list(FOLDERS.values()), [FOLDERS[run] for run in WARM]
     both = [f for f in every if "snapmla" in runs(f)]  # the commands with every run
-    assert f"snapmla's verify cycle is {over(every, lambda f: step(f, FP8) / step(f, SNAP))}x faster" in t
-    assert f"as its decode step is ({over(both, lambda f: step(f, 'flashmla-fp8') / step(f, 'snapmla'))}x)" in t
+    assert f"snapmla's verify cycle is {over(every, lambda f: step(f, FP8) / step(f, SNAP))} faster" in t
+    assert f"as its decode step is ({over(both, lambda f: step(f, 'flashmla-fp8') / step(f, 'snapmla'))})" in t
     snap_cost = over(both, lambda f: step(f, SNAP) / step(f, "snapmla"))
     fp8_cost = over(every, lambda f: step(f, FP8) / step(f, "flashmla-fp8"))
-    assert f"a cycle costs {snap_cost}x a decode step with snapmla and {fp8_cost}x with SGLang FP8" in t
+    assert f"a cycle costs {snap_cost} a decode step with snapmla and {fp8_cost} with SGLang FP8" in t
     accept = float(MTP_SIMULATED_ACCEPT)
-    gains = (over(both, lambda f: accept * step(f, "snapmla") / step(f, SNAP)),
-             over(every, lambda f: accept * step(f, "flashmla-fp8") / step(f, FP8)))
-    assert f"gives both {gains[0]}-{gains[1][-4:]}x the decode's tokens a second" in t
-    assert f"({gains[0]}x and {gains[1]}x the decode's tokens a second)" in t
-    assert (f"snapmla with MTP makes {over(warm, lambda f: rate(f, SNAP) / rate(f, FP8))}x SGLang FP8's output rate "
-            f"with MTP at {over(warm, lambda f: runs(f)[SNAP]['median_ttft_ms'] / runs(f)[FP8]['median_ttft_ms'])}x "
+    snap_gain, fp8_gain = (lambda f: accept * step(f, "snapmla") / step(f, SNAP),
+                           lambda f: accept * step(f, "flashmla-fp8") / step(f, FP8))
+    assert f"gives both {quoted_range(printed(both, snap_gain) + printed(every, fp8_gain))} the decode's" in t
+    assert f"({over(both, snap_gain)} and {over(every, fp8_gain)} the decode's tokens a second)" in t
+    assert (f"snapmla with MTP makes {over(warm, lambda f: rate(f, SNAP) / rate(f, FP8))} SGLang FP8's output rate "
+            f"with MTP at {over(warm, lambda f: runs(f)[SNAP]['median_ttft_ms'] / runs(f)[FP8]['median_ttft_ms'])} "
             "its TTFT p50 in the two runs on a warm host") in t
     fresh = FOLDERS["fresh host"]
     assert f"({rate(fresh, SNAP) / rate(fresh, FP8):.2f}x in a fresh host's first command" in t
-    gains_warm = (over(warm, lambda f: rate(f, SNAP) / rate(f, "snapmla")),
-                  over(warm, lambda f: rate(f, FP8) / rate(f, "flashmla-fp8")))
-    assert f"({gains_warm[0]}x and {gains_warm[1]}x on the warm host)" in t
-    prefill = [stats(f, n)["prefill_tok_s_median"] / 1e3 for f in every for n in runs(f)]
-    snap_pre = [p for p, (f, n) in zip(prefill, [(f, n) for f in every for n in runs(f)]) if n.startswith("snapmla")]
-    fp8_pre = [p for p in prefill if p not in snap_pre]
+    assert (f"({over(warm, lambda f: rate(f, SNAP) / rate(f, 'snapmla'))} and "
+            f"{over(warm, lambda f: rate(f, FP8) / rate(f, 'flashmla-fp8'))} on the warm host)") in t
+    snap_pre, fp8_pre = ([stats(f, n)["prefill_tok_s_median"] / 1e3 for f in every for n in runs(f)
+                          if n.startswith("snapmla") == snapmla] for snapmla in (True, False))
     assert (f"prefill batches run at {min(snap_pre):.1f}-{max(snap_pre):.1f} k tokens/s against SGLang FP8's "
             f"{min(fp8_pre):.1f}-{max(fp8_pre):.1f} k") in t
-    gap = (over(both, lambda f: step(f, "flashmla-fp8") - step(f, "snapmla"), 1),
-           over(every, lambda f: step(f, FP8) - step(f, SNAP), 1))
-    assert f"snapmla's step is {gap[0]} ms shorter, its cycle {gap[1]} ms" in t
+    gaps = (over(both, lambda f: step(f, "flashmla-fp8") - step(f, "snapmla"), digits=1),
+            over(every, lambda f: step(f, FP8) - step(f, SNAP), digits=1))
+    assert f"snapmla's step is {gaps[0][:-1]} ms shorter, its cycle {gaps[1][:-1]} ms" in t  # ms, not x
 
 
 def test_the_longer_prompts_paragraph_is_its_run():
@@ -142,11 +148,12 @@ def test_the_longer_prompts_paragraph_is_its_run():
     assert f"at {ttft[0]:.1f} against {ttft[1]:.1f} s TTFT p50 ({ttft[0] / ttft[1]:.2f}x)" in t
     assert (f"its cycle at 32 requests {step(LONG, SNAP):.1f} ms against {step(LONG, FP8):.1f} "
             f"({step(LONG, FP8) / step(LONG, SNAP):.2f}x)") in t
-    # "the one decode line ... at the peak after the prefill": each log has exactly one such line
+    # "the one decode line SGLang logged at the peak after the prefill": two lines at 32 running, the first of which
+    # follows the last prefill batch (its rate counts that batch's time), so the step reads the second alone
     for name in (SNAP, FP8):
         lines = [ln for ln in read_log(LONG / f"server_{name}.log.xz").splitlines()
                  if "Decode batch" in ln and "#running-req: 32," in ln]
-        assert len(lines) == 2, lines  # the first follows the last prefill batch, so the step reads only the second
+        assert len(lines) == 2, lines
 
 
 def test_the_fresh_hosts_first_use_costs_are_its_logs():
