@@ -35,7 +35,7 @@ from pathlib import Path
 
 from harness import gpu_time
 from harness.probes import POOL_FLAGS, first_difference
-from harness.results import read_json, save_png
+from harness.results import read_json, save_png, stored
 from harness.server import RUN_ENV, RUNS, greedy_generate, kill_servers_on_exit, serving
 
 PROMPTS_AT_LEAST = 4  # prompts at concurrency 1 (one after another)
@@ -220,11 +220,11 @@ def save(out: Path, results: dict, meta: dict) -> None:
 
 
 def load(out: Path) -> tuple[dict, dict]:
-    """(runs, meta) an earlier call saved in `out`, the runs' token ids put back (serve_mtp_ids.json, or .json.xz as
-    results/ keeps it); ({}, {}) where there is none."""
-    if not (out / "serve_mtp.json").is_file():
+    """(runs, meta) an earlier call saved in `out` (serve_mtp.json, or .json.xz as results/ keeps it), the runs' token
+    ids put back (serve_mtp_ids.json, or .json.xz); ({}, {}) where there is none."""
+    if not stored(out / "serve_mtp.json").is_file():
         return {}, {}
-    saved = json.loads((out / "serve_mtp.json").read_text())
+    saved = read_json(out / "serve_mtp.json")
     results = saved["runs"]
     for run, levels in read_json(out / "serve_mtp_ids.json").items():
         for c, lv_ids in levels.items():

@@ -18,7 +18,7 @@ from harness.server_log import read_log
 
 
 def stored(path: Path) -> Path:
-    """`path`, or its xz-compressed copy NAME.json.xz where only that exists (results/ keeps JSON over 12 KB so)."""
+    """`path`, or its xz-compressed copy NAME.json.xz where only that exists (results/ keeps JSON over 8 KB so)."""
     xz = path.with_name(path.name + ".xz")
     return xz if not path.exists() and xz.exists() else path
 

@@ -99,8 +99,9 @@ def test_redraw_prints_and_plots_a_saved_run_without_a_gpu(tmp_path, monkeypatch
     from pathlib import Path
 
     from benchmarks import bench_kernels
+    from harness.results import stored
 
-    saved = Path(__file__).resolve().parents[2] / "results/bench/kernels_h200_paper_grid_h128.json"
+    saved = stored(Path(__file__).resolve().parents[2] / "results/bench/kernels_h200_paper_grid_h128.json")
     copy = tmp_path / saved.name
     shutil.copy(saved, copy)
     monkeypatch.setattr(sys, "argv", ["bench_kernels", "--redraw", str(copy)])

@@ -287,7 +287,7 @@ def test_the_h100_short_context_tables_are_their_kept_runs():
             f"instead of {_ratio_range(runs, (64, 1, 32, 640), 'flashmla_bf16')}") in flat
 
 
-PER_SEQUENCE = "per_sequence_split_counts_h100.json"
+PER_SEQUENCE = "per_sequence_split_counts_h100.json.xz"
 
 
 def test_the_per_sequence_split_count_table_is_its_kept_runs():

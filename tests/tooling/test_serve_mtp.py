@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve_mtp
-from harness.results import read_json
+from harness.results import read_json, stored
 from helpers import doc_sections, doc_tables, shows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def test_outputs_are_compared_with_the_same_backend_without_mtp_and_with_the_ref
 
 
 def test_a_saved_folder_is_continued_and_compared_without_serving(tmp_path, monkeypatch, capsys):
-    shutil.copy(KEPT / "serve_mtp.json", tmp_path)
+    shutil.copy(stored(KEPT / "serve_mtp.json"), tmp_path)
     shutil.copy(KEPT / "serve_mtp_ids.json.xz", tmp_path)
     kept = read_json(KEPT / "serve_mtp.json")
 
