@@ -154,6 +154,8 @@ GATE_TABLES = [
                                              "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
     ("results/accuracy/gate_narrow_h200/accuracy_gate.json", {
         "snapmla (sm_90a narrow decode)": "snapmla", "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
+    ("results/accuracy/gate_narrow_h100/accuracy_gate.json", {
+        "snapmla (sm_90a narrow decode)": "snapmla", "snapmla with the capture-view bug": "snapmla-capture-view-bug"}),
     ("results/accuracy/gate_fillers160/accuracy_gate.json", {
         "SGLang FP8": "flashmla-fp8", "snapmla (sm_90a decode)": "snapmla",
         "snapmla with the capture-view bug": "snapmla-capture-view-bug",

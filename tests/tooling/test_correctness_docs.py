@@ -1,0 +1,38 @@
+"""docs/DESIGN.md, "Measured on the GPU": the GPU correctness suite's figures are those of the run kept in
+results/correctness/ (`bash tools/gpu_host/correctness.sh`'s console output and the mutant's pytest log)."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KEPT = ROOT / "results" / "correctness" / "h100"
+
+
+def measured_on_the_gpu() -> str:
+    doc = (ROOT / "docs" / "DESIGN.md").read_text()
+    start = doc.index("- **Measured on the GPU**")
+    return " ".join(doc[start:doc.index("\n- **", start + 1)].split())
+
+
+def test_the_design_docs_gpu_suite_figures_are_the_kept_run():
+    import lzma
+
+    text = measured_on_the_gpu()
+    console = (KEPT / "correctness.txt").read_text()
+    with lzma.open(KEPT / "mutation.txt.xz", "rt") as f:
+        mutation = f.read()
+    gpu = console.splitlines()[0]
+    assert gpu.startswith("NVIDIA H100") and text.startswith("- **Measured on the GPU** (H100,")
+    seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", console).group(1)
+    assert f"SNAPMLA_TEST_SEED={seed};" in text
+    passed, skipped, seconds = re.search(r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", console, re.M).groups()
+    assert f"{passed} passed and {skipped} skipped" in text and f"in {round(float(seconds))} s," in text
+    assert f"SKIPPED [{skipped}] tests/product/test_serving_safety.py" in console  # the skips the text explains
+    failed, mutant_passed = re.search(r"^(\d+) failed, (\d+) passed", mutation, re.M).groups()
+    assert f"({failed} failed, {mutant_passed} passed)" in text
+    cases = re.findall(r"^FAILED .*\[(\d+)-\d+-True-\d+-decode-cuda\]$", mutation, re.M)
+    assert sorted(cases, key=int) == ["16", "128"] and "one-split sm_90a decode cases fail at 16 and 128 heads" in text
+    for tool in ("memcheck triton", "memcheck cuda", "racecheck cuda"):
+        assert re.search(rf"^{tool} rc=0 .*(?: 0 errors| 0 hazards)", console, re.M), tool
+    assert "memcheck 0 errors (Triton and sm_90a), racecheck 0 hazards" in text
+    assert console.rstrip().endswith("all correctness checks passed")
