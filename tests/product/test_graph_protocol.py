@@ -194,6 +194,28 @@ def test_a_replay_writes_the_lengths_and_reuses_the_plan_it_was_captured_with(ge
         proto.replay_metadata(mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_each_captured_batch_replays_with_the_plan_of_its_own_batch(gen, monkeypatch, mode):
+    """SGLang captures one graph per batch size, largest first, then replays any of them: a replay's plan is the one
+    captured for its own batch, whatever was captured or replayed before it (a plan of another batch covers other
+    rows of the block table)."""
+    lens = [70, 130, 3]
+    proto = GraphProtocol(heads=16, max_bs=4, lens=lens, gen=gen, device="cpu", window=2)
+    be = proto.backend
+    captured = {}
+    for bs in (3, 2, 1):
+        proto.bs, proto.lens = bs, lens[:bs]
+        proto.capture_metadata(mode)
+        captured[bs] = be.step_plan
+    planned, plan_decode = [], decode_plan.plan_decode
+    monkeypatch.setattr(decode_plan, "plan_decode", lambda *a, **k: planned.append(a) or plan_decode(*a, **k))
+    for bs in (1, 3, 2, 3):
+        proto.bs, proto.lens = bs, lens[:bs]
+        proto.replay_metadata(mode)
+        assert be.step_plan is captured[bs] and be.step_plan.decode.batch == bs
+        assert be.step_plan.block_table.shape[0] == bs and planned == []
+
+
 def test_a_release_without_get_mla_metadata_is_refused():
     from types import SimpleNamespace
 
