@@ -197,8 +197,8 @@ def test_a_replay_writes_the_lengths_and_reuses_the_plan_it_was_captured_with(ge
 @pytest.mark.parametrize("mode", MODES)
 def test_each_captured_batch_replays_with_the_plan_of_its_own_batch(gen, monkeypatch, mode):
     """SGLang captures one graph per batch size, largest first, then replays any of them: a replay's plan is the one
-    captured for its own batch, whatever was captured or replayed before it (a plan of another batch covers other
-    rows of the block table)."""
+    captured for its own batch, whatever was captured, replayed or run eagerly before it (a plan of another batch
+    covers other rows of the block table; an eager step's plan reads other lengths and would be planned again)."""
     lens = [70, 130, 3]
     proto = GraphProtocol(heads=16, max_bs=4, lens=lens, gen=gen, device="cpu", window=2)
     be = proto.backend
@@ -214,6 +214,10 @@ def test_each_captured_batch_replays_with_the_plan_of_its_own_batch(gen, monkeyp
         proto.replay_metadata(mode)
         assert be.step_plan is captured[bs] and be.step_plan.decode.batch == bs
         assert be.step_plan.block_table.shape[0] == bs and planned == []
+    proto.eager_metadata(mode)  # a batch above the largest graph, or graphs off for a step: planned for itself
+    assert len(planned) == 1 and be.step_plan is not captured[3]
+    proto.replay_metadata(mode)
+    assert be.step_plan is captured[3] and len(planned) == 1
 
 
 def test_a_release_without_get_mla_metadata_is_refused():

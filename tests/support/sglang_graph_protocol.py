@@ -208,12 +208,16 @@ class GraphProtocol:
         self.backend.init_forward_metadata_out_graph(fb)
         return fb
 
-    def eager(self, mode, q, q_rope):
-        """FlashMLABackend's eager metadata (no graph) and the forward."""
+    def eager_metadata(self, mode):
+        """FlashMLABackend's eager metadata (no graph) for the batch."""
         lens = torch.tensor(self._runner_lens(mode), dtype=torch.int64)
         fb = self._forward_batch(mode, lens.to(self.device), lens, torch.arange(1, self.bs + 1, device=self.device))
         self.backend.init_forward_metadata(fb)
-        return self.forward(mode, fb, q, q_rope)
+        return fb
+
+    def eager(self, mode, q, q_rope):
+        """The eager metadata and the forward."""
+        return self.forward(mode, self.eager_metadata(mode), q, q_rope)
 
     def graphed(self, mode, q, q_rope):
         """GPU: capture with the fill values, replay with the batch; returns the replayed output."""
