@@ -440,6 +440,18 @@ def test_a_step_of_another_mode_leaves_no_plan_behind(setup, gen):
         backend.forward_decode(q, None, None, layer, decode, save_kv_cache=False, q_rope=qr)
 
 
+def test_absorbed_launches_are_planned_per_head_count(setup, heads):
+    """A step's absorbed-MLA launches are kept per head count: a layer of other heads than the step's plan gets
+    launches planned for its own heads (their decode plans size the splits and partials by the heads), never those of
+    another head count."""
+    backend, _, _ = setup
+    plan = backend._plan_extend(extend_batch([100, 3], [5, 61]))
+    own = backend._plan_launches(plan, heads, torch.device("cpu"))
+    other = backend._plan_launches(plan, 2 * heads, torch.device("cpu"))
+    assert own and {d.heads for _, d in own} == {heads} and {d.heads for _, d in other} == {2 * heads}
+    assert backend._plan_launches(plan, heads, torch.device("cpu")) is own
+
+
 def test_a_plan_fits_only_its_own_batch():
     """`ExtendPlan.fits`: the very req_pool_indices tensor, unwritten since, and the same lengths; inference tensors
     (SGLANG_ENABLE_TORCH_INFERENCE_MODE) keep no version counter and are compared by object and lengths."""
