@@ -4,6 +4,8 @@ results/correctness/ (`bash tools/gpu_host/correctness.sh`'s console output and 
 import re
 from pathlib import Path
 
+from harness.server_log import read_log
+
 ROOT = Path(__file__).resolve().parents[2]
 KEPT = ROOT / "results" / "correctness" / "h100"
 
@@ -15,12 +17,8 @@ def measured_on_the_gpu() -> str:
 
 
 def test_the_design_docs_gpu_suite_figures_are_the_kept_run():
-    import lzma
-
     text = measured_on_the_gpu()
-    console = (KEPT / "correctness.txt").read_text()
-    with lzma.open(KEPT / "mutation.txt.xz", "rt") as f:
-        mutation = f.read()
+    console, mutation = read_log(KEPT / "correctness.txt"), read_log(KEPT / "mutation.txt.xz")
     gpu = console.splitlines()[0]
     assert gpu.startswith("NVIDIA H100") and text.startswith("- **Measured on the GPU** (H100,")
     seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", console).group(1)
