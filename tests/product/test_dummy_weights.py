@@ -292,6 +292,19 @@ def test_the_load_check_runs_only_where_deployment_weights_were_asked_for(monkey
         dummy_weights.load_model_check_hook(load, None)
 
 
+def test_the_plugin_hooks_both_steps_of_sglangs_dummy_load():
+    """The plugin wraps both of SGLang's dummy-load steps, the draw and the loaded model (the hooks' behaviour is
+    tested above): without the second, a deployment-weight server would start on SGLang's random KV scales
+    unchecked."""
+    from sglang.srt.plugins.hook_registry import HookType
+
+    from sglang_snapmla import plugin
+
+    hooks = plugin.sglang_hooks(HookType)
+    assert hooks[dummy_weights.HOOK_TARGET] == (dummy_weights.dummy_weights_hook, HookType.AROUND)
+    assert hooks[dummy_weights.CHECK_TARGET] == (dummy_weights.load_model_check_hook, HookType.AROUND)
+
+
 def test_an_unknown_switch_value_is_refused(monkeypatch):
     monkeypatch.setenv(DUMMY_WEIGHTS_ENV, "real")
     with pytest.raises(ValueError, match="'deployment'"):

@@ -177,6 +177,29 @@ def test_dispatch_keeps_sglangs_choice_in_captured_prefill(dispatch, monkeypatch
     assert run([0], [4096]) == M.MLA
 
 
+def test_dispatch_keeps_sglangs_choice_for_speculative_extends(dispatch, monkeypatch):
+    """Target verify and draft extend (MTP) extend the batch by draft tokens: their attention stays SGLang's choice
+    (the decode kernel over the window), and no prefill route is asked for, whatever the lengths (a plain extend of
+    the same lengths takes MHA)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+
+    run, M = dispatch
+    assert run([4000], [4096]) == M.MHA_ONE_SHOT
+    monkeypatch.setattr(handlers, "_handle_attention_backend", lambda *a: M.MLA)
+    attn = SimpleNamespace(num_local_heads=16, disable_chunked_prefix_cache=False, chunked_prefix_cache_threshold=8192)
+    unplanned = SimpleNamespace(extend_plan=lambda fb: pytest.fail(f"a prefill route asked for in {fb.forward_mode}"))
+    drafts = [getattr(ForwardMode, name) for name in ("DRAFT_EXTEND", "DRAFT_EXTEND_V2") if hasattr(ForwardMode, name)]
+    for mode in [ForwardMode.TARGET_VERIFY, *drafts]:
+        fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=[4000], extend_seq_lens_cpu=[4096])
+        previous = set_forward_context(ForwardContext(attn_backend=unplanned))
+        try:
+            assert handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb) == M.MLA, mode
+        finally:
+            set_forward_context(previous)
+
+
 def test_the_route_is_decided_once_per_step_by_the_metadata_hook(dispatch, monkeypatch):
     """Every layer of a step reads the route its plan holds: the cost model runs once per step (in the backend's
     forward-metadata hook), not once per layer, and a new step is decided again."""
