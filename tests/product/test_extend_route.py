@@ -42,6 +42,17 @@ def test_each_absorbed_window_reads_only_its_own_requests_rows():
     assert sorted(covered) == [i for i, e in enumerate(ext) if e]
 
 
+def test_the_absorbed_route_is_priced_on_its_padded_launches():
+    """A launch runs every member at its longest new span (left-padded windows) over its longest sequence: the
+    cost model's absorbed pairs count those padded rows, the MHA route's only the real ones (causal)."""
+    prefix, ext, heads = [1000, 1000, 5000], [100, 80, 10], 4
+    assert extend.group_requests(ext) == [[0, 1], [2]]
+    (_, pairs), (_, upproj, mha_pairs) = extend.route_units(prefix, ext, heads)
+    assert pairs == (2 * 100 * 1100 + 10 * 5010) * heads
+    assert upproj == 7000 * heads
+    assert mha_pairs == sum(e * (p + (e + 1) / 2) for p, e in zip(prefix, ext)) * heads
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_short_questions_over_long_prefixes_go_absorbed_long_spans_go_mha(heads, monkeypatch):
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
@@ -95,6 +106,8 @@ def test_row_cap_and_pins(monkeypatch):
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
     many = [64] * (extend.ABSORBED_MAX_ROWS // (64 * 128) + 1)
     assert not extend.prefers_absorbed([8192] * len(many), many, 128), "above the row cap a batch stays on MHA"
+    monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
+    assert not extend.prefers_absorbed([8192] * len(many), many, 128), "the pin keeps the row cap"
     monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "mha")
     assert not extend.prefers_absorbed([4096] * 16, [128] * 16, 16)
     monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "absorbed")
