@@ -53,6 +53,28 @@ def test_the_absorbed_route_is_priced_on_its_padded_launches():
     assert mha_pairs == sum(e * (p + (e + 1) / 2) for p, e in zip(prefix, ext)) * heads
 
 
+def test_each_absorbed_window_attends_over_its_own_requests_pages():
+    """A launch's block-table row b and length b are those of the request whose window is row b, also where a
+    group lists a later request first (the longest span leads) and the requests' pool rows are permuted; the table
+    holds page ids (slots / 64) up to the group's longest sequence."""
+    ext, prefix = [48, 61, 5, 4], [300, 70, 0, 129]
+    seq = [p + e for p, e in zip(prefix, ext)]
+    assert extend.group_requests(ext) == [[1, 0], [2, 3]]
+    pool_rows = torch.tensor([2, 0, 3, 1])
+    pages = torch.randperm(64)[:32].view(4, 8)  # each pool row's 8 pages, distinct
+    req_to_token = (pages.repeat_interleave(64, dim=1) * 64 + torch.arange(512) % 64).to(torch.int32)
+    starts = [sum(ext[:i]) for i in range(len(ext))]
+    for launch in extend.plan_absorbed_launches(ext, seq, pool_rows, req_to_token):
+        members = []
+        for b in range(launch.block_table.shape[0]):
+            own = launch.dst[launch.src // launch.s_q == b]
+            i = starts.index(int(own[0]))
+            members.append(i)
+            assert launch.block_table[b].tolist() == pages[pool_rows[i], :launch.max_pages].tolist(), (i, b)
+            assert int(launch.seq_lens[b]) == seq[i]
+        assert launch.max_pages == -(-max(seq[i] for i in members) // 64)
+
+
 @pytest.mark.parametrize("heads", [16, 128])
 def test_short_questions_over_long_prefixes_go_absorbed_long_spans_go_mha(heads, monkeypatch):
     monkeypatch.delenv("SNAPMLA_EXTEND_ROUTE", raising=False)
