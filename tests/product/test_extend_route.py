@@ -53,7 +53,7 @@ def test_the_absorbed_route_is_priced_on_its_padded_launches():
     assert mha_pairs == sum(e * (p + (e + 1) / 2) for p, e in zip(prefix, ext)) * heads
 
 
-def test_each_absorbed_window_attends_over_its_own_requests_pages():
+def test_each_absorbed_window_attends_over_its_own_requests_pages(gen):
     """A launch's block-table row b and length b are those of the request whose window is row b, also where a
     group lists a later request first (the longest span leads) and the requests' pool rows are permuted; the table
     holds page ids (slots / 64) up to the group's longest sequence."""
@@ -61,7 +61,7 @@ def test_each_absorbed_window_attends_over_its_own_requests_pages():
     seq = [p + e for p, e in zip(prefix, ext)]
     assert extend.group_requests(ext) == [[1, 0], [2, 3]]
     pool_rows = torch.tensor([2, 0, 3, 1])
-    pages = torch.randperm(64)[:32].view(4, 8)  # each pool row's 8 pages, distinct
+    pages = torch.randperm(64, generator=gen)[:32].view(4, 8)  # each pool row's 8 pages, distinct
     req_to_token = (pages.repeat_interleave(64, dim=1) * 64 + torch.arange(512) % 64).to(torch.int32)
     starts = [sum(ext[:i]) for i in range(len(ext))]
     for launch in extend.plan_absorbed_launches(ext, seq, pool_rows, req_to_token):
