@@ -140,12 +140,30 @@ def test_row_cap_and_pins(monkeypatch):
         extend.prefers_absorbed([16], [16], 16)
 
 
+def mla_attention(heads: int = 16, disabled: bool = False) -> SimpleNamespace:
+    """The fields of a DeepSeek attention layer that SGLang's dispatch reads."""
+    return SimpleNamespace(num_local_heads=heads, disable_chunked_prefix_cache=disabled,
+                           chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
+
+
+def dispatch_layers(backend, attn, fb, layers: int = 1) -> list:
+    """What DeepSeek's model calls per layer: the dispatch handler registered for snapmla, with SGLang's forward
+    context naming `backend` as the attention backend of the forward in progress. -> the layers' methods."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
+    from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
+
+    previous = set_forward_context(ForwardContext(attn_backend=backend))
+    try:
+        return [handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb) for _ in range(layers)]
+    finally:
+        set_forward_context(previous)
+
+
 @pytest.fixture
 def dispatch(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.models.deepseek_common.attention_forward_methods.forward_methods import AttnForwardMethod
 
-    from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
 
     from sglang_snapmla import plugin
@@ -167,8 +185,7 @@ def dispatch(monkeypatch):
         """One step as SGLang runs it: the backend's forward-metadata hook plans it, then each layer of the model
         asks the dispatch handler with SGLang's forward context naming the backend. -> the layers' methods (one
         when `layers` is 1)."""
-        attn = SimpleNamespace(num_local_heads=heads, disable_chunked_prefix_cache=disabled,
-                               chunked_prefix_cache_threshold=8192, flashinfer_mla_disable_ragged=False)
+        attn = mla_attention(heads, disabled)
         fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
                              seq_lens_cpu=torch.tensor([p + e for p, e in zip(prefix, ext)]),
                              req_pool_indices=torch.arange(len(ext)), get_max_chunk_capacity=lambda: capacity)
@@ -177,11 +194,7 @@ def dispatch(monkeypatch):
         # no pool here: the launches an absorbed route plans with the step (tests/product/test_backend.py) stay empty
         backend._plan_launches = lambda plan, heads, device: plan.launches.setdefault(heads, [])
         backend.plan_step(fb)
-        previous = set_forward_context(ForwardContext(attn_backend=backend))
-        try:  # what DeepSeek's model calls per layer
-            methods = [handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb) for _ in range(layers)]
-        finally:
-            set_forward_context(previous)
+        methods = dispatch_layers(backend, attn, fb, layers)
         return methods[0] if layers == 1 else methods
 
     return run, AttnForwardMethod
@@ -217,22 +230,16 @@ def test_dispatch_keeps_sglangs_choice_for_speculative_extends(dispatch, monkeyp
     (the decode kernel over the window), and no prefill route is asked for, whatever the lengths (a plain extend of
     the same lengths takes MHA)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.model_executor.forward_context import ForwardContext, set_forward_context
     from sglang.srt.models.deepseek_common import attention_backend_handler as handlers
 
     run, M = dispatch
     assert run([4000], [4096]) == M.MHA_ONE_SHOT
     monkeypatch.setattr(handlers, "_handle_attention_backend", lambda *a: M.MLA)
-    attn = SimpleNamespace(num_local_heads=16, disable_chunked_prefix_cache=False, chunked_prefix_cache_threshold=8192)
     unplanned = SimpleNamespace(extend_plan=lambda fb: pytest.fail(f"a prefill route asked for in {fb.forward_mode}"))
     drafts = [getattr(ForwardMode, name) for name in ("DRAFT_EXTEND", "DRAFT_EXTEND_V2") if hasattr(ForwardMode, name)]
     for mode in [ForwardMode.TARGET_VERIFY, *drafts]:
         fb = SimpleNamespace(forward_mode=mode, extend_prefix_lens_cpu=[4000], extend_seq_lens_cpu=[4096])
-        previous = set_forward_context(ForwardContext(attn_backend=unplanned))
-        try:
-            assert handlers.AttentionBackendRegistry.get_handler("snapmla")(attn, fb) == M.MLA, mode
-        finally:
-            set_forward_context(previous)
+        assert dispatch_layers(unplanned, mla_attention(), fb) == [M.MLA], mode
 
 
 def test_the_route_is_decided_once_per_step_by_the_metadata_hook(dispatch, monkeypatch):
