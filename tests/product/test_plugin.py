@@ -147,16 +147,29 @@ def test_bundled_configs_are_accepted(plugin, name):
 
 
 @pytest.mark.cpu_interpreter
-def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin):
-    """MTP (DeepSeek NEXTN) with snapmla: the bundled V3 config carries one NEXTN layer, and the flags that
-    benchmarks/serve_and_bench.py's snapmla-mtp run passes are accepted (target verify / draft extend then reach the
-    backend with s_q = the draft tokens)."""
+@pytest.mark.parametrize("algorithm", ["NEXTN", "EAGLE"])
+def test_mtp_server_args_parse_with_the_bundled_v3_config(plugin, algorithm):
+    """MTP with snapmla, named NEXTN or EAGLE (both run DeepSeek's MTP layer as the draft): the bundled V3 config
+    carries one NEXTN layer, and the flags that benchmarks/serve_and_bench.py's snapmla-mtp run passes are accepted
+    (target verify / draft extend then reach the backend with s_q = the draft tokens)."""
     from harness.server import RUNS
 
+    flags = [algorithm if a == "NEXTN" else a for a in RUNS["snapmla-mtp"]]
+    assert algorithm in flags
     args = parse("--model-path", str(ROOT / "configs/models/deepseek-v3-shape"), "--device", "cpu",
-                 "--load-format", "dummy", *RUNS["snapmla-mtp"])
+                 "--load-format", "dummy", *flags)
     assert args.speculative_algorithm in ("NEXTN", "EAGLE") and args.speculative_num_draft_tokens == 3
     assert args.attention_backend == "snapmla" and args.page_size == 64
+
+
+@pytest.mark.cpu_interpreter
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_pd_servers_parse_at_one_pipeline_stage(plugin, mode):
+    """A PD pair's servers (tools/gpu_host/pd_transfer.sh) parse with snapmla at --pp-size 1; only PD across pipeline
+    stages is refused (test_setups_that_assume_sglangs_pool_fail_at_startup)."""
+    args = parse("--model-path", str(V3), "--attention-backend", "snapmla", "--device", "cpu", "--load-format", "dummy",
+                 "--disaggregation-mode", mode)
+    assert args.disaggregation_mode == mode and args.page_size == 64
 
 
 @pytest.mark.cpu_interpreter
@@ -290,6 +303,25 @@ def test_a_config_whose_text_model_is_mla_is_read_there(plugin, monkeypatch):
     monkeypatch.setattr(hf_transformers_utils, "get_config",
                         lambda *a, **k: SimpleNamespace(model_type="vl", text_config=text))
     assert server_policy._model_config(SimpleNamespace(model_path="m")) is text
+
+
+def test_a_config_with_its_own_code_is_read_with_trust_remote_code(plugin, tmp_path):
+    """A checkpoint whose config class ships with it (`auto_map`, as LongCat-Flash's and Kimi-K2's do) is read with the
+    server's --trust-remote-code; without the flag transformers refuses to run its code, as it does for SGLang."""
+    (tmp_path / "configuration_remote_mla.py").write_text(
+        "from transformers import PretrainedConfig\n\n\n"
+        "class RemoteMLAConfig(PretrainedConfig):\n"
+        "    model_type = 'remote_mla'\n\n"
+        "    def __init__(self, kv_lora_rank=512, qk_rope_head_dim=64, **kw):\n"
+        "        self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim\n"
+        "        super().__init__(**kw)\n")
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "remote_mla", "architectures": ["RemoteMLAForCausalLM"], "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "auto_map": {"AutoConfig": "configuration_remote_mla.RemoteMLAConfig"}}))
+    args = SimpleNamespace(model_path=str(tmp_path), attention_backend="snapmla", device="cuda")
+    assert server_policy.check_server_args(SimpleNamespace(**vars(args), trust_remote_code=True)) == 64
+    with pytest.raises(ValueError, match="custom code"):
+        server_policy.check_server_args(SimpleNamespace(**vars(args), trust_remote_code=False))
 
 
 def test_non_cuda_device_and_mixed_backends_fail_clearly(plugin, monkeypatch):
