@@ -37,6 +37,8 @@ def test_block_fp8_weights_are_read_from_the_models_quantization_config():
     assert extend.block_fp8_weights(SimpleNamespace(quantization_config=as_object))
     int8 = {"quant_method": "w8a8_int8", "weight_block_size": [128, 128]}  # block-scaled, but not SGLang's FP8 GEMM
     assert not extend.block_fp8_weights(SimpleNamespace(quantization_config=int8))
+    per_tensor = {"quant_method": "fp8", "activation_scheme": "dynamic"}  # FP8 weights with one scale per tensor
+    assert not extend.block_fp8_weights(SimpleNamespace(quantization_config=per_tensor))
 
 
 def test_unset_it_is_bounded_where_sglangs_default_is_above_the_capacity(caplog):
