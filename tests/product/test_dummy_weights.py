@@ -54,6 +54,27 @@ def test_dequantize_refuses_scales_that_do_not_cover_the_weight():
         block_fp8.dequantize_block_fp8(q3, s3[:1])  # one expert's scales would broadcast over all three
 
 
+def test_block_fp8_blocks_are_rows_by_columns():
+    """A block size of [rows, columns] that is not square (a config's weight_block_size may say so): each block's
+    scale is the amax of its own rows and columns over 448, element by element."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    w = torch.randn(130, 100, generator=g) * torch.exp(torch.randn(130, 100, generator=g) * 2)
+    q, s = block_fp8.quantize_block_fp8(w, (64, 32))
+    assert s.shape == (3, 4)
+    for i in range(3):
+        for j in range(4):
+            block = w[64 * i:64 * (i + 1), 32 * j:32 * (j + 1)]
+            assert s[i, j] == block.abs().amax() / 448
+            assert torch.equal(q[64 * i:64 * (i + 1), 32 * j:32 * (j + 1)], (block / s[i, j]).to(torch.float8_e4m3fn))
+    assert torch.equal(block_fp8.dequantize_block_fp8(q, s, (64, 32)),
+                       q.float() * s.repeat_interleave(64, 0)[:130].repeat_interleave(32, 1)[:, :100])
+
+
+def test_quantize_refuses_an_integer_weight():
+    with pytest.raises(TypeError, match="takes a float weight, got torch.int32"):
+        block_fp8.quantize_block_fp8(torch.ones(256, 256, dtype=torch.int32))
+
+
 @pytest.mark.parametrize("weight, block, error", [
     (torch.randn(256), (128, 128), "at least 2 dims, got shape \\(256,\\)"),
     (torch.randn(256, 256), (0, 128), "two positive ints, got \\(0, 128\\)"),
