@@ -55,11 +55,15 @@ def test_entry_point_registers_everything(plugin):
 
 
 @pytest.mark.cpu_interpreter
-def test_server_args_parse_and_pin_page_size(plugin):
+def test_server_args_parse_and_pin_page_size(plugin, monkeypatch):
+    said = []
+    monkeypatch.setattr(plugin.logger, "info", lambda msg, *a: said.append(msg % a))
     args = parse("--model-path", str(V2_LITE), "--attention-backend", "snapmla", "--device", "cpu",
                  "--load-format", "dummy")
     assert args.attention_backend == "snapmla" and args.page_size == 64
-    # no CUDA graphs on a CPU: the decode graph size and the memory fraction stay SGLang's
+    # no CUDA graphs on a CPU: the decode graph size and the memory fraction stay SGLang's, and the log claims no
+    # larger graphs
+    assert not [m for m in said if "decode CUDA graphs up to batch" in m], said
     other = parse("--model-path", str(V2_LITE), "--attention-backend", "triton", "--device", "cpu",
                   "--load-format", "dummy")
     assert args.cuda_graph_config.decode.max_bs == other.cuda_graph_config.decode.max_bs
