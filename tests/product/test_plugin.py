@@ -117,6 +117,9 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     assert sized.cuda_graph_config.decode.max_bs == 128 and sized.mem_fraction_static == 0.82
     listed = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--cuda-graph-bs-decode", "1", "2", "4")
     assert listed.cuda_graph_config.decode.bs == [1, 2, 4]
+    # a prefill graph size is not a decode one: the decode graphs still grow
+    prefill = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--cuda-graph-max-bs-prefill", "64")
+    assert prefill.cuda_graph_config.decode.max_bs == 480
     fixed = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--mem-fraction-static", "0.6")
     assert fixed.mem_fraction_static == 0.6 and fixed.cuda_graph_config.decode.max_bs == 480
     off = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", "--disable-cuda-graph")
@@ -131,6 +134,14 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
     dp_snap = _parse_on_an_h100(monkeypatch, "--attention-backend", "snapmla", *dp)
     assert dp_snap.cuda_graph_config.decode.max_bs == dp_bf16.cuda_graph_config.decode.max_bs == 512
     assert dp_snap.mem_fraction_static == dp_bf16.mem_fraction_static
+
+
+def test_the_graph_size_step_stops_where_sglang_records_no_graph_flags(plugin):
+    """The step reads which decode graph flags the user set from SGLang's `_cuda_graph_config_locked`; server args
+    without it (another SGLang) stop the server with the release to install, rather than growing graphs the user sized."""
+    args = SimpleNamespace(attention_backend="snapmla", device="cuda")
+    with pytest.raises(RuntimeError, match=r"no _cuda_graph_config_locked.*pip install sglang==0\.5\.17"):
+        server_policy._graph_size_step(args, lambda sa: pytest.fail("SGLang's step ran"))
 
 
 @pytest.mark.cpu_interpreter
