@@ -32,6 +32,18 @@ def test_module_entry_point_on_a_machine_without_a_gpu():
     assert "decode: none (no CUDA GPU" in res.stdout
     assert "serve: sglang serve --model-path <checkpoint> --attention-backend snapmla" in res.stdout
     assert "TRITON_CACHE_DIR=" in res.stdout and "cannot serve here: no CUDA GPU" in res.stdout
+    assert "\nGPU: none\n" in res.stdout
+
+
+@pytest.mark.parametrize("version, says", [("0.5.17", "SGLang 0.5.17: supported (verified on GPUs)"),
+                                           ("0.5.23", "SGLang 0.5.23: supported (CPU-verified)")])
+def test_each_supported_sglang_is_named_with_where_it_is_verified(monkeypatch, version, says):
+    assert sglang_release.GPU_VERIFIED == "0.5.17"
+    _gpu(monkeypatch)
+    monkeypatch.setattr(prebuilt, "load", lambda: (object(), None))
+    monkeypatch.setattr(environment, "_version", lambda p: version if p == "sglang" else "1.0")
+    lines, status = environment.report()
+    assert says in lines and status == 0
 
 
 def test_prebuilt_library_serves_on_sm90(monkeypatch):
