@@ -150,3 +150,24 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatc
     assert launches == [(plan, True), (plan, True)], launches
     for a, b in zip(eager_in[0], compiled_in[0]):  # the pool writes happened in the compiled step too
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_eager_calls_reach_ops_without_the_dispatcher(gen, monkeypatch):
+    """Outside a trace each function calls `ops` directly: a custom op's dispatch costs tens of microseconds of host
+    time per call, which eager prefill would pay per layer (library.py). The typed ops are replaced by failures here."""
+    for name in ("quantize_q", "decode", "append_kv", "fetch_dequant"):
+        getattr(torch.ops.snapmla, name)  # resolved first, so that monkeypatch restores the real one
+        monkeypatch.setattr(torch.ops.snapmla, name,
+                            lambda *a, _name=name, **k: pytest.fail(f"an eager {_name} went through the dispatcher"))
+    batch, heads, pages = 2, 16, 2
+    arrays = pool(gen, pages)
+    table, lens = paging(gen, batch, pages)
+    loc = torch.tensor([0, 1])
+    library.append_kv(torch.randn(2, nx.KV_LORA_RANK, generator=gen).to(torch.bfloat16),
+                      torch.randn(2, nx.ROPE_DIM, generator=gen).to(torch.bfloat16), loc, *arrays)
+    library.fetch_dequant(loc, *arrays)
+    q8, q_scale, q_rope = library.quantize_q(*queries(gen, batch, heads))
+    plan = decode_plan.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=1, tiling=(16, 4, 1))
+    out, _ = library.decode(q8.view(batch, 1, heads, -1), q_scale.view(batch, 1, heads),
+                            q_rope.view(batch, 1, heads, -1), *arrays, table, lens, 0.1, plan)
+    assert out.shape == (batch, 1, heads, nx.KV_LORA_RANK)
