@@ -138,9 +138,13 @@ def test_decode_graphs_cover_the_larger_batches_of_the_pool_unless_the_user_size
 
 def test_the_graph_size_step_stops_where_sglang_records_no_graph_flags(plugin):
     """The step reads which decode graph flags the user set from SGLang's `_cuda_graph_config_locked`; server args
-    without it (another SGLang) stop the server with the release to install, rather than growing graphs the user sized."""
+    without it (another SGLang) stop the server with the release to install, rather than growing graphs the user
+    sized."""
+    from sglang_snapmla.sglang_release import GPU_VERIFIED
+
     args = SimpleNamespace(attention_backend="snapmla", device="cuda")
-    with pytest.raises(RuntimeError, match=r"no _cuda_graph_config_locked.*pip install sglang==0\.5\.17"):
+    refusal = f"no _cuda_graph_config_locked.*pip install sglang=={re.escape(GPU_VERIFIED)}"
+    with pytest.raises(RuntimeError, match=refusal):
         server_policy._graph_size_step(args, lambda sa: pytest.fail("SGLang's step ran"))
 
 
