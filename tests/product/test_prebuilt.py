@@ -129,6 +129,37 @@ def test_decode_split_refuses_what_the_binding_refuses(library):
         decode.decode_split(t, t, t, t, t, t, t.int(), t.int(), t, t, t, t, 4, 4, 1, 1.0, 1, 1, 0)
 
 
+def test_a_launch_the_library_refuses_raises_its_error(library, monkeypatch):
+    """The library's error code (a launch it could not make) is raised with its message, not dropped: tensors that
+    say they are on CUDA, the entry point replaced by one that answers 2 (out of memory) without reading them."""
+    decode = prebuilt.PrebuiltDecode(library)
+    called = []
+    decode.fn = lambda params, stream: called.append(stream) or 2
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(prebuilt.torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": 7}))
+    a = _split_args(final=True)
+    with pytest.raises(RuntimeError, match="snapmla sm90 decode launch failed: .+"):
+        decode.decode_split(*a.values())
+    assert called == [7]
+
+
+def test_build_runs_nvcc_with_a_static_runtime_and_says_why_it_cannot(monkeypatch, tmp_path):
+    """The library links the CUDA runtime statically (it then needs only a driver where it serves); no nvcc, or an
+    nvcc that fails, is an error naming the cause, not a missing file later."""
+    fake = tmp_path / "nvcc"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/args\n")
+    fake.chmod(0o755)
+    assert prebuilt.build(tmp_path / "lib.so", nvcc=str(fake)) == tmp_path / "lib.so"
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("-cudart") + 1] == "static" and "-shared" in args and "sm_90a" in " ".join(args)
+    fake.write_text("#!/bin/sh\necho 'error: no sm_90a' >&2\nexit 2\n")
+    with pytest.raises(RuntimeError, match="(?s)nvcc failed .*error: no sm_90a"):
+        prebuilt.build(tmp_path / "lib.so", nvcc=str(fake))
+    monkeypatch.setattr(prebuilt.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="nvcc not found"):
+        prebuilt.build(tmp_path / "lib.so")
+
+
 def test_the_wheel_carries_the_library(library, tmp_path):
     src = tmp_path / "src"
     for name in ("pyproject.toml", "README.md"):
@@ -240,6 +271,9 @@ def test_start_up_check_passes_a_right_decode_and_names_a_wrong_one():
     # within the band between a right decode and garbage: outputs 5 % off are named
     problem = prebuilt.self_check(_TritonAsLibrary(scale=1.05), device="cpu")
     assert problem is not None and problem.startswith("1 split(s): rel-L2 0.05")
+    # outputs that are not numbers fail it too (no comparison with NaN is true)
+    problem = prebuilt.self_check(_TritonAsLibrary(scale=float("nan")), device="cpu")
+    assert problem is not None and problem.startswith("1 split(s): rel-L2 nan")
 
 
 def test_start_up_check_bound_is_twice_the_measured_kernel_error():
