@@ -1,7 +1,7 @@
 """docs/KERNEL.md's H200 A/B rows quote their runs in results/bench/. "What is in the schedule, and why": every
 "before → after" pair of a row (a time, or the range of the two interleaved rounds) is one shape's of the run, and each
-head count's percentage range is the run's over its shapes. "Tried and not kept": the in-kernel Q-quant row's times
-and changes are its two runs'."""
+head count's percentage range is the run's over its shapes. "Tried and not kept": the in-kernel Q-quant row's and the
+persistent-units row's times and changes are their two runs'."""
 
 import re
 import statistics
@@ -157,3 +157,38 @@ def test_the_q_quant_in_decode_row_quotes_its_run():
     assert not q_quant_mismatches(row), q_quant_mismatches(row)
     assert q_quant_mismatches(row.replace("1 793 vs", "1 794 vs"))
     assert q_quant_mismatches(row.replace("1 776 vs", "1 775 vs"))
+
+
+PERSISTENT_RUN = "kernels_h100_persistent_units_ab.json"  # time_variants: main = the persistent grid, base = this tree
+PERSISTENT_BENCH = "kernels_h100_persistent_units_bench.json"  # bench_kernels with the persistent grid built
+PERSISTENT_ROW = "persistent grid of 64-row units"
+
+
+def persistent_mismatches(row: str) -> list[str]:
+    """What the persistent-units row should print from its two runs and does not: per shape the rounds' range of both
+    kernels and the change of the medians; per bench shape the ratio to FlashMLA BF16 and both times."""
+    before, after = _rounds(PERSISTENT_RUN)
+    want = []
+    for shape in before[0]:
+        b, a = [r[shape] for r in before], [r[shape] for r in after]
+        shown = [f"{x} vs {y}" for x in _shown(a) for y in _shown(b)]
+        if not any(s in row for s in shown):
+            want.append(f"{shape}: one of {shown}")
+        change = f"{100 * (statistics.median(a) / statistics.median(b) - 1):+.1f} %"
+        if shape != "h128x64x640" and change not in row:  # b64 is not persistent: its pair alone is quoted
+            want.append(f"{shape}: {change}")
+    t = {}
+    for r in read_json(ROOT / "results" / "bench" / PERSISTENT_BENCH)["results"]:
+        t.setdefault((r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
+    ours, bf16 = zip(*[(v["snapmla_cuda_sm90"], v["flashmla_bf16"]) for _, v in sorted(t.items())])
+    want += [" / ".join(f"{f / o:.2f}x" for o, f in zip(ours, bf16)) + " BF16",
+             ", ".join(f"{o:.1f} vs {f:.1f}" for o, f in zip(ours, bf16)) + " µs"]
+    return [w for w in want if w not in row]
+
+
+def test_the_persistent_units_row_quotes_its_runs():
+    row = tried_row(PERSISTENT_ROW)
+    assert not persistent_mismatches(row), persistent_mismatches(row)
+    assert persistent_mismatches(row.replace("67 vs 57", "66 vs 57"))
+    assert persistent_mismatches(row.replace("(+13.0 %)", "(+12.0 %)"))
+    assert persistent_mismatches(row.replace("0.90x", "0.91x"))
