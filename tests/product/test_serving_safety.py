@@ -187,6 +187,33 @@ def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
     assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu()))
 
 
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("nan_key", [129, 128])
+def test_a_nonfinite_key_in_a_draft_window_reaches_only_the_tokens_that_see_it(gen, impl, splits, nan_key):
+    """A verify window of 3 tokens over 130 keys: token t sees keys 0..127 + t. A draft token's key with a NaN (its
+    scale NaN, written in the pool) is written but causally hidden from the window's earlier tokens: their rows are
+    bitwise what they were without it, even where the page holding it has no key they see (key 129: token 0 sees none
+    of page 2); the tokens that see it are NaN, as in the spec."""
+    H, s_q = 4, 3
+    q8, qs, qr, kv, bt, lens = _problem(gen, [130, 70], H, s_q)
+    clean, clean_lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    bad_k = torch.randn(1, 512, generator=gen).to(torch.bfloat16)
+    bad_k[0, 100] = math.nan
+    loc = (bt[0, nan_key // 64].long() * 64 + nan_key % 64).view(1)
+    ops.append_kv(bad_k.to(DEV), torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), loc, *kv)
+    assert torch.isnan(kv[1][loc]).all()
+    out, lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
+    first_seeing = nan_key - (130 - s_q)  # the first window token whose keys reach nan_key
+    assert torch.equal(out[0, :first_seeing], clean[0, :first_seeing]), "a hidden NaN key changed an earlier token"
+    assert torch.equal(lse[0, :, :first_seeing], clean_lse[0, :, :first_seeing])
+    assert torch.isnan(out[0, first_seeing:].float()).all() and torch.isnan(lse[0, :, first_seeing:]).all()
+    assert torch.equal(out[1], clean[1])
+    ref, _ = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
+                                         nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
+    assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu()))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Opt-in index checks
 # ---------------------------------------------------------------------------------------------------------------
