@@ -34,3 +34,14 @@ def test_the_design_docs_gpu_suite_figures_are_the_kept_run():
         assert re.search(rf"^{tool} rc=0 .*(?: 0 errors| 0 hazards)", console, re.M), tool
     assert "memcheck 0 errors (Triton and sm_90a), racecheck 0 hazards" in text
     assert console.rstrip().endswith("all correctness checks passed")
+
+
+def test_the_serving_safety_run_on_its_own_is_the_kept_one():
+    text = measured_on_the_gpu()
+    log = (KEPT / "serving_safety.txt").read_text()
+    assert log.startswith("NVIDIA H100")
+    seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", log).group(1)
+    passed, skipped, seconds = re.search(r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", log, re.M).groups()
+    quoted = (f"SNAPMLA_TEST_SEED={seed}; `results/correctness/h100/serving_safety.txt`): {passed} passed and "
+              f"{skipped} skipped in {round(float(seconds))} s.")
+    assert quoted in text, quoted
