@@ -183,6 +183,11 @@ def test_fetch_dequant_bit_exact(gen):
     got_c, got_r = ops.fetch_dequant(loc.to(DEV), *pool_from(cache))
     ref_c, ref_r = nx.dequantize_kv(cache, loc)
     assert torch.equal(got_c.cpu(), ref_c) and torch.equal(got_r.cpu(), ref_r)
+    # into caller buffers with row strides of their own: K = [c_kv; k_rope] as one [N, 576] row, the halves its views
+    k = torch.full((50, 576 + 8), float("nan"), dtype=torch.bfloat16, device=DEV)
+    ops.fetch_dequant(loc.to(DEV), *pool_from(cache), out_c_kv=k[:, :512], out_k_rope=k[:, 512:576])
+    assert torch.equal(k[:, :512].cpu(), ref_c) and torch.equal(k[:, 512:576].cpu(), ref_r)
+    assert k[:, 576:].isnan().all(), "the fetch wrote past the rows it was given"
 
 
 def run_decode(p, num_splits=None, impl="triton"):
