@@ -156,6 +156,23 @@ def test_nonfinite_rows_quantize_to_zero_content_and_nan_scale(gen, q_rows):
     assert torch.equal(qra.cpu().view(torch.int16), qref.rope.view(torch.int16))
 
 
+def _append_nan_key(gen, kv, bt, seq: int, key: int, dim: int) -> torch.Tensor:
+    """Writes key `key` of sequence `seq` through the K-append with a NaN at latent dim `dim` (stored as content 0,
+    scale NaN); returns its slot [1]."""
+    loc = (bt[seq, key // 64].long() * 64 + key % 64).view(1)
+    bad_k = torch.randn(1, 512, generator=gen).to(torch.bfloat16)
+    bad_k[0, dim] = math.nan
+    ops.append_kv(bad_k.to(DEV), torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), loc, *kv)
+    return loc
+
+
+def _assert_the_specs_nan_pattern(out, q8, qs, qr, kv, bt, lens):
+    """The spec's decode of the same quantized query and pool is NaN exactly where `out` is."""
+    ref, _ = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
+                                         nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
+    assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu())), "the spec's NaN rows differ"
+
+
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("impl", IMPLS)
 def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
@@ -167,12 +184,9 @@ def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
     # request 3's second page becomes request 1's third page (keys 128..191 of request 1, 64..127 of request 3)
     bt[3, 1] = bt[1, 2]
     lens[3] = 64 + 10  # request 3 ends at offset 10 of that page
-    nan_offset = 40  # request 1's key 128 + 40 = 168 < 200: visible to request 1; past request 3's end
-    loc = (bt[1, 2].long() * 64 + nan_offset).view(1)
     clean, _ = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
-    bad_k = torch.randn(1, 512, generator=gen).to(torch.bfloat16)
-    bad_k[0, 3] = math.nan
-    ops.append_kv(bad_k.to(DEV), torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), loc, *kv)
+    # request 1's key 168 (offset 40 of its third page) < 200: visible to request 1; past request 3's end
+    _append_nan_key(gen, kv, bt, seq=1, key=168, dim=3)
     # request 2, head 2: the quantized form of a query holding an infinity (test above)
     q8[2, 0, 2], qs[2, 0, 2], qr[2, 0, 2] = 0.0, math.nan, 0.0
     out, lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
@@ -181,10 +195,7 @@ def test_a_nonfinite_key_or_query_stays_in_its_request(gen, impl, splits):
     assert torch.equal(out[0], clean[0]) and torch.equal(out[3], clean[3])
     others = [h for h in range(H) if h != 2]
     assert torch.equal(out[2, 0, others], clean[2, 0, others])
-    # the spec gives the same NaN pattern
-    ref, _ = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
-                                         nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
-    assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu()))
+    _assert_the_specs_nan_pattern(out, q8, qs, qr, kv, bt, lens)
 
 
 @pytest.mark.parametrize("splits", [None, 1, 3])
@@ -198,10 +209,7 @@ def test_a_nonfinite_key_in_a_draft_window_reaches_only_the_tokens_that_see_it(g
     H, s_q = 4, 3
     q8, qs, qr, kv, bt, lens = _problem(gen, [130, 70], H, s_q)
     clean, clean_lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
-    bad_k = torch.randn(1, 512, generator=gen).to(torch.bfloat16)
-    bad_k[0, 100] = math.nan
-    loc = (bt[0, nan_key // 64].long() * 64 + nan_key % 64).view(1)
-    ops.append_kv(bad_k.to(DEV), torch.randn(1, 64, generator=gen).to(torch.bfloat16).to(DEV), loc, *kv)
+    loc = _append_nan_key(gen, kv, bt, seq=0, key=nan_key, dim=100)
     assert torch.isnan(kv[1][loc]).all()
     out, lse = ops.decode_quantized(q8, qs, qr, *kv, bt, lens, SCALE, num_splits=splits, impl=impl)
     first_seeing = nan_key - (130 - s_q)  # the first window token whose keys reach nan_key
@@ -209,9 +217,7 @@ def test_a_nonfinite_key_in_a_draft_window_reaches_only_the_tokens_that_see_it(g
     assert torch.equal(lse[0, :, :first_seeing], clean_lse[0, :, :first_seeing])
     assert torch.isnan(out[0, first_seeing:].float()).all() and torch.isnan(lse[0, :, first_seeing:]).all()
     assert torch.equal(out[1], clean[1])
-    ref, _ = nx.snapmla_decode_reference(nx.QuantizedQuery(q8.cpu(), qs.cpu(), qr.cpu()),
-                                         nx.LatentCache(*(t.cpu() for t in kv)), bt.cpu(), lens.cpu(), SCALE)
-    assert torch.equal(torch.isnan(ref), torch.isnan(out.float().cpu()))
+    _assert_the_specs_nan_pattern(out, q8, qs, qr, kv, bt, lens)
 
 
 # ---------------------------------------------------------------------------------------------------------------

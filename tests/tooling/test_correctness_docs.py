@@ -16,14 +16,19 @@ def measured_on_the_gpu() -> str:
     return " ".join(doc[start:doc.index("\n- **", start + 1)].split())
 
 
+def seed_and_summary(log: str) -> tuple[str, ...]:
+    """A kept GPU pytest log's SNAPMLA_TEST_SEED and its summary: (seed, passed, skipped, seconds)."""
+    seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", log).group(1)
+    return (seed, *re.search(r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", log, re.M).groups())
+
+
 def test_the_design_docs_gpu_suite_figures_are_the_kept_run():
     text = measured_on_the_gpu()
     console, mutation = read_log(KEPT / "correctness.txt"), read_log(KEPT / "mutation.txt.xz")
     gpu = console.splitlines()[0]
     assert gpu.startswith("NVIDIA H100") and text.startswith("- **Measured on the GPU** (H100,")
-    seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", console).group(1)
+    seed, passed, skipped, seconds = seed_and_summary(console)
     assert f"SNAPMLA_TEST_SEED={seed};" in text
-    passed, skipped, seconds = re.search(r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", console, re.M).groups()
     assert f"{passed} passed and {skipped} skipped" in text and f"in {round(float(seconds))} s," in text
     assert f"SKIPPED [{skipped}] tests/product/test_serving_safety.py" in console  # the skips the text explains
     failed, mutant_passed = re.search(r"^(\d+) failed, (\d+) passed", mutation, re.M).groups()
@@ -38,10 +43,9 @@ def test_the_design_docs_gpu_suite_figures_are_the_kept_run():
 
 def test_the_serving_safety_run_on_its_own_is_the_kept_one():
     text = measured_on_the_gpu()
-    log = (KEPT / "serving_safety.txt").read_text()
+    log = read_log(KEPT / "serving_safety.txt")
     assert log.startswith("NVIDIA H100")
-    seed = re.search(r"SNAPMLA_TEST_SEED=(\d+)", log).group(1)
-    passed, skipped, seconds = re.search(r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", log, re.M).groups()
+    seed, passed, skipped, seconds = seed_and_summary(log)
     quoted = (f"SNAPMLA_TEST_SEED={seed}; `results/correctness/h100/serving_safety.txt`): {passed} passed and "
               f"{skipped} skipped in {round(float(seconds))} s.")
     assert quoted in text, quoted

@@ -117,13 +117,19 @@ def _thousands(us: float) -> str:
     return f"{round(us):,}".replace(",", " ")
 
 
+def bench_times(name: str) -> dict[tuple[int, int, int], dict[str, float]]:
+    """A bench_kernels run in results/bench/: (heads, batch, s_k) -> kernel -> µs."""
+    t = {}
+    for r in read_json(ROOT / "results" / "bench" / name)["results"]:
+        t.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
+    return t
+
+
 def q_quant_mismatches(row: str) -> list[str]:
     """What the in-kernel Q-quant row should print, from its two runs, that the row does not: the first run's
     short-context times beside FlashMLA BF16's (timed in it), the 64k pair, each group's change range and the share of
     1.15x FlashMLA BF16; the second run's medians over its interleaved rounds."""
-    t = {}
-    for r in read_json(ROOT / "results" / "bench" / Q_QUANT_RUN)["results"]:
-        t.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
+    t = bench_times(Q_QUANT_RUN)
     inside, launch = "snapmla_cuda_sm90", "snapmla_cuda_sm90_q_quant_launch"
     first = {k: (v[inside], v[launch]) for k, v in t.items() if launch in v}
     short = [(128, b, 640) for b in (64, 128, 256)]
@@ -177,9 +183,7 @@ def persistent_mismatches(row: str) -> list[str]:
         change = f"{100 * (statistics.median(a) / statistics.median(b) - 1):+.1f} %"
         if shape != "h128x64x640" and change not in row:  # b64 is not persistent: its pair alone is quoted
             want.append(f"{shape}: {change}")
-    t = {}
-    for r in read_json(ROOT / "results" / "bench" / PERSISTENT_BENCH)["results"]:
-        t.setdefault((r["b"], r["sk"]), {})[r["kernel"]] = r["us"]
+    t = bench_times(PERSISTENT_BENCH)
     ours, bf16 = zip(*[(v["snapmla_cuda_sm90"], v["flashmla_bf16"]) for _, v in sorted(t.items())])
     want += [" / ".join(f"{f / o:.2f}x" for o, f in zip(ours, bf16)) + " BF16",
              ", ".join(f"{o:.1f} vs {f:.1f}" for o, f in zip(ours, bf16)) + " µs"]
