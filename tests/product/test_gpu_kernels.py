@@ -1,6 +1,7 @@
 """GPU-size checks of the kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA). Decode runs twice:
 Triton, and the default (`auto`: the sm_90a CUDA kernel on sm_90)."""
 
+import math
 
 import pytest
 import torch
@@ -307,6 +308,38 @@ def test_cuda_decode_final_outputs_equal_partials_through_the_combine(gen, seq_l
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     with pytest.raises(RuntimeError, match="only with num_splits == 1"):
         ops.launch_cuda_decode(*args[:8], o_part, lse_part, out, lse, 1.0, 2)
+
+
+def test_cuda_decode_refuses_a_block_table_bound_past_the_tables_storage(gen):
+    """The sm_90a decode reads block-table entries up to `bt_entries` (the table's storage from its first element,
+    `ops.block_table_entries`), whatever the view's width. A bound past the storage would let it read beyond the
+    allocation: the module that serves (prebuilt library or built extension) refuses it before the launch, and
+    takes the bound that ends exactly at the storage, here for a view that starts one row into its table."""
+    if decode_plan.decode_impl("auto") != "cuda":
+        pytest.skip("the sm_90a CUDA decode is not available on this GPU")
+    from sglang_snapmla import cuda_ext
+
+    p, _, args = _quantized_problem(gen, [100, 3], 16, 1)
+    q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, table, lens = args
+    wide = torch.cat([torch.zeros_like(table[:1]), table]).contiguous()
+    view = wide[1:]  # the same entries, one row into the storage
+    out = torch.empty(2, 1, 16, nx.KV_LORA_RANK, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 16, 1, device="cuda")
+    none = torch.empty(0, device="cuda")
+
+    def launch(bt_entries):
+        cuda_ext.load().decode_split(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, view, lens, none, none, out,
+                                     lse, 16, 16, 1, p["softmax_scale"] * math.log2(math.e), 1, bt_entries, 0)
+
+    entries = ops.block_table_entries(view)
+    assert entries == view.numel()
+    with pytest.raises(RuntimeError, match="exceeds the block table's storage"):
+        launch(entries + 1)
+    with pytest.raises(RuntimeError, match="exceeds the block table's storage"):
+        launch(-1)
+    launch(entries)
+    ref, _ = ops.decode_quantized(*args, p["softmax_scale"], num_splits=1, impl="cuda")
+    assert torch.equal(out, ref)
 
 
 def test_the_prebuilt_library_passes_its_start_up_check_here(tmp_path):

@@ -102,9 +102,11 @@ def test_fetch_dequant_reads_only_the_requested_rows(gen):
 
 @pytest.mark.parametrize("splits", [None, 1, 2, 4])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_rows_without_a_visible_key_are_zero_with_lse_minus_inf(gen, impl, splits):
-    """Padding rows: lengths below the draft window (query token i sees keys [0, seq_len - s_q + i]) and length 0."""
-    s_q, H = 3, 4
+@pytest.mark.parametrize("H", [4, 16])
+def test_rows_without_a_visible_key_are_zero_with_lse_minus_inf(gen, impl, splits, H):
+    """Padding rows: lengths below the draft window (query token i sees keys [0, seq_len - s_q + i]) and length 0.
+    12 and 48 query rows a sequence: the sm_90a decode's narrow kernel and its 64-row one."""
+    s_q = 3
     lens_list = [0, 1, 2, 70, 200]
     q8, qs, qr, kv, bt, lens = _problem(gen, [max(n, 1) for n in lens_list], H, s_q)
     lens = torch.tensor(lens_list, dtype=torch.int32, device=DEV)

@@ -49,3 +49,37 @@ def test_the_serving_safety_run_on_its_own_is_the_kept_one():
     quoted = (f"SNAPMLA_TEST_SEED={seed}; `results/correctness/h100/serving_safety.txt`): {passed} passed and "
               f"{skipped} skipped in {round(float(seconds))} s.")
     assert quoted in text, quoted
+
+
+def mutant_outcomes(folder: str) -> dict[str, tuple[str, str]]:
+    """A kept cuda_mutants.sh run's outcomes.tsv: {mutant: (outcome, first failing test or pytest's summary)}."""
+    lines = (KEPT / "cuda_mutants" / folder / "outcomes.tsv").read_text().splitlines()
+    return {name: (outcome, detail) for name, outcome, detail in (line.split("\t") for line in lines)}
+
+
+def test_the_cuda_mutation_runs_are_the_kept_ones():
+    """Every mutant tools/kernel_dev/cuda_mutants.py defines is caught in one of the two kept runs, with the counts,
+    seeds and the unmutated copy's summary the text quotes; a mutant added without a run fails here."""
+    from tools.kernel_dev.cuda_mutants import BY_NAME
+
+    text = measured_on_the_gpu()
+    sweep, rest = mutant_outcomes("sweep"), mutant_outcomes("keyless_and_bound")
+    caught = {name for runs in (sweep, rest) for name, (outcome, _) in runs.items() if outcome == "caught"}
+    assert caught == set(BY_NAME) and f"each of the {len(BY_NAME)} bugs" in text and f"All {len(BY_NAME)} are" in text
+    in_sweep = sum(outcome == "caught" for outcome, _ in sweep.values())
+    assert set(sweep) == {"unmutated", *BY_NAME} and f"{in_sweep} of them in one run of all {len(BY_NAME)}" in text
+    assert {name for name, (outcome, _) in sweep.items() if outcome == "timed out"} == {
+        "unmutated", "wide_keyless_row_scale", "narrow_keyless_row_scale"}
+    survived = re.match(r"(\d+) passed", sweep["binding_bt_entries_unchecked"][1]).group(1)
+    assert sweep["binding_bt_entries_unchecked"][0] == "survived" and f"selected ({survived} passed)" in text
+    assert set(rest) == {"unmutated"} | set(BY_NAME) - {n for n, (o, _) in sweep.items() if o == "caught"}
+    assert rest["wide_keyless_row_scale"][1].startswith(
+        "tests/product/test_serving_safety.py::test_rows_without_a_visible_key_are_zero_with_lse_minus_inf[16-cuda-1]")
+    assert rest["binding_bt_entries_unchecked"][1].startswith(
+        "tests/product/test_gpu_kernels.py::test_cuda_decode_refuses_a_block_table_bound_past_the_tables_storage")
+    outcome, summary = rest["unmutated"]
+    passed, skipped, seconds = re.match(r"(\d+) passed, (\d+) skipped, \d+ deselected in ([\d.]+)s", summary).groups()
+    assert outcome == "survived" and f"({passed} passed and {skipped} skipped in {round(float(seconds))} s)" in text
+    for folder in ("sweep", "keyless_and_bound"):
+        assert (KEPT / "cuda_mutants" / folder / "seed.txt").read_text().strip() + ";" in text
+        assert (KEPT / "cuda_mutants" / folder / "gpu.txt").read_text().startswith("NVIDIA H100")
