@@ -83,3 +83,18 @@ def test_the_cuda_mutation_runs_are_the_kept_ones():
     for folder in ("sweep", "keyless_and_bound"):
         assert (KEPT / "cuda_mutants" / folder / "seed.txt").read_text().strip() + ";" in text
         assert (KEPT / "cuda_mutants" / folder / "gpu.txt").read_text().startswith("NVIDIA H100")
+
+
+def test_the_developing_docs_stalls_are_the_kept_runs():
+    """docs/DEVELOPING.md's `cuda_mutants.sh` row: the pytest processes that ran past their limit in the kept runs,
+    each stopped after the tests that precede test_gpu_graph_protocol's batch-140 cases (41 or 42 of test_gpu_kernels,
+    then the 3 batch-2 cases and, in the later run, the batch-140 decode case)."""
+    row = next(line for line in (ROOT / "docs" / "DEVELOPING.md").read_text().splitlines()
+               if line.startswith("| `cuda_mutants.sh` |"))
+    runs = {folder: mutant_outcomes(folder) for folder in ("sweep", "keyless_and_bound", "two_at_a_time")}
+    stalled = [(folder, name, detail.split()[0]) for folder, outcomes in runs.items()
+               for name, (outcome, detail) in outcomes.items() if outcome == "timed out"]
+    assert len(stalled) == 4 and "in three H100 runs with two or four at a time" in row
+    assert "four pytest processes stopped advancing" in row
+    assert {dots for _, _, dots in stalled} == {"." * 44, "." * 46}
+    assert sum(name == "unmutated" for _, name, _ in stalled) == 2 and "the unmutated copy's in two of the runs" in row
