@@ -52,9 +52,10 @@ def test_the_serving_safety_run_on_its_own_is_the_kept_one():
 
 
 def mutant_outcomes(folder: str) -> dict[str, tuple[str, str]]:
-    """A kept cuda_mutants.sh run's outcomes.tsv: {mutant: (outcome, first failing test or pytest's summary)}."""
-    lines = (KEPT / "cuda_mutants" / folder / "outcomes.tsv").read_text().splitlines()
-    return {name: (outcome, detail) for name, outcome, detail in (line.split("\t") for line in lines)}
+    """A kept cuda_mutants.sh run's outcomes: {mutant: (outcome, first failing test or pytest's summary)}."""
+    from tools.kernel_dev.cuda_mutants import read_outcomes
+
+    return read_outcomes(KEPT / "cuda_mutants" / folder / "outcomes.tsv")
 
 
 def test_the_cuda_mutation_runs_are_the_kept_ones():

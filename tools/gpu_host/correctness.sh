@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 \
   || { tail -20 "$OUT/cuda_build.log"; exit 1; }
 grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
-export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
+choose_test_seed
 echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"
 timeout ${PYTEST_TIMEOUT:-900} python3 -m pytest -q -p no:warnings -p no:xdist -o addopts=-ra --durations=20 ${PYTEST_PATHS:-tests/product/test_gpu_graph_protocol.py tests/product/test_sglang_attention_kits.py \
   tests/product/test_serving_safety.py tests/product/test_gpu_kernels.py tests/product/test_kernels.py} 2>&1 | tee "$OUT/pytest_gpu.log" | tail -34

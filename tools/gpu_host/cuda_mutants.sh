@@ -16,7 +16,7 @@ rm -rf "$dir" && mkdir -p "$dir" "$res"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$res/gpu.txt"
 mkdir -p "$dir/logs" && cp -r kernels/cuda "$dir/unmutated"
 { echo "$dir/unmutated"; python3 -m tools.kernel_dev.cuda_mutants write "$dir" "$@"; } > "$dir/list.txt" || exit 1
-export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
+choose_test_seed
 echo "SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED" | tee "$res/seed.txt"
 start=$(date +%s)
 build() {

@@ -44,6 +44,11 @@ wait_for_whl() {
   done
   sleep 5
 }
+# The tests draw fresh random data from a base seed (tests/conftest.py): SNAPMLA_TEST_SEED, drawn here unless set,
+# exported for the pytest runs a script starts and logged by it, so that a failure can be replayed:   choose_test_seed
+choose_test_seed() {
+  export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
+}
 # The sm_90a extension built (`cuda_ext.build`) in the background, its log in LOG (default $OUT/cuda_build.log): it
 # compiles on the CPU while the GPU trains or serves; the caller's `wait` waits for it:   build_cuda_ext_meanwhile [LOG]
 build_cuda_ext_meanwhile() {

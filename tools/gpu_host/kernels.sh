@@ -19,9 +19,8 @@ if [[ " $* " == *" --cuda "* ]] && [ -z "${GATE_DONE:-}" ]; then
   [ -n "${GATE_ONLY:-}" ] && exit 0  # tools/gpu_host/ab.sh: build + debug run first, the long checks after the timing
 fi
 echo "== pytest (${PYTEST_PATHS:=tests} on the GPU)"
-# the tests draw fresh random data from a base seed (tests/conftest.py); -q hides the header that names it, so it is
-# chosen here and logged: a failure can then be replayed with SNAPMLA_TEST_SEED=<seed>
-export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
+# -q hides the header that names the tests' base seed: it is chosen here and logged
+choose_test_seed
 { echo "SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED"; timeout 300 python3 -m pytest -q -x -p no:xdist -o addopts=-ra $PYTEST_PATHS 2>&1; } \
   | tee "$OUT/pytest_gpu.log" | tail -15
 [ -n "${CUDA_ONLY:-}" ] || {

@@ -134,14 +134,18 @@ def compile_check(directory: Path) -> str | None:
     return None if r.returncode == 0 else r.stderr[-2000:]
 
 
+def read_outcomes(tsv: Path) -> dict[str, tuple[str, str]]:
+    """A GPU run's outcomes.tsv (tools/gpu_host/cuda_mutants.sh), in its order: {mutant: (outcome, detail)}, the
+    detail being the first failing test or pytest's last line, with the seconds the tests took."""
+    return {name: (outcome, detail) for name, outcome, detail in
+            ((line.split("\t") + ["", ""])[:3] for line in tsv.read_text().splitlines())}
+
+
 def summarize(tsv: Path, out: Path) -> list[dict]:
-    """The GPU run's outcome lines (name, outcome, first failing test or note) -> rows, printed as a table and saved
-    as out.json. Outcomes: caught (a test failed), survived (every selected test passed), build failed, timed out."""
-    rows = []
-    for line in tsv.read_text().splitlines():
-        name, outcome, detail = (line.split("\t") + ["", ""])[:3]
-        rows.append({"mutant": name, "what": BY_NAME[name].what if name in BY_NAME else "", "outcome": outcome,
-                     "detail": detail})
+    """The GPU run's outcomes -> rows, printed as a table and saved as out.json. Outcomes: caught (a test failed),
+    survived (every selected test passed), build failed, timed out, not run."""
+    rows = [{"mutant": name, "what": BY_NAME[name].what if name in BY_NAME else "", "outcome": outcome,
+             "detail": detail} for name, (outcome, detail) in read_outcomes(tsv).items()]
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print("| mutant | the bug | outcome | first failing test |\n|---|---|---|---|")
     for r in rows:
