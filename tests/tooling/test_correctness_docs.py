@@ -58,44 +58,52 @@ def mutant_outcomes(folder: str) -> dict[str, tuple[str, str]]:
     return read_outcomes(KEPT / "cuda_mutants" / folder / "outcomes.tsv")
 
 
-def test_the_cuda_mutation_runs_are_the_kept_ones():
-    """Every mutant tools/kernel_dev/cuda_mutants.py defines is caught in one of the two kept runs, with the counts,
-    seeds and the unmutated copy's summary the text quotes; a mutant added without a run fails here."""
+def test_the_cuda_mutation_run_is_the_kept_one():
+    """Every mutant tools/kernel_dev/cuda_mutants.py defines is caught in the kept run, with the seed, the flags and the
+    unmutated copy's summary the text quotes; a mutant added without a run fails here."""
     from tools.kernel_dev.cuda_mutants import BY_NAME
 
     text = measured_on_the_gpu()
-    sweep, rest = mutant_outcomes("sweep"), mutant_outcomes("keyless_and_bound")
-    caught = {name for runs in (sweep, rest) for name, (outcome, _) in runs.items() if outcome == "caught"}
-    assert caught == set(BY_NAME) and f"each of the {len(BY_NAME)} bugs" in text and f"All {len(BY_NAME)} are" in text
-    in_sweep = sum(outcome == "caught" for outcome, _ in sweep.values())
-    assert set(sweep) == {"unmutated", *BY_NAME} and f"{in_sweep} of them in one run of all {len(BY_NAME)}" in text
-    assert {name for name, (outcome, _) in sweep.items() if outcome == "timed out"} == {
-        "unmutated", "wide_keyless_row_scale", "narrow_keyless_row_scale"}
-    survived = re.match(r"(\d+) passed", sweep["binding_bt_entries_unchecked"][1]).group(1)
-    assert sweep["binding_bt_entries_unchecked"][0] == "survived" and f"selected ({survived} passed)" in text
-    assert set(rest) == {"unmutated"} | set(BY_NAME) - {n for n, (o, _) in sweep.items() if o == "caught"}
-    assert rest["wide_keyless_row_scale"][1].startswith(
+    run = mutant_outcomes("four_at_a_time")
+    assert set(run) == {"unmutated", *BY_NAME}
+    assert {name for name, (outcome, _) in run.items() if outcome == "caught"} == set(BY_NAME)
+    assert f"each of the {len(BY_NAME)} bugs" in text and f"All {len(BY_NAME)} are caught in one run" in text
+    seconds = [int(re.search(r"\((\d+) s\)$", detail).group(1)) for name, (_, detail) in run.items()
+               if name != "unmutated"]
+    assert f"first failing test in {min(seconds)}-{max(seconds)} s" in text
+    assert run["wide_keyless_row_scale"][1].startswith(
         "tests/product/test_serving_safety.py::test_rows_without_a_visible_key_are_zero_with_lse_minus_inf[16-cuda-1]")
-    assert rest["binding_bt_entries_unchecked"][1].startswith(
+    assert run["narrow_keyless_row_scale"][1].startswith(
+        "tests/product/test_serving_safety.py::test_rows_without_a_visible_key_are_zero_with_lse_minus_inf[4-cuda-1]")
+    assert run["binding_bt_entries_unchecked"][1].startswith(
         "tests/product/test_gpu_kernels.py::test_cuda_decode_refuses_a_block_table_bound_past_the_tables_storage")
-    outcome, summary = rest["unmutated"]
+    outcome, summary = run["unmutated"]
     passed, skipped, seconds = re.match(r"(\d+) passed, (\d+) skipped, \d+ deselected in ([\d.]+)s", summary).groups()
     assert outcome == "survived" and f"({passed} passed and {skipped} skipped in {round(float(seconds))} s)" in text
-    for folder in ("sweep", "keyless_and_bound"):
-        assert (KEPT / "cuda_mutants" / folder / "seed.txt").read_text().strip() + ";" in text
-        assert (KEPT / "cuda_mutants" / folder / "gpu.txt").read_text().startswith("NVIDIA H100")
+    folder = KEPT / "cuda_mutants" / "four_at_a_time"
+    assert (folder / "seed.txt").read_text().strip() + ";" in text and "`JOBS=4 MUTANT_TIMEOUT=240" in text
+    assert (folder / "gpu.txt").read_text().startswith("NVIDIA H100")
 
 
-def test_the_developing_docs_stalls_are_the_kept_runs():
-    """docs/DEVELOPING.md's `cuda_mutants.sh` row: the pytest processes that ran past their limit in the kept runs,
-    each stopped after the tests that precede test_gpu_graph_protocol's batch-140 cases (41 or 42 of test_gpu_kernels,
-    then the 3 batch-2 cases and, in the later run, the batch-140 decode case)."""
-    row = next(line for line in (ROOT / "docs" / "DEVELOPING.md").read_text().splitlines()
-               if line.startswith("| `cuda_mutants.sh` |"))
-    runs = {folder: mutant_outcomes(folder) for folder in ("sweep", "keyless_and_bound", "two_at_a_time")}
-    stalled = [(folder, name, detail.split()[0]) for folder, outcomes in runs.items()
-               for name, (outcome, detail) in outcomes.items() if outcome == "timed out"]
-    assert len(stalled) == 4 and "in three H100 runs with two or four at a time" in row
-    assert "four pytest processes stopped advancing" in row
-    assert {dots for _, _, dots in stalled} == {"." * 44, "." * 46}
-    assert sum(name == "unmutated" for _, name, _ in stalled) == 2 and "the unmutated copy's in two of the runs" in row
+def test_the_developing_docs_threads_figures_are_the_kept_run():
+    """docs/DEVELOPING.md, "Threads": the four processes with torch's default threads ran into their limit, each
+    stopped in the spec on the CPU; with nproc / 4 threads each passed, as one process alone did."""
+    doc = " ".join((ROOT / "docs" / "DEVELOPING.md").read_text().split())
+    para = doc[doc.index("**Threads.**"):doc.index("## CI")]
+    run = KEPT / "threads"
+    gpu, cores = (run / "gpu.txt").read_text().splitlines()
+    assert gpu.startswith("NVIDIA H100") and f"{cores}-core H100 host" in para
+    summary = dict(line.split(": ", 1) for line in (run / "summary.txt").read_text().splitlines())
+    limit = [int(s) for s in re.findall(r"rc=124 after (\d+) s", summary["four_default"])]
+    assert len(limit) == 4 and f"ran past {min(limit) - 1} s with torch's default threads" in para
+    for i in range(1, 5):
+        log = (run / f"four_default.{i}.log").read_text()
+        assert "Timeout" in log and re.search(r"numerics\.py\", line \d+ in snapmla_decode_reference\n", log)
+    passed = [int(s) for s in re.findall(r"rc=0 after (\d+) s", summary["four_omp4"])]
+    assert len(passed) == 4 and f"passed in {min(passed)}-{max(passed)} s each with 4 threads" in para
+    alone = re.fullmatch(r"rc=0 after (\d+) s ", summary["solo"]).group(1)
+    assert f"one process alone in {alone} s" in para
+    monitor = (run / "four_default.monitor").read_text()
+    busy = [int(u) for u in re.findall(r"^(\d+) %, \d+ MiB$", monitor, re.M)]  # a sample every 10 s
+    idle = len(busy) - max(i for i, u in enumerate(busy) if u > 0) - 1
+    assert idle >= 6 and f"with the GPU idle for the last {idle * 10 - 10}-{idle * 10} s" in para

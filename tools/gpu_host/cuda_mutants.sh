@@ -6,8 +6,8 @@
 # and must pass, so that a caught mutant means its bug, not the setup. Outcomes and the table under
 # $OUT/cuda_mutants, each mutant's pytest log in its logs.tar.xz.
 #   usage: bash tools/gpu_host/cuda_mutants.sh [NAME...]
-#   JOBS: mutants at a time (default 1: beside other mutants' tests the batch-140 cases of test_gpu_graph_protocol
-#   have stopped advancing, docs/DEVELOPING.md); MUTANT_TIMEOUT: s per mutant's tests (default 240); SECONDS_LEFT: s
+#   JOBS: mutants at a time (default 4; each pytest gets nproc / JOBS CPU threads, docs/DEVELOPING.md, "Threads");
+#   MUTANT_TIMEOUT: s per mutant's tests (default 240); SECONDS_LEFT: s
 #   for the whole test phase (default 300: a mutant not started by then is reported "not run"); PYTEST_PATHS: the tests
 set -uo pipefail
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
@@ -26,7 +26,7 @@ build() {
 export -f build
 xargs -P "${BUILD_JOBS:-16}" -I{} bash -c 'build {}' < "$dir/list.txt"
 echo "built $(ls "$dir"/*/built | wc -l) of $(wc -l < "$dir/list.txt") in $(( $(date +%s) - start )) s"
-export JOBS=${JOBS:-1} DEADLINE=$(( $(date +%s) + ${SECONDS_LEFT:-300} ))
+export JOBS=${JOBS:-4} DEADLINE=$(( $(date +%s) + ${SECONDS_LEFT:-300} ))
 export PATHS=${PYTEST_PATHS:-tests/product/test_gpu_kernels.py tests/product/test_gpu_graph_protocol.py \
 tests/product/test_serving_safety.py tests/product/test_sglang_attention_kits.py}
 run_one() {
@@ -38,8 +38,8 @@ run_one() {
     outcome="not run"
   else
     t0=$(date +%s)
-    # the CPU's threads shared out: the graph-protocol cases compute the spec on the CPU (140 sequences at batch 140),
-    # and torch's default of one thread per core in each of JOBS processes oversubscribes it
+    # the CPU's cores shared out: with torch's default of one thread per core in each of JOBS processes, the
+    # graph-protocol cases' spec on the CPU (140 sequences at batch 140) stops advancing (tools/gpu_host/pytest_threads.sh)
     OMP_NUM_THREADS=$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 )) \
     SNAPMLA_CUDA_SOURCE_DIR=$d SNAPMLA_DECODE_IMPL=cuda timeout "${MUTANT_TIMEOUT:-240}" python3 -m pytest -x -q \
       -p no:warnings -p no:xdist -p no:cacheprovider -o addopts= $PATHS -k "not triton" > "$d/pytest.log" 2>&1
