@@ -3,6 +3,9 @@
 head count's percentage range is the run's over its shapes. "Tried and not kept": the in-kernel Q-quant row's and the
 persistent-units row's times and changes are their two runs'."""
 
+import csv
+import io
+import lzma
 import re
 import statistics
 from pathlib import Path
@@ -190,9 +193,55 @@ def persistent_mismatches(row: str) -> list[str]:
     return [w for w in want if w not in row]
 
 
+PERSISTENT_NCU = ROOT / "results" / "bench" / "ncu_persistent_units"  # profile.sh at h128 b128 s_k 16k, both kernels
+
+
+def ncu_metric(details: str, name: str, unit: str = r"\S+") -> tuple[str, str]:
+    """One metric of an ncu details page, the first with that name and unit: (unit, value as printed)."""
+    unit, value = re.search(rf"^ +{re.escape(name)} +({unit})? +([\d,.]+)$", details, re.M).groups()
+    return unit or "", value.replace(",", "")
+
+
+def barrier_wait_samples(sass_csv: str) -> int:
+    """Long-scoreboard stall samples on the softmax warpgroup's mbarrier-wait branches (BRAs its 4 warps run once a
+    page: 4 x 128 x 512 = 262 144 executions at most at b128 s_k 16k, fewer where a page skips the wait)."""
+    rows = list(csv.reader(io.StringIO(sass_csv)))
+    head = next(i for i, r in enumerate(rows) if "Source" in r)
+    col = {h: i for i, h in enumerate(rows[head])}
+    return sum(int(r[col["stall_long_sb"]] or 0) for r in rows[head + 1:]
+               if " BRA " in f" {r[col['Source']]} " and 250_000 <= int(r[col["Instructions Executed"]] or 0) <= 262_144)
+
+
+def persistent_ncu_mismatches(row: str) -> list[str]:
+    """What the row should print from the two kept ncu runs and does not."""
+    got = {}
+    for kernel in ("base", "persistent"):
+        details = lzma.open(PERSISTENT_NCU / f"{kernel}_h128_b128_16k.details.txt.xz", "rt").read()
+        unit, duration = ncu_metric(details, "Duration")
+        seconds = float(duration) * {"us": 1e-6, "ms": 1e-3}[unit]
+        rate = float(ncu_metric(details, "Memory Throughput", "Tbyte/s")[1])
+        got[kernel] = dict(duration=float(duration), unit=unit, dram=rate * 1e12 * seconds / 1e9,
+                           l2=ncu_metric(details, "L2 Hit Rate")[1], l1=ncu_metric(details, "L1/TEX Hit Rate")[1],
+                           local=float(ncu_metric(details, "Local Memory Spilling Requests")[1]),
+                           waits=barrier_wait_samples(
+                               lzma.open(PERSISTENT_NCU / f"{kernel}_h128_b128_16k.sass.csv.xz", "rt").read()))
+    p, b = got["persistent"], got["base"]
+    want = [f"{p['duration']:g} {p['unit']} against {round(b['duration'])} µs",
+            f"{p['dram']:.2f} GB read from DRAM against {b['dram']:.2f} GB",
+            f"L2 hit rate {p['l2']} against {b['l2']} %",
+            f"{p['local'] / b['local']:.1f}x the local-memory requests ({p['local'] / 1e6:.2f} M against "
+            f"{b['local'] / 1e6:.2f} M, L1/TEX hit rate {p['l1']} against {b['l1']} %)",
+            f"{p['waits'] / b['waits']:.1f}x the long-scoreboard samples ({_thousands(p['waits'])} against "
+            f"{_thousands(b['waits'])})"]
+    return [w for w in want if w not in row]
+
+
 def test_the_persistent_units_row_quotes_its_runs():
     row = tried_row(PERSISTENT_ROW)
     assert not persistent_mismatches(row), persistent_mismatches(row)
+    assert not persistent_ncu_mismatches(row), persistent_ncu_mismatches(row)
+    assert persistent_ncu_mismatches(row.replace("1.95 GB", "1.94 GB"))
+    assert persistent_ncu_mismatches(row.replace("(5 869 against 861)", "(5 869 against 862)"))
     assert persistent_mismatches(row.replace("67 vs 57", "66 vs 57"))
     assert persistent_mismatches(row.replace("(+13.0 %)", "(+12.0 %)"))
     assert persistent_mismatches(row.replace("0.90x", "0.91x"))
