@@ -230,7 +230,7 @@ def persistent_ncu_mismatches(row: str) -> list[str]:
             f"{p['dram']:.2f} GB read from DRAM against {b['dram']:.2f} GB",
             f"L2 hit rate {p['l2']} against {b['l2']} %",
             f"{p['local'] / b['local']:.1f}x the local-memory requests ({p['local'] / 1e6:.2f} M against "
-            f"{b['local'] / 1e6:.2f} M, L1/TEX hit rate {p['l1']} against {b['l1']} %)",
+            f"{b['local'] / 1e6:.2f} M, L1/TEX hit rate {p['l1']} against {b['l1']} %;",
             f"{p['waits'] / b['waits']:.1f}x the long-scoreboard samples ({_thousands(p['waits'])} against "
             f"{_thousands(b['waits'])})"]
     return [w for w in want if w not in row]
