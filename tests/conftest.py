@@ -29,9 +29,9 @@ os.environ["SNAPMLA_TEST_SEED"] = str(BASE_SEED)
 
 def pytest_configure(config):
     # pytest-xdist's workers (`-n auto`: one per core) would each start torch's and the BLAS's thread pools at one
-    # thread per core, n^2 threads on n cores; their spinning waits make the oversubscribed CPU far slower than n
-    # (docs/DEVELOPING.md, "Threads"). Each worker gets its share of the cores unless OMP_NUM_THREADS is set already;
-    # the workers start from this (the controller's) environment, after pytest_configure.
+    # thread per core, n^2 threads on n cores, which run the CPU work far slower than n threads do (docs/DEVELOPING.md,
+    # "Threads"). Each worker gets its share of the cores unless OMP_NUM_THREADS is set already; the workers start
+    # from this (the controller's) environment, after pytest_configure.
     workers = len(getattr(config.option, "tx", None) or []) if getattr(config.option, "dist", "no") != "no" else 0
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ and not hasattr(config, "workerinput"):
         os.environ["OMP_NUM_THREADS"] = os.environ["SNAPMLA_WORKER_THREADS"] = str(
