@@ -97,13 +97,13 @@ def test_the_developing_docs_threads_figures_are_the_kept_run():
     limit = [int(s) for s in re.findall(r"rc=124 after (\d+) s", summary["four_default"])]
     assert len(limit) == 4 and f"ran past {min(limit) - 1} s with torch's default threads" in para
     for i in range(1, 5):
-        log = (run / f"four_default.{i}.log").read_text()
+        log = read_log(run / f"four_default.{i}.log.xz")
         assert "Timeout" in log and re.search(r"numerics\.py\", line \d+ in snapmla_decode_reference\n", log)
     passed = [int(s) for s in re.findall(r"rc=0 after (\d+) s", summary["four_omp4"])]
     assert len(passed) == 4 and f"passed in {min(passed)}-{max(passed)} s each with 4 threads" in para
     alone = re.fullmatch(r"rc=0 after (\d+) s ", summary["solo"]).group(1)
     assert f"one process alone in {alone} s" in para
-    monitor = (run / "four_default.monitor").read_text()
+    monitor = read_log(run / "four_default.monitor.xz")
     busy = [int(u) for u in re.findall(r"^(\d+) %, \d+ MiB$", monitor, re.M)]  # a sample every 10 s
     idle = len(busy) - max(i for i, u in enumerate(busy) if u > 0) - 1
     assert idle >= 6 and f"with the GPU idle for the last {idle * 10 - 10}-{idle * 10} s" in para
