@@ -238,7 +238,7 @@ def persistent_ncu_mismatches(row: str) -> list[str]:
             f"{b['local'] / 1e6:.2f} M, L1/TEX hit rate {p['l1']} against {b['l1']} %;",
             f"{p['waits'] / b['waits']:.1f}x the long-scoreboard samples ({_thousands(p['waits'])} against "
             f"{_thousands(b['waits'])})",
-            f"requests {p[reads] / 1e6:.1f} M L2 sectors for reading against {b[reads] / 1e6:.1f} M "
+            f"its L2 serves {p[reads] / 1e6:.1f} M read sectors against {b[reads] / 1e6:.1f} M "
             f"({100 * (p[reads] / b[reads] - 1):+.0f} %) while its local memory past L1 is "
             f"{(loaded + stored) / 1e6:.2f} M sectors ({loaded / 1e6:.2f} M loaded, {stored / 1e6:.2f} M stored)",
             f"DRAM reads {p['dram__bytes_read.sum'] / 1e9:.2f} GB against {b['dram__bytes_read.sum'] / 1e9:.2f} GB, "
