@@ -212,6 +212,12 @@ def barrier_wait_samples(sass_csv: str) -> int:
     return sum(int(r[col["stall_long_sb"]] or 0) for r in once_a_page if " BRA " in f" {r[col['Source']]} ")
 
 
+def _span_m(values: list[float], digits: int = 1, unit: float = 1e6, name: str = " M") -> str:
+    """The runs' range (one value where they agree) in units of `unit`, as the row prints it."""
+    lo, hi = (f"{v / unit:.{digits}f}" for v in (min(values), max(values)))
+    return f"{lo}{name}" if lo == hi else f"{lo}-{hi}{name}"
+
+
 def persistent_ncu_mismatches(row: str) -> list[str]:
     """What the row should print from the two kept ncu runs and does not."""
     got = {}
@@ -225,9 +231,10 @@ def persistent_ncu_mismatches(row: str) -> list[str]:
                            local=float(ncu_metric(details, "Local Memory Spilling Requests")[1]),
                            waits=barrier_wait_samples(
                                lzma.open(PERSISTENT_NCU / f"{kernel}_h128_b128_16k.sass.csv.xz", "rt").read()))
-        memory = csv.DictReader(io.StringIO(lzma.open(PERSISTENT_NCU / f"{kernel}_h128_b128_16k.memory.csv.xz", "rt")
-                                             .read()))
-        got[kernel].update({r["Metric Name"]: float(r["Metric Value"].replace(",", "")) for r in memory})
+        runs = [{r["Metric Name"]: float(r["Metric Value"].replace(",", ""))
+                 for r in csv.DictReader(io.StringIO(lzma.open(f, "rt").read()))}
+                for f in sorted(PERSISTENT_NCU.glob(f"{kernel}_h128_b128_16k.memory*.csv.xz"))]
+        got[kernel].update({name: [run[name] for run in runs] for name in runs[0]})  # each metric: one value a run
     p, b = got["persistent"], got["base"]
     reads = "lts__t_sectors_aperture_device_op_read.sum"
     loaded, stored = (p[f"l1tex__t_sectors_pipe_lsu_mem_local_op_{op}_lookup_miss.sum"] for op in ("ld", "st"))
@@ -238,11 +245,13 @@ def persistent_ncu_mismatches(row: str) -> list[str]:
             f"{b['local'] / 1e6:.2f} M, L1/TEX hit rate {p['l1']} against {b['l1']} %;",
             f"{p['waits'] / b['waits']:.1f}x the long-scoreboard samples ({_thousands(p['waits'])} against "
             f"{_thousands(b['waits'])})",
-            f"its L2 serves {p[reads] / 1e6:.1f} M read sectors against {b[reads] / 1e6:.1f} M "
-            f"({100 * (p[reads] / b[reads] - 1):+.0f} %) while its local memory past L1 is "
-            f"{(loaded + stored) / 1e6:.2f} M sectors ({loaded / 1e6:.2f} M loaded, {stored / 1e6:.2f} M stored)",
-            f"DRAM reads {p['dram__bytes_read.sum'] / 1e9:.2f} GB against {b['dram__bytes_read.sum'] / 1e9:.2f} GB, "
-            f"writes {p['dram__bytes_write.sum'] / 1e6:.0f} MB against {b['dram__bytes_write.sum'] / 1e6:.0f} MB"]
+            f"its L2 serves {_span_m(p[reads])} read sectors against {_span_m(b[reads])} (two runs of the one-unit "
+            f"kernel) while its local memory past L1 is {_span_m([x + y for x, y in zip(loaded, stored)], 2)} sectors "
+            f"({_span_m(loaded, 2)} loaded, {_span_m(stored, 2)} stored)",
+            f"DRAM reads {_span_m(p['dram__bytes_read.sum'], 2, 1e9, ' GB')} against "
+            f"{_span_m(b['dram__bytes_read.sum'], 2, 1e9, ' GB')}, writes "
+            f"{_span_m(p['dram__bytes_write.sum'], 0, 1e6, ' MB')} against "
+            f"{_span_m(b['dram__bytes_write.sum'], 0, 1e6, ' MB')}"]
     return [w for w in want if w not in row]
 
 
