@@ -205,10 +205,11 @@ def ncu_metric(details: str, name: str, unit: str = r"\S+") -> tuple[str, str]:
 def barrier_wait_samples(sass_csv: str) -> int:
     """Long-scoreboard stall samples on the softmax warpgroup's mbarrier-wait branches (BRAs its 4 warps run once a
     page: 4 x 128 x 512 = 262 144 executions at most at b128 s_k 16k, fewer where a page skips the wait)."""
-    rows = list(csv.reader(io.StringIO(sass_csv)))
-    head = next(i for i, r in enumerate(rows) if "Source" in r)
-    col = {h: i for i, h in enumerate(rows[head])}
-    once_a_page = [r for r in rows[head + 1:] if 250_000 <= int(r[col["Instructions Executed"]] or 0) <= 262_144]
+    from tools.kernel_dev.stall_regions import read_source_page
+
+    hdr, data = read_source_page(sass_csv)
+    col = {h: i for i, h in enumerate(hdr)}
+    once_a_page = [r for r in data if 250_000 <= int(r[col["Instructions Executed"]] or 0) <= 262_144]
     return sum(int(r[col["stall_long_sb"]] or 0) for r in once_a_page if " BRA " in f" {r[col['Source']]} ")
 
 

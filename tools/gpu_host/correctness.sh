@@ -9,8 +9,7 @@ set -uo pipefail
 failed=()
 source tools/gpu_host/env.sh  # $OUT, runtime, JIT caches, plugin installed
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/cuda_build.log" 2>&1 \
-  || { tail -20 "$OUT/cuda_build.log"; exit 1; }
+build_cuda_ext "$OUT/cuda_build.log" || { tail -20 "$OUT/cuda_build.log"; exit 1; }
 grep -E "registers|spill" "$OUT/cuda_build.log" | head -4
 choose_test_seed
 echo "== pytest on the GPU (SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED)"

@@ -20,13 +20,15 @@ choose_test_seed
 echo "SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED" | tee "$res/seed.txt"
 start=$(date +%s)
 build() {
-  SNAPMLA_CUDA_SOURCE_DIR=$1 python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$1/build.log" 2>&1 \
-    && touch "$1/built"
+  SNAPMLA_CUDA_SOURCE_DIR=$1 build_cuda_ext "$1/build.log" && touch "$1/built"
 }
-export -f build
+export -f build build_cuda_ext
 xargs -P "${BUILD_JOBS:-16}" -I{} bash -c 'build {}' < "$dir/list.txt"
 echo "built $(ls "$dir"/*/built | wc -l) of $(wc -l < "$dir/list.txt") in $(( $(date +%s) - start )) s"
 export JOBS=${JOBS:-4} DEADLINE=$(( $(date +%s) + ${SECONDS_LEFT:-300} ))
+# the CPU's cores shared out: with torch's default of one thread per core in each of JOBS processes, the
+# graph-protocol cases' spec on the CPU (140 sequences at batch 140) stops advancing (tools/gpu_host/pytest_threads.sh)
+export THREADS=$(cores_per_process "$JOBS")
 export PATHS=${PYTEST_PATHS:-tests/product/test_gpu_kernels.py tests/product/test_gpu_graph_protocol.py \
 tests/product/test_serving_safety.py tests/product/test_sglang_attention_kits.py}
 run_one() {
@@ -38,11 +40,8 @@ run_one() {
     outcome="not run"
   else
     t0=$(date +%s)
-    # the CPU's cores shared out: with torch's default of one thread per core in each of JOBS processes, the
-    # graph-protocol cases' spec on the CPU (140 sequences at batch 140) stops advancing (tools/gpu_host/pytest_threads.sh)
-    OMP_NUM_THREADS=$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 )) \
-    SNAPMLA_CUDA_SOURCE_DIR=$d SNAPMLA_DECODE_IMPL=cuda timeout "${MUTANT_TIMEOUT:-240}" python3 -m pytest -x -q \
-      -p no:warnings -p no:xdist -p no:cacheprovider -o addopts= $PATHS -k "not triton" > "$d/pytest.log" 2>&1
+    OMP_NUM_THREADS=$THREADS SNAPMLA_CUDA_SOURCE_DIR=$d SNAPMLA_DECODE_IMPL=cuda timeout "${MUTANT_TIMEOUT:-240}" \
+      python3 -m pytest -x -q -p no:warnings -p no:xdist -p no:cacheprovider -o addopts= $PATHS -k "not triton" > "$d/pytest.log" 2>&1
     rc=$?
     case $rc in 0) outcome=survived ;; 1) outcome=caught ;; 124) outcome="timed out" ;; *) outcome="pytest rc=$rc" ;; esac
     detail=$(grep -m1 -oE "^FAILED [^ ]+" "$d/pytest.log" | cut -c8-)

@@ -49,10 +49,22 @@ wait_for_whl() {
 choose_test_seed() {
   export SNAPMLA_TEST_SEED=${SNAPMLA_TEST_SEED:-$(python3 -c "import random; print(random.SystemRandom().randrange(2**31))")}
 }
-# The sm_90a extension built (`cuda_ext.build`) in the background, its log in LOG (default $OUT/cuda_build.log): it
-# compiles on the CPU while the GPU trains or serves; the caller's `wait` waits for it:   build_cuda_ext_meanwhile [LOG]
+# The sm_90a extension built (`cuda_ext.build`; from SNAPMLA_CUDA_SOURCE_DIR where set), its log in LOG (default
+# $OUT/cuda_build.log); non-zero if the build fails:   build_cuda_ext [LOG]
+build_cuda_ext() {
+  python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "${1:-$OUT/cuda_build.log}" 2>&1
+}
+# The same in the background: it compiles on the CPU while the GPU trains or serves; the caller's `wait` waits for
+# it:   build_cuda_ext_meanwhile [LOG]
 build_cuda_ext_meanwhile() {
-  python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "${1:-$OUT/cuda_build.log}" 2>&1 &
+  build_cuda_ext "$@" &
+}
+# The CPU threads each of N processes side by side gets (nproc / N, at least 1): with torch's default of one thread
+# per core in every process the CPU work of the GPU tests stops advancing (docs/DEVELOPING.md, "Threads"):
+#   cores_per_process N
+cores_per_process() {
+  local n=$(( $(nproc) / $1 ))
+  echo $(( n > 0 ? n : 1 ))
 }
 # The small trained model (tools/train_tiny_mla.py, TRAIN_MINUTES, default 2; TRAIN_FLAGS: more of its flags, e.g.
 # --mtp) in DIR unless a checkpoint is there:

@@ -17,7 +17,7 @@ for src in "" srcunit_tex_; do
   done
 done
 # the extension built before ncu starts (a build under ncu would be profiled for minutes)
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$OUT/$name.build.log" 2>&1 || { tail "$OUT/$name.build.log"; exit 1; }
+build_cuda_ext "$OUT/$name.build.log" || { tail "$OUT/$name.build.log"; exit 1; }
 timeout 200 ncu --metrics "$metrics" --nvtx --nvtx-include 'profile/' -k regex:'decode_(split|narrow)' --launch-skip 1 -c 1 \
   --csv --print-units base python3 -m tools.kernel_dev.profile_decode "$@" > "$OUT/$name.csv" 2> "$OUT/$name.err"
 rc=$?

@@ -12,7 +12,7 @@ R=$OUT/threads; mkdir -p "$R"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; } > "$R/gpu.txt"
 choose_test_seed; echo "SNAPMLA_TEST_SEED=$SNAPMLA_TEST_SEED" > "$R/seed.txt"
 t0=$(date +%s)
-python3 -c "from sglang_snapmla import cuda_ext; cuda_ext.build()" > "$R/build.log" 2>&1
+build_cuda_ext "$R/build.log"
 echo "build rc=$? $(( $(date +%s) - t0 )) s" >> "$R/build.log"
 monitor() {
   while true; do
@@ -37,6 +37,6 @@ phase() {  # NAME THREADS (empty: torch's default) PROCESSES TIMEOUT
   echo "$name: $(grep -h '^rc=' "$R/$name".*.log | tr '\n' ' ')" | tee -a "$R/summary.txt"
 }
 phase four_default "" 4 130
-phase four_omp4 $(( $(nproc) / 4 > 0 ? $(nproc) / 4 : 1 )) 4 130
+phase four_omp4 "$(cores_per_process 4)" 4 130
 phase solo "" 1 80
 tar -C "$OUT" -cJf "$OUT/threads.tar.xz" threads  # the device returns a few files: the logs as one

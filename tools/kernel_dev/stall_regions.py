@@ -10,6 +10,7 @@ that only touches shared memory inside its loop these mean the compiler lost the
 import argparse
 import collections
 import csv
+import io
 
 SYNC_OPS = ("BAR.SYNC", "WARPGROUP.DEPBAR", "SYNCS.PHASECHK", "EXIT")
 
@@ -19,14 +20,20 @@ def opcode(sass: str) -> str:
     return toks[1] if toks and toks[0].startswith("@") else (toks[0] if toks else "")
 
 
+def read_source_page(text: str) -> tuple[list[str], list[list[str]]]:
+    """An ncu source page (CSV text): its column names and one row per SASS instruction."""
+    rows = list(csv.reader(io.StringIO(text)))
+    header = next(i for i, r in enumerate(rows) if "Source" in r)
+    return rows[header], rows[header + 1:]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--min-share", type=float, default=1.0, help="hide regions under this % of the samples")
     a = ap.parse_args()
-    rows = list(csv.reader(open(a.csv)))
-    header = next(i for i, r in enumerate(rows) if "Source" in r)
-    hdr, data = rows[header], rows[header + 1:]
+    with open(a.csv) as f:
+        hdr, data = read_source_page(f.read())
     col = {h: i for i, h in enumerate(hdr)}
     samples = col["Warp Stall Sampling (All Samples)"]
     executed = col["Instructions Executed"]
