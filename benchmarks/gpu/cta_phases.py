@@ -5,26 +5,21 @@
                                          [--out DIR]
 
 Builds the copy of the kernel that `tools/kernel_dev/phase_stamps.py` writes (each CTA records %globaltimer and
-clock64 at the points of its life listed there, and its SM) and runs the decode chain as a server replays it:
-Q-quant, decode (and combine where split) captured in a CUDA graph, split count planned at the static page bound of
---context-len. After warm-up replays, one replay is stamped. Per shape and wave (a CTA's wave: its rank among the
-CTAs that ran on its SM, by start time), the median over the wave's CTAs of each phase (µs; durations inside a CTA
-from clock64 at the SM clock the stamps give, the CTA's start and end on the common %globaltimer axis from the first
-CTA's start; empty where the launch skips a point):
+clock64 at nine points of its life, and its SM) and runs the decode chain as a server replays it: Q-quant, decode
+(and combine where split) captured in a CUDA graph, split count planned at the static page bound of --context-len.
+After warm-up replays, one replay is stamped. Per shape and wave (a CTA's wave: its rank among the CTAs that ran on
+its SM, by start time), the median over the wave's CTAs of each phase (µs; durations inside a CTA from clock64 at
+the SM clock the stamps give, the CTA's start and end on the common %globaltimer axis from the first CTA's start):
 
     start       when the CTA started
-    entry       start -> its mbarriers initialised (a block barrier)
-    first_issue -> its length and block-table entries read, its first pages issued (thread 0, before the PDL wait)
+    entry       start -> its mbarriers initialised
     pdl_wait    -> past griddepcontrol.wait (the Q-quant, launched before it, has completed)
-    q           release -> Q landed in shared memory (as the softmax warpgroup's thread 0 sees it)
-    page0       first pages issued -> the first page landed
+    q           -> Q landed in shared memory
+    page0       release -> the first page landed (issued before the wait by the loader thread)
     qk0         first page landed -> its QK done
     loop        first QK done -> the last page's softmax published; per_page: loop / (pages - 1)
-    pv_tail     last softmax -> last PV done (the first PV warpgroup)
-    sync        -> the block barrier after the page loops
-    pack        -> the bf16 output half in shared memory (one split)
-    store       -> its TMA store has read shared memory (one split)
-    epilogue    last PV done -> output stored (sync + pack + store, or the partials' stores)
+    pv_tail     last softmax -> last PV done
+    epilogue    last PV done -> output stored
     total       start -> output stored
     gap         on the same SM: the previous CTA's end -> this CTA's start (waves after the first)
 
@@ -44,12 +39,9 @@ import numpy as np
 
 from harness.results import read_json, save_png
 
-from tools.kernel_dev.phase_stamps import OPTIONAL, POINTS
-
-POINT_NAMES = tuple(point[0] for point in POINTS)
+POINT_NAMES = ("start", "barriers", "released", "q", "page0", "qk0", "softmax", "pv", "end")
 N_POINTS = len(POINT_NAMES)
-PHASES = ("entry", "first_issue", "pdl_wait", "q", "page0", "qk0", "loop", "per_page", "pv_tail", "sync", "pack",
-          "store", "epilogue", "total")
+PHASES = ("entry", "pdl_wait", "q", "page0", "qk0", "loop", "per_page", "pv_tail", "epilogue", "total")
 
 
 def _p(name: str) -> int:
@@ -63,13 +55,10 @@ def phases(stamps: np.ndarray, pages: np.ndarray) -> dict:
     if stamps.ndim != 2 or stamps.shape[1] != 2 * N_POINTS + 1:
         raise ValueError(f"stamps must be [CTAs, {2 * N_POINTS + 1}], got {stamps.shape}")
     gt, clk, sm = stamps[:, :N_POINTS].astype(np.float64), stamps[:, N_POINTS:2 * N_POINTS], stamps[:, -1]
-    reached = gt != 0
-    partial = [POINT_NAMES[j] for j in range(N_POINTS) if not reached[:, j].all()
-               and (POINT_NAMES[j] not in OPTIONAL or reached[:, j].any())]
-    if partial:
-        raise ValueError(f"CTAs without a stamp at {sorted(partial)}: a split without pages or a CTA past the array "
+    if (gt == 0).any():
+        missing = sorted({POINT_NAMES[j] for j in np.nonzero((gt == 0).any(axis=0))[0]})
+        raise ValueError(f"CTAs without a stamp at {missing}: a split without pages or a CTA past the array "
                          f"(run shapes whose every CTA has pages)")
-    has = {name: bool(reached[:, _p(name)].all()) for name in POINT_NAMES}
     # the SM clock: per SM, its clock64 over %globaltimer from its first CTA's start to its last CTA's end (the
     # longest span a timer of coarse resolution divides), median over the SMs
     rates = []
@@ -80,9 +69,7 @@ def phases(stamps: np.ndarray, pages: np.ndarray) -> dict:
             rates.append((clk[on, _p("end")].max() - clk[on, _p("start")].min()) / ns)
     ghz = float(np.median(rates))
 
-    def us(a: str, b: str) -> np.ndarray:  # NaN where an optional point was not stamped by this launch
-        if not (has[a] and has[b]):
-            return np.full(len(sm), np.nan)
+    def us(a: str, b: str) -> np.ndarray:
         return (clk[:, _p(b)] - clk[:, _p(a)]).astype(np.float64) / ghz / 1e3
 
     t0 = gt[:, _p("start")].min()
@@ -95,12 +82,9 @@ def phases(stamps: np.ndarray, pages: np.ndarray) -> dict:
         wave[idx] = np.arange(len(idx))
         gap[idx[1:]] = start[idx[1:]] - end[idx[:-1]]
     loop = us("qk0", "softmax")
-    issued = "issued" if has["issued"] else "barriers"  # without the Q-quant before it the pages go after the wait
-    per = {"entry": us("start", "barriers"), "first_issue": us("barriers", "issued"),
-           "pdl_wait": us(issued, "released"), "q": us("released", "q"), "page0": us(issued, "page0"),
-           "qk0": us("page0", "qk0"), "loop": loop,
+    per = {"entry": us("start", "barriers"), "pdl_wait": us("barriers", "released"), "q": us("released", "q"),
+           "page0": us("released", "page0"), "qk0": us("page0", "qk0"), "loop": loop,
            "per_page": np.where(pages > 1, loop / np.maximum(pages - 1, 1), np.nan), "pv_tail": us("softmax", "pv"),
-           "sync": us("pv", "synced"), "pack": us("synced", "packed"), "store": us("packed", "end"),
            "epilogue": us("pv", "end"), "total": us("start", "end")}
     return {"ghz": ghz, "sm": sm, "wave": wave, "start": start, "end": end, "gap": gap, **per}
 
@@ -121,7 +105,8 @@ def summarize(p: dict) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    cols = ("start", *PHASES, "end", "gap")
+    cols = ("start", "entry", "pdl_wait", "q", "page0", "qk0", "loop", "per_page", "pv_tail", "epilogue", "total",
+            "end", "gap")
     lines = ["| shape | splits | pages a CTA | SM GHz | kernel µs | chain µs (graph) | wave | CTAs | "
              + " | ".join(cols) + " |",
              "|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(cols)]

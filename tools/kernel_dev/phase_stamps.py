@@ -27,33 +27,24 @@ KERNEL, BINDING = "snapmla_decode_sm90.cu", "binding.cpp"
 NAME = "stamps"
 MAX_CTAS = 8192  # the device array's CTAs (h128 b256 at 16 splits: 8 192); CTAs past it record nothing
 
-# (name, what the CTA has done when the point is stamped, thread, kernel text the stamp follows, the stamp's indent)
+# (name, what the CTA has done when the point is stamped, thread, kernel text the stamp follows)
 POINTS = [
-    ("start", "entered the kernel", "t == 0",
-     "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)\n", 2),
+    ("start", "entered the kernel", "t == 0", "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)\n"),
     ("barriers", "initialised its mbarriers (a block barrier)", "t == 0",
-     "  __syncthreads();  // the barriers are initialised before any thread uses them\n", 2),
-    ("issued", "read its length and block-table entries and issued its first pages (before the PDL wait)", "t == 0",
-     "  if (kv_before_wait && t == 0)\n    load_first_pages<kStages>(smem + kStage0, full, &map_kv, &map_rope, kv_scale, "
-     "bt, seq_lens[b], split, num_splits,\n                              bt_readable);\n", 2),
+     "  __syncthreads();  // the barriers are initialised before any thread uses them\n"),
     ("released", "passed griddepcontrol.wait (the Q-quant has completed)", "t == 0",
-     '  asm volatile("griddepcontrol.wait;\\n" ::: "memory");\n', 2),
-    ("q", "Q has landed in shared memory (softmax warpgroup)", "t == 0", "    mbar_wait(qfull, 0);\n", 4),
-    ("page0", "the split's first page has landed", "t == 0", "      mbar_wait(full, 0);\n", 6),
+     '  asm volatile("griddepcontrol.wait;\\n" ::: "memory");\n'),
+    ("q", "Q has landed in shared memory (softmax warpgroup)", "t == 0", "    mbar_wait(qfull, 0);\n"),
+    ("page0", "the split's first page has landed", "t == 0", "      mbar_wait(full, 0);\n"),
     ("qk0", "the first page's QK is done", "t == 0",
-     "      for (int j = 0; j < 32; ++j) cur[j] += nxt2[j];\n", 6),
+     "      for (int j = 0; j < 32; ++j) cur[j] += nxt2[j];\n"),
     ("softmax", "the softmax of the last page is published", "t == 0",
-     "      softmax_page(cur, last - 1, [] {});\n", 6),
+     "      softmax_page(cur, last - 1, [] {});\n"),
     ("pv", "PV of the last page is done (first PV warpgroup)", "t == 128",
-     "      mbar_arrive(pempty + pb);\n    }\n", 4),
-    ("synced", "the block barrier after the page loops (the row scales published)", "t == 128",
-     "    __syncthreads();  // (1) row scales published\n    const float w0 = rows_s[row0], w1 = rows_s[row1];\n", 4),
-    ("packed", "its bf16 output half is in shared memory (one split only)", "t == 128",
-     "      if (half == 0) bar_sync<1, 128>();\n      else bar_sync<2, 128>();\n      if (tw == 0) {\n", 8),
+     "      mbar_arrive(pempty + pb);\n    }\n"),
     ("end", "its output is stored (the bf16 tile's TMA store has read shared memory, or the partials are issued)",
-     "t == 128", "#endif\n", 2),
+     "t == 128", "#endif\n"),
 ]
-OPTIONAL = {"issued": "a chain without the Q-quant before it", "packed": "split partials"}  # points some launches skip
 WORDS = 2 * len(POINTS) + 1  # globaltimer per point, clock64 per point, the SM
 
 DEVICE_HELPERS = f"""
@@ -116,11 +107,15 @@ def stamp_kernel(source: str) -> str:
     begin = _once(source, WIDE_BEGIN, "the 64-row kernel's signature", KERNEL)
     end = _once(source, WIDE_END, "the narrow kernel's header", KERNEL)
     wide = source[begin:end]
-    for i, (name, _, thread, anchor, indent) in enumerate(POINTS):
+    for i, (name, _, thread, anchor) in enumerate(POINTS):
         at = _once(wide, anchor, name, "the 64-row kernel")
-        if anchor != "#endif\n":  # after its text; the kernel body's last line: before it
+        if anchor == "#endif\n":  # the kernel body's last line: the stamp goes before it, at the body's indent
+            indent = "  "
+        else:  # after the anchor, at the indent of its last line
             at += len(anchor)
-        wide = wide[:at] + " " * indent + f"if ({thread}) phase_stamp({i});  // phase stamp: {name}\n" + wide[at:]
+            last_line = anchor.rstrip("\n").split("\n")[-1]
+            indent = last_line[: len(last_line) - len(last_line.lstrip(" "))]
+        wide = wide[:at] + f"{indent}if ({thread}) phase_stamp({i});  // phase stamp: {name}\n" + wide[at:]
     source = source[:begin] + wide + source[end:]
     ns = _once(source, "namespace snapmla {\n", "the namespace opening", KERNEL) + len("namespace snapmla {\n")
     source = source[:ns] + DEVICE_HELPERS + source[ns:]
