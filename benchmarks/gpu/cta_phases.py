@@ -13,9 +13,11 @@ the SM clock the stamps give, the CTA's start and end on the common %globaltimer
 
     start       when the CTA started
     entry       start -> its mbarriers initialised
-    pdl_wait    -> past griddepcontrol.wait (the Q-quant, launched before it, has completed)
-    q           -> Q landed in shared memory
-    page0       release -> the first page landed (issued before the wait by the loader thread)
+    pdl_wait    -> past griddepcontrol.wait (the Q-quant, launched before it, has completed); thread 0 first reads
+                the sequence's length and block-table entries and issues its first pages, so this holds those
+                round trips too
+    q           -> Q landed in shared memory (as thread 0 sees it: after its q_scale reads)
+    page0       release -> the first page landed
     qk0         first page landed -> its QK done
     loop        first QK done -> the last page's softmax published; per_page: loop / (pages - 1)
     pv_tail     last softmax -> last PV done
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.redraw:
         saved = read_json(args.redraw)
         print(table(saved["results"]))
-        plot(saved["results"], saved["gpu"], args.redraw.with_suffix(".png"))
+        plot(saved["results"], saved["gpu"], Path(str(args.redraw).removesuffix(".xz")).with_suffix(".png"))
         return 0
     from sglang_snapmla import settings
     from tools.kernel_dev import phase_stamps

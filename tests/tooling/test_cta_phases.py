@@ -85,3 +85,60 @@ def test_a_cta_that_missed_a_point_is_refused():
     row[cta_phases.POINT_NAMES.index("softmax")] = 0
     with pytest.raises(ValueError, match=r"without a stamp at \['softmax'\]"):
         cta_phases.phases(row[None], np.array([10]))
+
+
+def test_the_kernel_doc_quotes_the_kept_run():
+    """docs/KERNEL.md's per-phase table is what `cta_phases --redraw` prints of the kept H100 run, and the figures
+    its text draws from it (phase ranges at s_k 640, the back-to-back bound at b128, the stamps' cost) are that
+    run's."""
+    from pathlib import Path
+
+    from harness.results import read_json
+    from helpers import doc_sections
+
+    root = Path(__file__).resolve().parents[2]
+    kept = root / "results/bench/cta_phases_h100"
+    saved = read_json(kept / "cta_phases.json")
+    section = doc_sections((root / "docs/KERNEL.md").read_text())["What limits it"]
+    text = " ".join(section.split())
+    for line in cta_phases.table(saved["results"]).splitlines():
+        assert "  " + line + "\n" in section, line
+    short = [(r, w) for r in saved["results"] if r["s_k"] == 640 for w in r["waves"]]
+
+    def span(values, fmt="{:.1f}"):
+        lo, hi = fmt.format(min(values)), fmt.format(max(values))
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    pre = [w["entry"] + w["pdl_wait"] + w["page0"] for _, w in short]
+    post = [w["pv_tail"] + w["epilogue"] for _, w in short]
+    out = [a + b for a, b in zip(pre, post)]
+    assert (f"At s_k 640 a CTA takes {span([w['total'] for _, w in short])} µs: {span(pre)} from its start until its "
+            f"first page has landed") in text
+    assert f"{span([w['loop'] for _, w in short])} in its pages after the first one's QK" in text
+    assert f"({span([w['per_page'] for _, w in short], '{:.2f}')} µs a page" in text
+    assert f"at the {span([r['ghz'] for r, _ in short], '{:.2f}')} GHz the stamps give" in text
+    assert f"and {span(post)} after its last softmax" in text
+    shares = [o / w["total"] * 100 for o, (_, w) in zip(out, short)]
+    assert f"{span(out)} µs, {span(shares, '{:.0f}')} %, outside the page loop" in text
+    long = [w for r in saved["results"] if r["s_k"] == 4096 for w in r["waves"]]
+    long_out = [w["entry"] + w["pdl_wait"] + w["page0"] + w["pv_tail"] + w["epilogue"] for w in long]
+    assert (f"At s_k 4 096 the same {span(long_out)} µs are "
+            f"{span([o / w['total'] * 100 for o, w in zip(long_out, long)], '{:.0f}')} % of a CTA") in text
+    b128 = next(r for r in saved["results"] if (r["batch"], r["s_k"]) == (128, 640))
+    w0, w1 = b128["waves"]
+    ideal = (w0["entry"] + w0["pdl_wait"] + w0["page0"] + w0["qk0"] + w0["loop"] + w1["qk0"] + w1["loop"]
+             + w1["pv_tail"] + w1["epilogue"])
+    chain = b128["chain_us"] - (b128["kernel_us"] - ideal)
+    assert (f"{ideal:.1f} µs against the {b128['kernel_us']:.1f} µs of CTAs here, {chain:.1f} µs for the chain against "
+            f"{b128['chain_us']:.1f}") in text
+    other = read_json(root / "results/bench/kernels_h100_persistent_units_bench.json")["results"]
+    [bf16] = [r["us"] for r in other if (r["kernel"], r["h"], r["b"], r["sk"], r["s_q"]) == ("flashmla_bf16", 128, 128,
+                                                                                               640, 1)]
+    assert f"FlashMLA BF16 took {bf16:.1f} µs" in text and f"{bf16 / chain:.2f}x that" in text
+    assert f"(1.15x would be {bf16 / 1.15:.1f} µs)" in text
+    b64 = next(r for r in saved["results"] if (r["batch"], r["s_k"]) == (64, 640))
+    assert f"the {b64['chain_us'] - b64['kernel_us']:.1f} µs from the chain's start to the first CTA's" in text
+    cost = read_json(kept / "stamps_cost.json")
+    stamped = span([cost[k]["h128x64x640"] for k in ("stamps", "stamps#2")])
+    plain = span([cost[k]["h128x64x640"] for k in ("main", "main#2")])
+    assert f"h128 b64 s_k 640 {stamped} against {plain} µs" in text
