@@ -57,9 +57,9 @@ def ablate(source: str, name: str) -> str:
     return source
 
 
-def write(source_dir: Path, out: Path, name: str) -> Path:
-    """OUT/NAME/kernels/cuda: a copy of source_dir's sources with the ablated kernel (not its built prebuilt/ library,
-    which is today's kernel under the ablation's name)."""
+def copy_sources(source_dir: Path, out: Path, name: str) -> Path:
+    """OUT/NAME/kernels/cuda (the layout benchmarks/gpu/time_variants.py reads), emptied, with source_dir's files (not
+    its built prebuilt/ library, which would be today's kernel under the copy's name)."""
     dest = out / name / "kernels" / "cuda"
     if dest.exists():
         shutil.rmtree(dest)
@@ -67,6 +67,12 @@ def write(source_dir: Path, out: Path, name: str) -> Path:
     for source in source_dir.iterdir():
         if source.is_file():
             shutil.copy2(source, dest / source.name)
+    return dest
+
+
+def write(source_dir: Path, out: Path, name: str) -> Path:
+    """OUT/NAME/kernels/cuda: a copy of source_dir's sources with the ablated kernel."""
+    dest = copy_sources(source_dir, out, name)
     (dest / KERNEL).write_text(ablate((source_dir / KERNEL).read_text(), name))
     return dest
 

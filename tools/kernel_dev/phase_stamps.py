@@ -18,10 +18,10 @@ silently records less than it says.
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from sglang_snapmla.cuda_ext import SOURCE_DIR
+from tools.kernel_dev.ablations import copy_sources
 
 KERNEL, BINDING = "snapmla_decode_sm90.cu", "binding.cpp"
 NAME = "stamps"
@@ -131,14 +131,8 @@ def stamp_binding(source: str) -> str:
 
 
 def write(source_dir: Path, out: Path) -> Path:
-    """OUT/stamps/kernels/cuda: source_dir's sources with the stamped kernel and binding (not its prebuilt/ library)."""
-    dest = out / NAME / "kernels" / "cuda"
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for source in source_dir.iterdir():
-        if source.is_file():
-            shutil.copy2(source, dest / source.name)
+    """OUT/stamps/kernels/cuda: source_dir's sources with the stamped kernel and binding."""
+    dest = copy_sources(source_dir, out, NAME)
     (dest / KERNEL).write_text(stamp_kernel((source_dir / KERNEL).read_text()))
     (dest / BINDING).write_text(stamp_binding((source_dir / BINDING).read_text()))
     return dest
