@@ -129,8 +129,8 @@ def test_the_kernel_doc_quotes_the_kept_run():
     ideal = (w0["entry"] + w0["pdl_wait"] + w0["page0"] + w0["qk0"] + w0["loop"] + w1["qk0"] + w1["loop"]
              + w1["pv_tail"] + w1["epilogue"])
     chain = b128["chain_us"] - (b128["kernel_us"] - ideal)
-    assert (f"{ideal:.1f} µs against the {b128['kernel_us']:.1f} µs of CTAs here, {chain:.1f} µs for the chain against "
-            f"{b128['chain_us']:.1f}") in text
+    assert (f"{ideal:.1f} µs against the {b128['kernel_us']:.1f} µs of CTAs here, {chain:.1f} µs for the chain "
+            f"against {b128['chain_us']:.1f}") in text
     other = read_json(root / "results/bench/kernels_h100_persistent_units_bench.json")["results"]
     [bf16] = [r["us"] for r in other if (r["kernel"], r["h"], r["b"], r["sk"], r["s_q"]) == ("flashmla_bf16", 128, 128,
                                                                                                640, 1)]

@@ -1,6 +1,6 @@
 """A copy of the sm_90a decode whose 64-row kernel records, per CTA, when it reaches each phase of its life: the
-per-phase timing of docs/KERNEL.md ("128 heads at short contexts"), which ncu's totals and stall samples do not
-separate. Measured on a GPU by `benchmarks/gpu/cta_phases.py`, which writes the copy itself.
+per-phase timing of docs/KERNEL.md ("What limits it", 128 heads at short contexts), which ncu's totals and stall
+samples do not separate. Measured on a GPU by `benchmarks/gpu/cta_phases.py`, which writes the copy itself.
 
     python -m tools.kernel_dev.phase_stamps [--source-dir kernels/cuda] [--out ab]   -> OUT/stamps/kernels/cuda
 
@@ -29,7 +29,8 @@ MAX_CTAS = 8192  # the device array's CTAs (h128 b256 at 16 splits: 8 192); CTAs
 
 # (name, what the CTA has done when the point is stamped, thread, kernel text the stamp follows)
 POINTS = [
-    ("start", "entered the kernel", "t == 0", "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)\n"),
+    ("start", "entered the kernel", "t == 0",
+     "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)\n"),
     ("barriers", "initialised its mbarriers (a block barrier)", "t == 0",
      "  __syncthreads();  // the barriers are initialised before any thread uses them\n"),
     ("released", "passed griddepcontrol.wait (the Q-quant has completed)", "t == 0",
@@ -48,7 +49,8 @@ POINTS = [
 WORDS = 2 * len(POINTS) + 1  # globaltimer per point, clock64 per point, the SM
 
 DEVICE_HELPERS = f"""
-// ---- phase stamps (tools/kernel_dev/phase_stamps.py): [CTA][globaltimer x {len(POINTS)}, clock64 x {len(POINTS)}, smid]
+// ---- phase stamps (tools/kernel_dev/phase_stamps.py):
+//      [CTA][globaltimer x {len(POINTS)}, clock64 x {len(POINTS)}, smid]
 __device__ unsigned long long snapmla_phase_stamps[{MAX_CTAS} * {WORDS}];
 __device__ __forceinline__ void phase_stamp(int point) {{
   unsigned long long gt;
@@ -86,7 +88,7 @@ torch::Tensor phase_stamps() {{
 void clear_phase_stamps() {{ TORCH_CHECK(snapmla_phase_stamps_clear() == 0, "phase stamps: clear failed"); }}
 
 """
-BINDING_DEFS = """  m.def("phase_stamps", &phase_stamps, "per-CTA phase stamps of the 64-row kernel (tools/kernel_dev/phase_stamps.py)");
+BINDING_DEFS = """  m.def("phase_stamps", &phase_stamps, "per-CTA phase stamps (tools/kernel_dev/phase_stamps.py)");
   m.def("clear_phase_stamps", &clear_phase_stamps);
 """
 WIDE_BEGIN = "decode_split_sm90_kernel(\n    const __grid_constant__"
@@ -119,7 +121,8 @@ def stamp_kernel(source: str) -> str:
     source = source[:begin] + wide + source[end:]
     ns = _once(source, "namespace snapmla {\n", "the namespace opening", KERNEL) + len("namespace snapmla {\n")
     source = source[:ns] + DEVICE_HELPERS + source[ns:]
-    tail = _once(source, "}  // namespace snapmla\n", "the namespace closing", KERNEL) + len("}  // namespace snapmla\n")
+    closing = "}  // namespace snapmla\n"
+    tail = _once(source, closing, "the namespace closing", KERNEL) + len(closing)
     return source[:tail] + HOST_HELPERS + source[tail:]
 
 
