@@ -139,6 +139,14 @@ def test_the_kernel_doc_quotes_the_kept_run():
     b64 = next(r for r in saved["results"] if (r["batch"], r["s_k"]) == (64, 640))
     assert f"the {b64['chain_us'] - b64['kernel_us']:.1f} µs from the chain's start to the first CTA's" in text
     cost = read_json(kept / "stamps_cost.json")
-    stamped = span([cost[k]["h128x64x640"] for k in ("stamps", "stamps#2")])
-    plain = span([cost[k]["h128x64x640"] for k in ("main", "main#2")])
-    assert f"h128 b64 s_k 640 {stamped} against {plain} µs" in text
+
+    def rounds(shape, name):
+        return [cost[k][shape] for k in (name, f"{name}#2")]
+
+    assert (f"h128 b64 s_k 640 {span(rounds('h128x64x640', 'stamps'))} against "
+            f"{span(rounds('h128x64x640', 'main'))} µs, b128 s_k 640 {span(rounds('h128x128x640', 'stamps'))} against "
+            f"{span(rounds('h128x128x640', 'main'))}") in text
+    costs = [min(rounds(s, "stamps")) / max(rounds(s, "main")) - 1 for s in ("h128x64x640", "h128x128x640")]
+    assert f"The stamps cost {span([c * 100 for c in costs], '{:.0f}')} %" in text
+    for shape in ("h128x256x1280", "h128x128x4096"):  # the rounds overlap
+        assert min(rounds(shape, "stamps")) <= max(rounds(shape, "main")), shape
