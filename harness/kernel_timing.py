@@ -33,12 +33,9 @@ def host_us(fn, calls: int, warmup: int, issue_only: bool = False) -> float:
     return (issued if issue_only else time.perf_counter() - start) / calls * 1e6
 
 
-def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:
-    """Median microseconds per call. make_call(i) -> zero-arg callable on copy i."""
-    fns = [make_call(i % copies) for i in range(calls_per_graph)]
-    for f in fns[:copies]:
-        f()  # warm-up / compile
-    torch.cuda.synchronize()
+def capture_graph(fns) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of the zero-arg callables `fns` in order, captured on a side stream (as SGLang captures its decode
+    graphs), the current stream ordered after it. The callers warm the calls up first."""
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -47,6 +44,16 @@ def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int =
             for f in fns:
                 f()
     torch.cuda.current_stream().wait_stream(s)
+    return g
+
+
+def time_graph(make_call, copies: int, calls_per_graph: int = 20, replays: int = 15) -> float:
+    """Median microseconds per call. make_call(i) -> zero-arg callable on copy i."""
+    fns = [make_call(i % copies) for i in range(calls_per_graph)]
+    for f in fns[:copies]:
+        f()  # warm-up / compile
+    torch.cuda.synchronize()
+    g = capture_graph(fns)
     g.replay()
     torch.cuda.synchronize()
     times = []

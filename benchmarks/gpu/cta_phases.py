@@ -61,28 +61,26 @@ def phases(stamps: np.ndarray, pages: np.ndarray) -> dict:
         missing = sorted({POINT_NAMES[j] for j in np.nonzero((gt == 0).any(axis=0))[0]})
         raise ValueError(f"CTAs without a stamp at {missing}: a split without pages or a CTA past the array "
                          f"(run shapes whose every CTA has pages)")
-    # the SM clock: per SM, its clock64 over %globaltimer from its first CTA's start to its last CTA's end (the
-    # longest span a timer of coarse resolution divides), median over the SMs
-    rates = []
-    for s in np.unique(sm):
-        on = sm == s
-        ns = gt[on, _p("end")].max() - gt[on, _p("start")].min()
-        if ns > 0:
-            rates.append((clk[on, _p("end")].max() - clk[on, _p("start")].min()) / ns)
-    ghz = float(np.median(rates))
-
-    def us(a: str, b: str) -> np.ndarray:
-        return (clk[:, _p(b)] - clk[:, _p(a)]).astype(np.float64) / ghz / 1e3
-
     t0 = gt[:, _p("start")].min()
     start, end = (gt[:, _p("start")] - t0) / 1e3, (gt[:, _p("end")] - t0) / 1e3
     wave = np.zeros(len(sm), dtype=np.int64)
     gap = np.full(len(sm), np.nan)
+    rates = []
     for s in np.unique(sm):
         idx = np.nonzero(sm == s)[0]
         idx = idx[np.argsort(start[idx], kind="stable")]
         wave[idx] = np.arange(len(idx))
         gap[idx[1:]] = start[idx[1:]] - end[idx[:-1]]
+        # the SM clock: its clock64 over %globaltimer from its first CTA's start to its last CTA's end (the longest
+        # span a timer of coarse resolution divides), median over the SMs
+        ns = gt[idx, _p("end")].max() - gt[idx, _p("start")].min()
+        if ns > 0:
+            rates.append((clk[idx, _p("end")].max() - clk[idx, _p("start")].min()) / ns)
+    ghz = float(np.median(rates))
+
+    def us(a: str, b: str) -> np.ndarray:
+        return (clk[:, _p(b)] - clk[:, _p(a)]).astype(np.float64) / ghz / 1e3
+
     loop = us("qk0", "softmax")
     per = {"entry": us("start", "barriers"), "pdl_wait": us("barriers", "released"), "q": us("released", "q"),
            "page0": us("released", "page0"), "qk0": us("page0", "qk0"), "loop": loop,
@@ -156,7 +154,7 @@ class Unstamped(Exception):
 def measure(heads: int, batch: int, s_k: int, context_len: int) -> dict:
     import torch
 
-    from harness.kernel_timing import PAGE, make_inputs, time_graph
+    from harness.kernel_timing import PAGE, capture_graph, make_inputs, time_graph
     from sglang_snapmla import cuda_ext, decode_plan, ops
 
     if heads <= 32:
@@ -188,12 +186,7 @@ def measure(heads: int, batch: int, s_k: int, context_len: int) -> dict:
     for _ in range(2):
         chain()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph):
-        chain()
-    torch.cuda.current_stream().wait_stream(stream)
+    graph = capture_graph([chain])
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
