@@ -1,7 +1,8 @@
 """Triton kernels for the SnapMLA cache rows: fused Q-quant, fused K-append, fetch-dequant.
 
 All three implement `sglang_snapmla.numerics` bit-for-bit: scale = max(amax/448, floor) with IEEE division,
-content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE). The Q-quant takes a block of heads of
+content = fp8(clamp(x/scale, +-448)) (RNE), rope' = bf16(rope/scale) (RNE); the content's quotients by a
+reciprocal and one correction that gives the division's result (`_div_rn`). The Q-quant takes a block of heads of
 one token per program (decode_plan.q_quant_rows); the K-append and the fetch one row per program.
 """
 
@@ -14,11 +15,32 @@ ROPE = tl.constexpr(64)
 
 
 @triton.jit
+def _max_keeping_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _row_amax(x):
-    """x [R, D] fp32 -> [R]: each row's max |x|, +inf for a row holding a NaN or an infinity (a NaN counts as +inf
-    before the reduction: max may drop a NaN operand)."""
-    a = tl.abs(x)
-    return tl.max(tl.where(a == a, a, float("inf")), axis=1)
+    """x [R, D] fp32 -> [R]: each row's max |x|; NaN for a row holding a NaN, +inf for one holding an infinity
+    (max.NaN keeps a NaN operand: one instruction a value, where a NaN test and a select per value cost three)."""
+    return tl.reduce(tl.abs(x), 1, _max_keeping_nan)
+
+
+@triton.jit
+def _div_rn(x, s, r):
+    """x / s correctly rounded (IEEE division's fp32 result) for bf16 values x [R, D] in fp32 and a row scale s
+    [R, 1] >= SCALE_FLOOR with |x| <= 448 s (the content under its own scale), given r = RN(1 / s) [R, 1]: x * r and
+    one Markstein correction (the FMA's remainder s * q - x is exact), three fp32 operations and a sign a value where
+    div.rn refines a reciprocal, checks the operands' range and may branch for every value. x * r alone is off by an
+    ulp for some values, enough to flip fp8 roundings; with the correction the quotient equals the division's for
+    every bf16 value under every scale a bf16 row can have, wherever it is at least 2^-12 (smaller ones are fp8
+    zeros either way): `python -m tools.kernel_dev.q_division_sweep` checks all of them. The quotient takes x's sign
+    bit: the compiler rewrites -fma(s, q, -x) as fma(-s, q, x), exact but for the sign of a zero, and x = -0 then
+    came out +0 on an H100 where the division gives -0."""
+    q = x * r
+    q = tl.fma(-tl.fma(s, q, -x), r, q)
+    sign = x.to(tl.int32, bitcast=True) & -2147483648
+    return (q.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -27,15 +49,17 @@ def _quantize_rows(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constex
     row on its own (every reduction is along axis 1).
 
     The spec's non-finite policy (numerics.quantize_with_scale): a row with a NaN or an infinity is stored as
-    content 0, RoPE 0, scale NaN. One max reduction per part gives both the scale and the verdict (+inf marks a
-    non-finite row); counting the finite values by two integer sums beside the amax took 11 % more time at 128 x 128
-    rows on an H100 (docs/KERNEL.md, the Q-quant table)."""
-    amax = tl.where(_row_amax(rope) < float("inf"), _row_amax(content), float("inf"))
+    content 0, RoPE 0 and scale NaN. One max reduction per part gives both the scale and the verdict (NaN or +inf
+    marks a non-finite row); such a row is quantized with the floor scale (its values zeroed first) so that no
+    infinity reaches the division. No clamp before the fp8 cast: on sm_89+ the cast is cvt.rn.satfinite (as the
+    interpreter's fix-up), which saturates a quotient just above 448 as the spec's clamp does. The RoPE keeps
+    div.rn: a large RoPE over a small scale overflows to inf, as in the spec, where the corrections would give NaN."""
+    amax = _max_keeping_nan(_row_amax(content), _row_amax(rope) * 0.0)  # NaN (inf * 0) or +inf from either part
     finite = amax < float("inf")
-    scale = tl.maximum(tl.math.div_rn(amax, FP8_MAX), SCALE_FLOOR)  # inf on a non-finite row, whose zeros stay 0
-    q = tl.math.div_rn(tl.where(finite[:, None], content, 0.0), scale[:, None])
-    q = tl.minimum(tl.maximum(q, -FP8_MAX), FP8_MAX)  # saturate (the cast is RNE; clamp makes it exact to spec)
-    rope_aligned = tl.math.div_rn(tl.where(finite[:, None], rope, 0.0), scale[:, None])
+    scale = tl.maximum(tl.math.div_rn(tl.where(finite, amax, 0.0), FP8_MAX), SCALE_FLOOR)
+    s = scale[:, None]
+    q = _div_rn(tl.where(finite[:, None], content, 0.0), s, tl.math.div_rn(1.0, s))
+    rope_aligned = tl.math.div_rn(tl.where(finite[:, None], rope, 0.0), s)
     return q.to(tl.float8e4nv), tl.where(finite, scale, float("nan")), rope_aligned.to(tl.bfloat16)
 
 

@@ -5,9 +5,10 @@ Triton 3.6's interpreter keeps bf16 values as raw uint16 and fp8 as raw uint8 nu
 without carrying into the exponent and without saturating. See ../shared/notes/triton-interpreter-on-cpu.md.
 
 `install()` wraps the interpreter's float converter and its builder's binary / unary / fma / dot ops: operands
-of a non-numpy float type are widened to float32 through torch (exact bit views), the op runs in float32, and a
-float result is rounded back with torch (round-to-nearest-even; fp8 saturates to its finite range like the GPU's
-cvt.rn.satfinite). Only active under the interpreter; a no-op otherwise.
+of a non-numpy float type are widened to float32 through torch (exact bit views), the op runs in float32 (an fp32
+FMA with one rounding, `harness.exact_fp32.fma_f32`), and a float result is rounded back with torch (round-to-nearest-even; fp8
+saturates to its finite range like the GPU's cvt.rn.satfinite). Only active under the interpreter; a no-op
+otherwise.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 
 import numpy as np
 import torch
+
+from harness.exact_fp32 import fma_f32
 
 _INSTALLED = False
 
@@ -116,6 +119,8 @@ def install() -> None:
         xw, _ = widen(x)
         yw, _ = widen(y)
         zw, zs = widen(z)
+        if all(h.dtype.scalar == tl.float32 for h in (xw, yw, zw)):
+            return narrow_back(Handle(fma_f32(xw.data, yw.data, zw.data), tl.float32), zs)
         return narrow_back(orig_fma(self, xw, yw, zw), zs)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
