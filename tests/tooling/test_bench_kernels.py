@@ -1,6 +1,8 @@
 """The kernel benchmark's FlashInfer per-token FP8 cache (benchmarks/bench_kernels.py), on the CPU: the format
 FlashInfer 0.7's `ckv_scale_arr` reads, built from the same rows the other columns time."""
 
+import json
+
 import torch
 
 from benchmarks.bench_kernels import FLASHINFER_SCALE_BLOCK, flashinfer_fp8_per_token
@@ -170,6 +172,57 @@ def test_kernel_doc_quotes_the_q_quant_blocks_run():
     at = {(r["tokens"], r["heads"]): r["us_by_rows"] for r in run["results"]}
     gains = [at[t, 128]["1"] / at[t, 128][str(decode_plan.q_quant_rows(t, 128))] for t in (32, 64, 128, 256)]
     assert f"{min(gains):.1f}-{max(gains):.1f}x faster than one row a program from 32 x 128 up" in doc, gains
+    ratios = [at[t, 128][str(decode_plan.q_quant_rows(t, 128))] / r["copy_us"] for t in (64, 128)
+              for r in run["results"] if (r["tokens"], r["heads"]) == (t, 128)]
+    assert f"within {min(ratios):.2f}-{max(ratios):.2f}x of a copy of the same bytes at 64 x 128 and 128 x 128" in doc, ratios
+
+
+def test_the_q_quant_division_figures_are_the_kept_runs():
+    """docs/KERNEL.md's "The Q-quant's division" quotes the exhaustive sweep (results/bench/q_division_sweep.json) and
+    the per-value division's Q-quant run; docs/BENCHMARKS-H100.md's table of the chain with the reciprocal quotients
+    is its kept run, row by row."""
+    import lzma
+    from pathlib import Path
+
+    from harness.results import read_json
+    from sglang_snapmla import decode_plan
+
+    root = Path(__file__).resolve().parents[2]
+    kernel = " ".join((root / "docs" / "KERNEL.md").read_text().split())
+    sweep = read_json(root / "results/bench/q_division_sweep.json")
+    assert sweep["stride"] == 1 and sweep["corrected"] == {"fp8": 0, "fp32": 0, "examples": []}
+    n = {k: f"{v:,}".replace(",", " ") for k, v in (("amaxes", sweep["amaxes"]), ("pairs", sweep["pairs"]),
+                                                     ("bytes", sweep["reciprocal"]["fp8"]))}
+    assert (f"{n['amaxes']} amaxes, {n['pairs']} (value, scale) pairs, none differs; x r alone differs in "
+            f"{n['bytes']} fp8 bytes") in kernel
+    div = {(r["tokens"], r["heads"]): r for r in read_json(root / "results/bench/q_quant_rows_div_rn_h100.json")["results"]}
+    now = {(r["tokens"], r["heads"]): r for r in read_json(root / "results/bench/q_quant_rows_h100.json")["results"]}
+    plan = lambda r: r["us_by_rows"][str(r["plan_rows"])]  # noqa: E731
+    quoted = [f"{_fmt(plan(div[k]))} at {k[0]:,} x {k[1]} ({_fmt(plan(now[k]))}".replace(",", " ")
+              for k in ((64, 128), (256, 128), (1024, 16))]
+    quoted.append(f"{_fmt(plan(div[128, 128]))} µs at 128 x 128 ({_fmt(plan(now[128, 128]))} above)")
+    for q in quoted:
+        assert q in kernel, q
+    copies = [abs(div[k]["copy_us"] - now[k]["copy_us"]) for k in now]
+    assert max(copies) <= 0.2 + 1e-9, copies
+    gains = [div[t, 128]["us_by_rows"]["1"] / plan(div[t, 128]) for t in (32, 64, 128, 256)]
+    assert f"with the plan's block {min(gains):.2f}-{max(gains):.2f}x faster than one row a program" in kernel, gains
+    assert all(decode_plan.q_quant_rows(*k) == r["plan_rows"] for k, r in div.items())
+
+    bench = " ".join((root / "docs" / "BENCHMARKS-H100.md").read_text().split())
+    run = json.loads(lzma.open(root / "results/bench/kernels_h100_short_context_q_reciprocal.json.xz").read())
+    shapes = {}
+    for r in run["results"]:
+        shapes.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r
+    assert len(shapes) == 10
+    for (h, b, sk), k in shapes.items():
+        ours, bf, f8 = k["snapmla_cuda_sm90"], k["flashmla_bf16"]["us"], k["flashmla_fp8_pertensor"]["us"]
+        assert ours["context_len"] == 163840
+        cells = [f"{h}", f"{b}", f"{sk:,}".replace(",", " "), f"{ours['splits']}", f"{ours['us']:.1f}", f"{bf:.1f}",
+                 f"{f8:.1f}"]
+        row = "| " + " | ".join(cells) + " | "
+        vs_bf16 = f"{bf / ours['us']:.2f}x"
+        assert f"{row}{vs_bf16} |" in bench or f"{row}**{vs_bf16}** |" in bench, (row, vs_bf16)
 
 
 def test_kernel_doc_and_readme_quote_the_short_context_decode_chain():
