@@ -1,6 +1,7 @@
 """float32 arithmetic with the GPU's single roundings, in numpy: what an FFMA and a correctly rounded quotient or
-reciprocal give. For the CPU interpreter's fix-up (tests/support/triton_cpu.py: the interpreter's own fma multiplies,
-rounds and adds) and for checks of the kernels' arithmetic against IEEE results (tools/kernel_dev/q_division_sweep.py)."""
+reciprocal give. For the CPU interpreter's fix-up (tests/support/triton_cpu.py: the interpreter's own fma
+multiplies, rounds and adds) and for checks of the kernels' arithmetic against IEEE results
+(tools/kernel_dev/q_division_sweep.py)."""
 
 import numpy as np
 

@@ -6,9 +6,9 @@ without carrying into the exponent and without saturating. See ../shared/notes/t
 
 `install()` wraps the interpreter's float converter and its builder's binary / unary / fma / dot ops: operands
 of a non-numpy float type are widened to float32 through torch (exact bit views), the op runs in float32 (an fp32
-FMA with one rounding, `harness.exact_fp32.fma_f32`), and a float result is rounded back with torch (round-to-nearest-even; fp8
-saturates to its finite range like the GPU's cvt.rn.satfinite). Only active under the interpreter; a no-op
-otherwise.
+FMA with one rounding, `harness.exact_fp32.fma_f32`), and a float result is rounded back with torch
+(round-to-nearest-even; fp8 saturates to its finite range like the GPU's cvt.rn.satfinite). Only active under the
+interpreter; a no-op otherwise.
 """
 
 from __future__ import annotations

@@ -174,7 +174,8 @@ def test_kernel_doc_quotes_the_q_quant_blocks_run():
     assert f"{min(gains):.1f}-{max(gains):.1f}x faster than one row a program from 32 x 128 up" in doc, gains
     ratios = [at[t, 128][str(decode_plan.q_quant_rows(t, 128))] / r["copy_us"] for t in (64, 128)
               for r in run["results"] if (r["tokens"], r["heads"]) == (t, 128)]
-    assert f"within {min(ratios):.2f}-{max(ratios):.2f}x of a copy of the same bytes at 64 x 128 and 128 x 128" in doc, ratios
+    quote = f"within {min(ratios):.2f}-{max(ratios):.2f}x of a copy of the same bytes at 64 x 128 and 128 x 128"
+    assert quote in doc, ratios
 
 
 def test_the_q_quant_division_figures_are_the_kept_runs():
@@ -195,7 +196,8 @@ def test_the_q_quant_division_figures_are_the_kept_runs():
                                                      ("bytes", sweep["reciprocal"]["fp8"]))}
     assert (f"{n['amaxes']} amaxes, {n['pairs']} (value, scale) pairs, none differs; x r alone differs in "
             f"{n['bytes']} fp8 bytes") in kernel
-    div = {(r["tokens"], r["heads"]): r for r in read_json(root / "results/bench/q_quant_rows_div_rn_h100.json")["results"]}
+    div_run = read_json(root / "results/bench/q_quant_rows_div_rn_h100.json")
+    div = {(r["tokens"], r["heads"]): r for r in div_run["results"]}
     now = {(r["tokens"], r["heads"]): r for r in read_json(root / "results/bench/q_quant_rows_h100.json")["results"]}
     plan = lambda r: r["us_by_rows"][str(r["plan_rows"])]  # noqa: E731
     quoted = [f"{_fmt(plan(div[k]))} at {k[0]:,} x {k[1]} ({_fmt(plan(now[k]))}".replace(",", " ")
