@@ -35,8 +35,8 @@ def _div_rn(x, s, r):
     ulp for some values, enough to flip fp8 roundings; with the correction the quotient equals the division's for
     every bf16 value under every scale a bf16 row can have, wherever it is at least 2^-12 (smaller ones are fp8
     zeros either way): `python -m tools.kernel_dev.q_division_sweep` checks all of them. The quotient takes x's sign
-    bit: the compiler rewrites -fma(s, q, -x) as fma(-s, q, x), exact but for the sign of a zero, and x = -0 then
-    came out +0 on an H100 where the division gives -0."""
+    bit: the compiler rewrites -fma(s, q, -x) as fma(-s, q, x), exact but for the sign of a zero, which turns x = -0
+    into +0 on sm_90, where the division gives -0."""
     q = x * r
     q = tl.fma(-tl.fma(s, q, -x), r, q)
     sign = x.to(tl.int32, bitcast=True) & -2147483648
@@ -53,8 +53,9 @@ def _quantize_rows(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constex
     marks a non-finite row); such a row is quantized with the floor scale (its values zeroed first) so that no
     infinity reaches the division. No clamp before the fp8 cast: on sm_89+ the cast is cvt.rn.satfinite (as the
     interpreter's fix-up), which saturates a quotient just above 448 as the spec's clamp does. The RoPE keeps
-    div.rn: a large RoPE over a small scale overflows to inf, as in the spec, where the corrections would give NaN."""
-    amax = _max_keeping_nan(_row_amax(content), _row_amax(rope) * 0.0)  # NaN (inf * 0) or +inf from either part
+    div.rn: a large RoPE over a small scale overflows to inf, as in the spec, where the correction would give NaN."""
+    rope_verdict = tl.where(_row_amax(rope) < float("inf"), 0.0, float("nan"))  # per row: NaN for a non-finite RoPE
+    amax = _max_keeping_nan(_row_amax(content), rope_verdict)
     finite = amax < float("inf")
     scale = tl.maximum(tl.math.div_rn(tl.where(finite, amax, 0.0), FP8_MAX), SCALE_FLOOR)
     s = scale[:, None]
