@@ -15,15 +15,14 @@ ROPE = tl.constexpr(64)
 
 
 @triton.jit
-def _max_keeping_nan(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _row_amax(x):
-    """x [R, D] fp32 -> [R]: each row's max |x|; NaN for a row holding a NaN, +inf for one holding an infinity
-    (max.NaN keeps a NaN operand: one instruction a value, where a NaN test and a select per value cost three)."""
-    return tl.reduce(tl.abs(x), 1, _max_keeping_nan)
+    """x [R, D] fp32 -> [R]: each row's max |x|; NaN for a row holding a NaN, +inf for one holding an infinity. The
+    max is taken over the values' bit patterns with the sign cleared, which order finite magnitudes as the values do
+    and put +inf above them and every NaN above +inf: one integer max a value, where a float max drops NaNs (a NaN test
+    and a select per value cost three; a NaN-keeping max needs tl.reduce with a combine function, which the CPU
+    interpreter runs ~6x slower)."""
+    bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return tl.max(bits, axis=1).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -54,8 +53,7 @@ def _quantize_rows(content, rope, FP8_MAX: tl.constexpr, SCALE_FLOOR: tl.constex
     infinity reaches the division. No clamp before the fp8 cast: on sm_89+ the cast is cvt.rn.satfinite (as the
     interpreter's fix-up), which saturates a quotient just above 448 as the spec's clamp does. The RoPE keeps
     div.rn: a large RoPE over a small scale overflows to inf, as in the spec, where the correction would give NaN."""
-    rope_verdict = tl.where(_row_amax(rope) < float("inf"), 0.0, float("nan"))  # per row: NaN for a non-finite RoPE
-    amax = _max_keeping_nan(_row_amax(content), rope_verdict)
+    amax = tl.where(_row_amax(rope) < float("inf"), _row_amax(content), float("nan"))  # NaN: a non-finite RoPE
     finite = amax < float("inf")
     scale = tl.maximum(tl.math.div_rn(tl.where(finite, amax, 0.0), FP8_MAX), SCALE_FLOOR)
     s = scale[:, None]
