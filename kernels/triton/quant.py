@@ -18,9 +18,9 @@ ROPE = tl.constexpr(64)
 def _row_amax(x):
     """x [R, D] fp32 -> [R]: each row's max |x|; NaN for a row holding a NaN, +inf for one holding an infinity. The
     max is taken over the values' bit patterns with the sign cleared, which order finite magnitudes as the values do
-    and put +inf above them and every NaN above +inf: one integer max a value, where a float max drops NaNs (a NaN test
-    and a select per value cost three; a NaN-keeping max needs tl.reduce with a combine function, which the CPU
-    interpreter runs ~6x slower)."""
+    and put +inf above them and every NaN above +inf: a mask and an integer max a value, where a float max drops NaNs
+    (a NaN test and a select per value cost three; a NaN-keeping max needs tl.reduce with a combine function, which
+    the CPU interpreter runs ~6x slower)."""
     bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     return tl.max(bits, axis=1).to(tl.float32, bitcast=True)
 
