@@ -1,8 +1,6 @@
 """The kernel benchmark's FlashInfer per-token FP8 cache (benchmarks/bench_kernels.py), on the CPU: the format
 FlashInfer 0.7's `ckv_scale_arr` reads, built from the same rows the other columns time."""
 
-import json
-
 import torch
 
 from benchmarks.bench_kernels import FLASHINFER_SCALE_BLOCK, flashinfer_fp8_per_token
@@ -60,21 +58,13 @@ def test_other_fp8_decodes_section_quotes_its_committed_runs():
     table is the committed run's (µs, ratios against FlashMLA BF16 and FP8, rel-L2), recomputed here."""
     from pathlib import Path
 
-    from harness.results import read_json
-
     root = Path(__file__).resolve().parents[2]
     from helpers import doc_sections
 
     section = doc_sections((root / "docs" / "BENCHMARKS.md").read_text())["Other FP8 MLA decodes (H200)"]
     lines = section.splitlines()
 
-    def keyed(name):
-        out = {}
-        for r in read_json(root / "results" / "bench" / name)["results"]:
-            out.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r
-        return out
-
-    grid = {**keyed("kernels_h200_paper_grid_h128.json"), **keyed("kernels_h200_paper_grid_h64.json")}
+    grid = {**_by_shape("kernels_h200_paper_grid_h128.json"), **_by_shape("kernels_h200_paper_grid_h64.json")}
     assert len(grid) == 17
     for (h, b, sk), d in grid.items():
         ours, bf16, fp8 = (d[k]["us"] for k in ("snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor"))
@@ -85,7 +75,7 @@ def test_other_fp8_decodes_section_quotes_its_committed_runs():
         row = next(ln for ln in lines if ln.startswith(f"| {h} | {b} | {sk:,} |".replace(",", " ")))
         cells = [c.strip().strip("*") for c in row.split("|")[1:-1]]
         assert cells[5:] == [f"{bf16:.1f} / {ours:.1f}", f"{bf16 / ours:.2f}x", f"{fp8 / ours:.2f}x"], row
-    per_token = keyed("kernels_h200_flashinfer_per_token.json")
+    per_token = _by_shape("kernels_h200_flashinfer_per_token.json")
     for (h, b, sk), d in per_token.items():
         fi, ours = d["flashinfer_fa3_fp8_per_token"], d["snapmla_cuda_sm90"]
         row = next(ln for ln in lines if ln.startswith(f"| {h} | {b} | {sk:,} |".replace(",", " ")) and "/ 0.0" in ln)
@@ -149,6 +139,18 @@ def _fmt(x: float) -> str:
     return f"{x:,.1f}".replace(",", " ")
 
 
+def _by_shape(name: str) -> dict:
+    """A bench_kernels run in results/bench/ as {(heads, batch, s_k): {kernel: row}}."""
+    from pathlib import Path
+
+    from harness.results import read_json
+
+    out = {}
+    for r in read_json(Path(__file__).resolve().parents[2] / "results" / "bench" / name)["results"]:
+        out.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r
+    return out
+
+
 def test_kernel_doc_quotes_the_q_quant_blocks_run():
     """docs/KERNEL.md's Q-quant table is results/bench/q_quant_rows_h100.json (benchmarks/gpu/q_quant_rows.py): every
     block size's time, the block the plan picks now (`decode_plan.q_quant_rows`) and the copy of the same bytes."""
@@ -182,7 +184,6 @@ def test_the_q_quant_division_figures_are_the_kept_runs():
     """docs/KERNEL.md's "The Q-quant's division" quotes the exhaustive sweep (results/bench/q_division_sweep.json) and
     the per-value division's Q-quant run; docs/BENCHMARKS-H100.md's table of the chain with the reciprocal quotients
     is its kept run, row by row."""
-    import lzma
     from pathlib import Path
 
     from harness.results import read_json
@@ -212,10 +213,7 @@ def test_the_q_quant_division_figures_are_the_kept_runs():
     assert all(decode_plan.q_quant_rows(*k) == r["plan_rows"] for k, r in div.items())
 
     bench = " ".join((root / "docs" / "BENCHMARKS-H100.md").read_text().split())
-    run = json.loads(lzma.open(root / "results/bench/kernels_h100_short_context_q_reciprocal.json.xz").read())
-    shapes = {}
-    for r in run["results"]:
-        shapes.setdefault((r["h"], r["b"], r["sk"]), {})[r["kernel"]] = r
+    shapes = _by_shape("kernels_h100_short_context_q_reciprocal.json.xz")
     assert len(shapes) == 10
     for (h, b, sk), k in shapes.items():
         ours, bf, f8 = k["snapmla_cuda_sm90"], k["flashmla_bf16"]["us"], k["flashmla_fp8_pertensor"]["us"]
