@@ -32,10 +32,11 @@ SHAPES = [(1, 640), (64, 640), (128, 640), (256, 1280), (128, 2048), (32, 8192),
 
 
 def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = False, per_token: bool = False,
-                context_len: int | None = None):
+                context_len: int | None = None, q_in_decode: bool = False):
     """One shape, every kernel timed. snapmla's split count is planned for the block table's width (the sequences'
     own pages) or, with `context_len`, for the static page bound a server with that context length plans every step
-    with (`decode_plan.static_max_pages`, what CUDA graphs need)."""
+    with (`decode_plan.static_max_pages`, what CUDA graphs need). `q_in_decode`: also the sm_90a chain with the 64-row
+    kernel quantizing Q itself (SNAPMLA_Q_IN_DECODE=1), where that kernel runs."""
     pages = math.ceil(sk / PAGE)
     bf16_bytes = b * sk * 1152
     copies = max(1, min(8, math.ceil(L2_ROTATE_BYTES / bf16_bytes)))
@@ -50,15 +51,18 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     impls = ("triton", "cuda") if cuda else ("triton",)
     splits = {impl: decode_plan.plan_decode(b, s_q, h, bound, dev, impl).splits for impl in impls}
 
-    def ours(i, impl="triton"):
+    def ours(i, impl="triton", q_in_decode=None):
         x = inp[i]
         qn, qr = x["q"][..., :512], x["q"][..., 512:]
         return lambda: ops.quantize_and_decode(qn, qr, x["kv8"], x["ks"], x["kr"], x["bt"], seqlens, scale,
-                                               num_splits=splits[impl], impl=impl)
+                                               num_splits=splits[impl], impl=impl, q_in_decode=q_in_decode)
 
     rows["snapmla_triton"] = (time_graph(ours, copies), b * sk * layout.BYTES_PER_TOKEN)
     if cuda:  # the sm_90a kernel (SNAPMLA_DECODE_IMPL=cuda), same inputs, same combine
         rows["snapmla_cuda_sm90"] = (time_graph(lambda i: ours(i, "cuda"), copies), b * sk * layout.BYTES_PER_TOKEN)
+        if q_in_decode and s_q * h > decode_plan.CUDA_NARROW_MAX_ROWS:
+            rows[Q_IN_DECODE_ROW] = (time_graph(lambda i: ours(i, "cuda", True), copies),
+                                     b * sk * layout.BYTES_PER_TOKEN)
 
     from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
 
@@ -115,7 +119,8 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     torch.cuda.empty_cache()
     res = []
     base = rows["flashmla_bf16"][0]
-    planned = {"snapmla_triton": splits["triton"], "snapmla_cuda_sm90": splits.get("cuda")}
+    planned = {"snapmla_triton": splits["triton"], "snapmla_cuda_sm90": splits.get("cuda"),
+               Q_IN_DECODE_ROW: splits.get("cuda")}
     for name, (us, byts) in rows.items():
         res.append(dict(kernel=name, h=h, s_q=s_q, b=b, sk=sk, us=us, tflops=flops / us / 1e6, gbps=byts / us / 1e3,
                         speedup_vs_flashmla_bf16=base / us,
@@ -124,6 +129,8 @@ def bench_shape(b, sk, h, s_q, dev, check: bool, flashinfer: bool, cuda: bool = 
     return res
 
 
+# the sm_90a chain with the 64-row kernel quantizing Q itself (--q-in-decode; SNAPMLA_Q_IN_DECODE=1)
+Q_IN_DECODE_ROW = "snapmla_cuda_sm90_q_in_decode"
 # FlashInfer's MLA caches timed here: label -> (cache dtype, bytes per token and layer). The per-token one is
 # FlashInfer 0.7's `ckv_scale_arr` (its PR #4373): c_KV in FP8 with one fp32 scale per token and 128 channels, the
 # RoPE key in FP8 at one per-tensor scale (`kpe_scale`); 512 + 64 + 4 x 4 bytes.
@@ -212,6 +219,9 @@ def main():
     ap.add_argument("--flashinfer-per-token", action="store_true",
                     help="also FlashInfer 0.7's FP8 cache with per-token scales (tools/gpu_host/flashinfer_mla.sh)")
     ap.add_argument("--cuda", action="store_true", help="also time the sm_90a CUDA decode (SNAPMLA_DECODE_IMPL=cuda)")
+    ap.add_argument("--q-in-decode", action="store_true",
+                    help=f"with --cuda, also time the chain with the 64-row kernel quantizing Q itself "
+                         f"({Q_IN_DECODE_ROW}: SNAPMLA_Q_IN_DECODE=1; more than 32 query rows)")
     ap.add_argument("--shapes", nargs="+", default=[f"{b}x{sk}" for b, sk in SHAPES], help="BxS_K list")
     ap.add_argument("--redraw", type=Path, metavar="JSON",
                     help="print the table of a saved run (its bench_kernels JSON, plain or .xz) and draw its plot "
@@ -232,7 +242,8 @@ def main():
         for s_q in args.sq:
             for b, sk in (tuple(int(v) for v in s.split("x")) for s in args.shapes):
                 rs = bench_shape(b, sk, h, s_q, dev, check=True, flashinfer=not args.no_flashinfer, cuda=args.cuda,
-                                 per_token=args.flashinfer_per_token, context_len=args.context_len)
+                                 per_token=args.flashinfer_per_token, context_len=args.context_len,
+                                 q_in_decode=args.q_in_decode)
                 results.extend(rs)
                 for r in rs:
                     print(json.dumps(r), flush=True)
@@ -245,7 +256,8 @@ def main():
 
 
 def print_table(results):
-    kernels = ["snapmla_triton", "snapmla_cuda_sm90", "flashmla_bf16", "flashmla_fp8_pertensor", *FLASHINFER_CACHES]
+    kernels = ["snapmla_triton", "snapmla_cuda_sm90", Q_IN_DECODE_ROW, "flashmla_bf16", "flashmla_fp8_pertensor",
+               *FLASHINFER_CACHES]
     print("\nours = snapmla_cuda_sm90 where it was timed (--cuda), else snapmla_triton")
     print("| h | s_q | b | s_k | " + " | ".join(f"{k} us" for k in kernels) +
           " | ours TFLOPS | ours GB/s | ours / FlashMLA BF16 | ours / FlashMLA FP8 | rel err vs BF16 |"

@@ -114,17 +114,13 @@ class SnapMLAForward:
         return q[..., : KV_LORA_RANK], q[..., KV_LORA_RANK:]
 
     def _attend(self, q_nope, q_rope, layer, block_table, seq_lens, plan: decode_plan.DecodePlan):
-        """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape), with a block table and int32
-        lengths `ops.check_decode_step` accepted for the plan; returns [B * s_q, H * 512]."""
+        """Q-quant + decode over the pool for [B * s_q] query tokens (`plan`'s shape; with `plan.q_in_decode` the
+        decode quantizes Q itself), with a block table and int32 lengths `ops.check_decode_step` accepted for the
+        plan; returns [B * s_q, H * 512]."""
         self._log_q_layout(q_nope)
-        heads = layer.tp_q_head_num
-        batch, s_q = plan.batch, plan.s_q
-        q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
-        out, _ = library.decode(q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads),
-                                q_rope_al.view(batch, s_q, heads, -1),
-                                *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
-                                block_table, seq_lens, layer.scaling, plan, follows_q_quant=True)
-        return out.view(-1, heads * KV_LORA_RANK)
+        out, _ = library.quantize_and_decode(q_nope, q_rope, *self.token_to_kv_pool.snapmla_buffers(layer.layer_id),
+                                             block_table, seq_lens, layer.scaling, plan)
+        return out.view(-1, layer.tp_q_head_num * KV_LORA_RANK)
 
     q_layouts_logged: frozenset = frozenset()  # the kinds of q_nope layout `_log_q_layout` has logged
 
@@ -132,7 +128,8 @@ class SnapMLAForward:
         """Log each kind of q_nope [T, H, 512] layout once per backend: contiguous; head-major as SGLang's absorbed
         BMM writes it ([H, T, 512] transposed); or head-major with more rows per head than tokens, as DeepGEMM's masked
         GEMM writes it under SGL_USE_DEEPGEMM_BMM=1 (rows aligned to 256: a graph captured at a batch of 256 shows it
-        only at the next size). All run (`library.quantize_q` reads strides); the lines say which ones a server met."""
+        only at the next size). All run (`library.quantize_and_decode` reads strides); the lines say which ones a
+        server met."""
         tokens, heads, width = q_nope.shape
         stride = tuple(q_nope.stride())
         token_stride, head_stride, unit = stride

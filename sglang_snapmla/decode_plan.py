@@ -15,13 +15,16 @@ import torch
 
 from .errors import SnapMLAInputError
 from .layout import KV_LORA_RANK, PAGE_SIZE
-from .settings import interpreter_mode, pdl_allowed, requested_decode_impl
+from .settings import interpreter_mode, pdl_allowed, q_in_decode_requested, requested_decode_impl
 
 MAX_SPLITS = 64
 # Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
 # logged once), "cuda" (an error if the CUDA kernel is unavailable) or "triton".
 DECODE_IMPLS = ("triton", "cuda", "auto")
 CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
+# the most query rows per sequence the sm_90a narrow kernel takes (snapmla_decode_sm90.cu, narrow_rows); more run on
+# the 64-row kernel, which can quantize Q itself
+CUDA_NARROW_MAX_ROWS = 32
 
 
 @functools.lru_cache(maxsize=8)
@@ -141,7 +144,9 @@ class DecodePlan:
 
     batch, s_q, heads: the query shape [batch, s_q, heads] it was planned for; impl: "triton" or "cuda"; splits: the
     split count; slots: fp32 partial slots per query row (0 with one split: the decode writes the outputs itself);
-    pdl: programmatic dependent launch; tiling: the Triton decode's (BLOCK_M, num_warps, num_stages) or None."""
+    pdl: programmatic dependent launch; tiling: the Triton decode's (BLOCK_M, num_warps, num_stages) or None;
+    q_in_decode: the sm_90a 64-row decode quantizes Q from its bf16 rows itself, with no Q-quant launch before it
+    (`ops.quantize_and_decode_planned`)."""
     batch: int
     s_q: int
     heads: int
@@ -150,16 +155,27 @@ class DecodePlan:
     slots: int
     pdl: bool
     tiling: tuple[int, int, int] | None = None
+    q_in_decode: bool = False
 
 
 def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.device, impl: str | None = None,
-                num_splits: int | None = None, tiling: tuple[int, int, int] | None = None) -> DecodePlan:
+                num_splits: int | None = None, tiling: tuple[int, int, int] | None = None,
+                q_in_decode: bool | None = None) -> DecodePlan:
     """The decode plan for [batch, s_q, heads] queries over sequences of at most `max_pages` pages; the project's one
     split policy (`cuda_num_splits` for the sm_90a decode, `choose_num_splits` for the Triton one). Callers that
     capture CUDA graphs pass a static page bound (the backend: its context length), so that capture and replay agree.
-    `impl` overrides SNAPMLA_DECODE_IMPL; `num_splits` and `tiling` override the heuristics (benchmarks, tests)."""
+    `impl` overrides SNAPMLA_DECODE_IMPL; `num_splits` and `tiling` override the heuristics (benchmarks, tests).
+    `q_in_decode` (default: SNAPMLA_Q_IN_DECODE=1, wherever the 64-row kernel runs) lets that kernel quantize Q
+    itself: Q's rows are read once, in bf16, instead of being quantized to DRAM by one kernel and read back by the
+    next (docs/KERNEL.md, "Q inside the decode")."""
     impl = decode_impl(impl)
     rows = s_q * heads
+    wide = impl == "cuda" and rows > CUDA_NARROW_MAX_ROWS
+    if q_in_decode is None:
+        q_in_decode = wide and q_in_decode_requested()
+    elif q_in_decode and not wide:
+        raise SnapMLAInputError(f"Q is quantized inside the decode only by the sm_90a 64-row kernel (more than "
+                                f"{CUDA_NARROW_MAX_ROWS} query rows a sequence); this is {impl} with {rows}")
     if num_splits:
         splits = num_splits
     elif impl == "cuda":
@@ -167,7 +183,7 @@ def plan_decode(batch: int, s_q: int, heads: int, max_pages: int, device: torch.
     else:
         splits = choose_num_splits(batch, math.ceil(rows / decode_tiling(rows)[0]), max_pages, device)
     return DecodePlan(batch, s_q, heads, impl, splits, partial_slots(batch, rows, splits, impl), pdl_enabled(device),
-                      tiling)
+                      tiling, q_in_decode)
 
 
 Q_QUANT_MAX_ROWS = 8  # sm_90, 4 warps: 32 / 32 / 42 / 72 / 153 registers at 1 / 2 / 4 / 8 / 16 rows

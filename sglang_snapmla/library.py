@@ -9,6 +9,7 @@ implementations (output shapes and dtypes from the input shapes alone), each is 
 |---|---|
 | snapmla::quantize_q | (q_nope [T, H, 512], q_rope [T, H, 64]) -> (q8 [T, H, 512] fp8, q_scale [T, H] fp32, q_rope' [T, H, 64]) |
 | snapmla::decode | (q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64], kv_content, kv_scale, kv_rope, block_table [B, P] int32, seq_lens [B] int32, softmax_scale, the plan's impl / splits / slots / pdl / tiling, follows_q_quant) -> (out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32) |
+| snapmla::quantize_and_decode | (q_nope [B * s_q, H, 512], q_rope [B * s_q, H, 64] bf16, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale, s_q, the plan's impl / splits / slots / pdl / tiling / q_in_decode) -> (out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32) |
 | snapmla::append_kv | (c_kv [T, 512], k_rope [T, 64], loc [T], kv_content!, kv_scale!, kv_rope!) -> () |
 | snapmla::fetch_dequant | (loc [N], kv_content, kv_scale, kv_rope) -> (c_kv [N, 512], k_rope [N, 64] bf16) |
 
@@ -61,6 +62,26 @@ def _(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
             q8.new_empty(B, H, s_q, dtype=torch.float32))
 
 
+@torch.library.custom_op("snapmla::quantize_and_decode", mutates_args=())
+def _quantize_and_decode(q_nope: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
+                         block_table: Tensor, seq_lens: Tensor, softmax_scale: float, s_q: int, impl: str, splits: int,
+                         slots: int, pdl: bool, tiling: list[int], q_in_decode: bool) -> tuple[Tensor, Tensor]:
+    T, H, _ = q_nope.shape
+    plan = decode_plan.DecodePlan(T // s_q, s_q, H, impl, splits, slots, pdl, tuple(tiling) if tiling else None,
+                                  q_in_decode)
+    ops.check_pool(kv_content, kv_scale, kv_rope)
+    ops.check_decode_step(block_table, seq_lens, plan, kv_content.shape[0])
+    return ops.quantize_and_decode_planned(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
+                                           softmax_scale, plan)
+
+
+@_quantize_and_decode.register_fake
+def _(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale, s_q, impl, splits, slots,
+      pdl, tiling, q_in_decode):
+    T, H, _ = q_nope.shape
+    return (q_nope.new_empty(T // s_q, s_q, H, KV_LORA_RANK), q_nope.new_empty(T // s_q, H, s_q, dtype=torch.float32))
+
+
 @torch.library.custom_op("snapmla::append_kv", mutates_args=("kv_content", "kv_scale", "kv_rope"))
 def _append_kv(c_kv: Tensor, k_rope: Tensor, loc: Tensor, kv_content: Tensor, kv_scale: Tensor,
                kv_rope: Tensor) -> None:
@@ -104,6 +125,19 @@ def decode(q8: Tensor, q_scale: Tensor, q_rope: Tensor, kv_content: Tensor, kv_s
                                         list(plan.tiling or ()), follows_q_quant)
     return ops.decode_planned(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, softmax_scale,
                               plan, follows_q_quant)
+
+
+def quantize_and_decode(q_nope: Tensor, q_rope: Tensor, kv_content: Tensor, kv_scale: Tensor, kv_rope: Tensor,
+                        block_table: Tensor, seq_lens: Tensor, softmax_scale: float,
+                        plan: decode_plan.DecodePlan) -> tuple[Tensor, Tensor]:
+    """`ops.quantize_and_decode_planned` (q_nope [B * s_q, H, 512], q_rope [B * s_q, H, 64] bf16; the step checked by
+    `ops.check_decode_step`); inside a trace the typed op, which checks the pool and the step again."""
+    if torch.compiler.is_compiling():
+        return torch.ops.snapmla.quantize_and_decode(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table,
+                                                     seq_lens, softmax_scale, plan.s_q, plan.impl, plan.splits,
+                                                     plan.slots, plan.pdl, list(plan.tiling or ()), plan.q_in_decode)
+    return ops.quantize_and_decode_planned(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens,
+                                           softmax_scale, plan)
 
 
 def append_kv(c_kv: Tensor, k_rope: Tensor, loc: Tensor, kv_content: Tensor, kv_scale: Tensor,

@@ -4,7 +4,9 @@ Every op runs the Triton kernels in `sglang_snapmla.kernels.triton`, except the 
 CUDA split kernel (`sglang_snapmla.cuda_ext`, faster than the Triton one at every benchmarked shape, docs/KERNEL.md)
 behind the same signature, followed by the same combine (SNAPMLA_DECODE_IMPL=triton|cuda|auto, default auto).
 On sm_90+ Q-quant, decode and combine are chained by programmatic dependent launch (`decode_plan.pdl_enabled`;
-SNAPMLA_PDL=0 off). Which implementation, how many splits and the rest of a decode's launch shape: `decode_plan`.
+SNAPMLA_PDL=0 off). From bf16 Q (`quantize_and_decode*`) the sm_90a 64-row kernel can quantize Q itself, with no
+Q-quant launch (`DecodePlan.q_in_decode`; opt-in: SNAPMLA_Q_IN_DECODE=1). Which implementation, how many splits and
+the rest of a decode's launch shape: `decode_plan`.
 Shapes and dtypes:
 
 | op | inputs | outputs |
@@ -15,6 +17,7 @@ Shapes and dtypes:
 | decode_quantized | q8 [B, s_q, H, 512], q_scale [B, s_q, H], q_rope' [B, s_q, H, 64] (quantize_q's output), pool arrays, block_table [B, P] int32, seq_lens [B] int32 | out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32 |
 | decode_planned | as decode_quantized, unchecked: a `DecodePlan` and the step's `check_decode_step` run once for all layers | as decode_quantized |
 | quantize_and_decode | q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16, then as decode_quantized | as decode_quantized |
+| quantize_and_decode_planned | q_nope [B * s_q, H, 512], q_rope [B * s_q, H, 64] bf16 (any strides on the first two dims), then as decode_planned | as decode_quantized |
 | records_to_pool | host_words [W] int32 (the HiCache host pool, page-locked on a GPU), record_words [n] int64, loc [n] int32 or int64, pool arrays (in place) | - |
 | pool_to_records | as records_to_pool; the host pool written in place | - |
 
@@ -24,6 +27,7 @@ Pool arrays of one layer: kv_content [N, 512] float8_e4m3fn, kv_scale [N] float3
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -37,11 +41,13 @@ from .kernels.triton import quant as tquant
 from .kernels.triton import records as trecords
 from .settings import CHECK_INDICES_ENV, index_checks_enabled, interpreter_mode
 
+log = logging.getLogger(__name__)
+
 # The ops a caller (the backend, the pool, a benchmark) builds on (the step's plan: `decode_plan`); the other
 # module-level names are the dispatch's parts (launch flags, the combine's chunk) that tests reach in on purpose.
 __all__ = ["SnapMLAInputError", "quantize_q", "append_kv", "pool_from_rows", "fetch_dequant", "decode_quantized",
            "quantize_and_decode", "combine", "check_pool", "check_decode_step", "decode_planned",
-           "records_to_pool", "pool_to_records"]
+           "quantize_and_decode_planned", "records_to_pool", "pool_to_records"]
 
 # ----------------------------------------------------------------------------------------------------------
 # validation helpers
@@ -265,6 +271,27 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
                                  | CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"] * follows_q_quant)
 
 
+def launch_cuda_decode_q_bf16(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
+                              out, lse, softmax_scale: float, splits: int, s_q: int, pdl: bool = False):
+    """`launch_cuda_decode` from bf16 Q, which the 64-row kernel quantizes itself: q_nope [B * s_q, H, 512], q_rope
+    [B * s_q, H, 64] (any strides on the first two dims, last dim contiguous; rows as `q_rows_fit_the_kernel` says),
+    s_q * H > 32. Never behind the Q-quant (no kv_before_wait): the kernel before it may be one that writes the pool."""
+    from . import cuda_ext
+
+    H = q_nope.shape[1]
+    cuda_ext.load().decode_split_q_bf16(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                        lse_part, out, lse, s_q * H, H, s_q, softmax_scale * math.log2(math.e), splits,
+                                        block_table_entries(block_table), CUDA_LAUNCH_FLAGS["kLaunchPdl"] * pdl)
+
+
+def q_rows_fit_the_kernel(q_nope: torch.Tensor, q_rope: torch.Tensor) -> bool:
+    """Whether the 64-row kernel can read these bf16 Q rows itself: 16-byte loads of q_nope's rows and 4-byte loads
+    of q_rope's pairs, i.e. 16-byte aligned q_nope rows (pointer and strides) and 4-byte aligned q_rope rows."""
+    return (q_nope.data_ptr() % 16 == 0 and q_nope.stride(0) % 8 == 0 and q_nope.stride(1) % 8 == 0
+            and q_rope.data_ptr() % 4 == 0 and q_rope.stride(0) % 2 == 0 and q_rope.stride(1) % 2 == 0
+            and q_nope.stride(2) == 1 and q_rope.stride(2) == 1)
+
+
 def launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                          out, lse, softmax_scale: float, splits: int, tiling: tuple[int, int, int] | None = None):
     """The Triton split kernel alone, on buffers the caller allocated and checked (`decode_planned`; tests that
@@ -346,6 +373,30 @@ def decode_quantized(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tens
                           block_table, seq_lens, softmax_scale, plan, follows_q_quant)
 
 
+def _decode_chain(plan: DecodePlan, device: torch.device, launch):
+    """The split decode `launch(o_part, lse_part, out, lse)` on outputs allocated for `plan`, then the combine where
+    there are partials -> (out [B, s_q, H, 512] bf16, lse [B, H, s_q] fp32).
+
+    With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
+    (docs/KERNEL.md). Otherwise the partials go through the combine. Unused outputs are passed as empty views (no
+    allocation): the partials at one split, out / lse otherwise. The partials are allocated per call from the
+    caching allocator, not held by the plan: inside a CUDA-graph capture they then come from the graph's pool,
+    whereas a buffer held by the plan would be recorded by address and must outlive every graph that used it."""
+    B, s_q, H, splits = plan.batch, plan.s_q, plan.heads, plan.splits
+    out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=device)
+    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=device)
+    if B == 0:
+        return out, lse
+    if splits == 1:
+        launch(lse[:0], lse[:0], out, lse)
+        return out, lse
+    o_part = torch.empty(B, s_q * H, plan.slots, nx.KV_LORA_RANK, dtype=torch.float32, device=device)
+    lse_part = torch.empty(B, s_q * H, plan.slots, dtype=torch.float32, device=device)
+    launch(o_part, lse_part, out[:0], lse[:0])
+    combine(o_part, lse_part, out, lse, H, s_q, plan.pdl, splits)
+    return out, lse
+
+
 def decode_planned(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
                    kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                    softmax_scale: float, plan: DecodePlan, follows_q_quant: bool = False):
@@ -357,33 +408,47 @@ def decode_planned(q8: torch.Tensor, q_scale: torch.Tensor, q_rope: torch.Tensor
     launched in between except normally launched kernels). The CUDA decode then reads the lengths, the block table
     and its first pages while the Q-quant still runs (safe because the Q-quant lets it start only after waiting for
     its own predecessors, and writes none of those)."""
-    B, s_q, H, splits = plan.batch, plan.s_q, plan.heads, plan.splits
-    dev = q8.device
-    out = torch.empty(B, s_q, H, nx.KV_LORA_RANK, dtype=torch.bfloat16, device=dev)
-    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
-    if B == 0:
-        return out, lse
-    # With one split (large batches) the decode writes the final outputs itself: no fp32 partials, no combine
-    # (docs/KERNEL.md). Otherwise the partials go through the combine. Unused outputs are passed as empty views (no
-    # allocation): the partials at one split, out / lse otherwise. The partials are allocated per call from the
-    # caching allocator, not held by the plan: inside a CUDA-graph capture they then come from the graph's pool,
-    # whereas a buffer held by the plan would be recorded by address and must outlive every graph that used it.
-    final_in_kernel = splits == 1
-    if final_in_kernel:
-        o_part = lse_part = lse[:0]
-    else:
-        o_part = torch.empty(B, s_q * H, plan.slots, nx.KV_LORA_RANK, dtype=torch.float32, device=dev)
-        lse_part = torch.empty(B, s_q * H, plan.slots, dtype=torch.float32, device=dev)
-    if plan.impl == "cuda":
-        launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
-                           out if final_in_kernel else out[:0], lse if final_in_kernel else lse[:0], softmax_scale,
-                           splits, pdl=plan.pdl, follows_q_quant=follows_q_quant)
-    else:
-        launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                             lse_part, out, lse, softmax_scale, splits, plan.tiling)
-    if not final_in_kernel:
-        combine(o_part, lse_part, out, lse, H, s_q, plan.pdl, splits)
-    return out, lse
+    splits = plan.splits
+
+    def launch(o_part, lse_part, out, lse):
+        if plan.impl == "cuda":
+            launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                               lse_part, out, lse, softmax_scale, splits, pdl=plan.pdl,
+                               follows_q_quant=follows_q_quant)
+        else:
+            launch_triton_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                 lse_part, out, lse, softmax_scale, splits, plan.tiling)
+
+    return _decode_chain(plan, q8.device, launch)
+
+
+_q_layouts_refused: set = set()  # the q_nope / q_rope strides `quantize_and_decode_planned` has logged
+
+
+def quantize_and_decode_planned(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor,
+                                kv_scale: torch.Tensor, kv_rope: torch.Tensor, block_table: torch.Tensor,
+                                seq_lens: torch.Tensor, softmax_scale: float, plan: DecodePlan):
+    """Q-quant + decode chain of a checked step from bf16 Q, no checks here: q_nope [B * s_q, H, 512], q_rope
+    [B * s_q, H, 64] bf16 (any strides on the first two dims; the last one contiguous), the rest as `decode_planned`.
+    With `plan.q_in_decode` the 64-row sm_90a kernel quantizes Q itself (one launch fewer, and Q's quantized copy
+    never goes through DRAM); Q rows it cannot load (`q_rows_fit_the_kernel`: misaligned) take the Q-quant kernel
+    instead, logged once per layout. Otherwise `quantize_q`, then `decode_planned` behind it."""
+    if plan.q_in_decode:
+        if q_rows_fit_the_kernel(q_nope, q_rope):
+            def launch(o_part, lse_part, out, lse):
+                launch_cuda_decode_q_bf16(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                          lse_part, out, lse, softmax_scale, plan.splits, plan.s_q, pdl=plan.pdl)
+
+            return _decode_chain(plan, q_nope.device, launch)
+        layout = (q_nope.stride(), q_rope.stride(), q_nope.data_ptr() % 16, q_rope.data_ptr() % 4)
+        if layout not in _q_layouts_refused:
+            _q_layouts_refused.add(layout)
+            log.warning("snapmla: Q rows with strides %s / %s (offsets %d / %d mod 16 / 4) are not aligned for the "
+                        "decode's own Q loads; this layout runs the Q-quant kernel first", *layout)
+    B, s_q, H = plan.batch, plan.s_q, plan.heads
+    q8, q_scale, q_rope_al = quantize_q(q_nope, q_rope)
+    return decode_planned(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_content,
+                          kv_scale, kv_rope, block_table, seq_lens, softmax_scale, plan, True)  # follows_q_quant
 
 
 # partial rows per load in the combine: 16 x 512 fp32 is 64 registers per thread of its 4 warps
@@ -408,13 +473,24 @@ def combine(o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor, lse
 
 def quantize_and_decode(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_content: torch.Tensor, kv_scale: torch.Tensor,
                         kv_rope: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, softmax_scale: float,
-                        num_splits: int | None = None, impl: str | None = None):
-    """Q-quant + decode + combine: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out, lse) as
-    `decode_quantized`."""
+                        num_splits: int | None = None, impl: str | None = None, q_in_decode: bool | None = None):
+    """Q-quant + decode + combine, every input checked: q_nope [B, s_q, H, 512], q_rope [B, s_q, H, 64] bf16 -> (out,
+    lse) as `decode_quantized`. `num_splits`, `impl` and `q_in_decode` as `decode_plan.plan_decode` takes them."""
     if q_nope.dim() != 4:
         raise SnapMLAInputError(f"q_nope must be [B, s_q, H, 512], got {tuple(q_nope.shape)}")
+    _check(q_nope, "q_nope", torch.bfloat16, nx.KV_LORA_RANK, 4)
+    _check(q_rope, "q_rope", torch.bfloat16, nx.ROPE_DIM, 4)
     B, s_q, H, _ = q_nope.shape
-    q8, q_scale, q_rope_al = quantize_q(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1))
-    return decode_quantized(q8.view(B, s_q, H, -1), q_scale.view(B, s_q, H), q_rope_al.view(B, s_q, H, -1), kv_content,
-                            kv_scale, kv_rope, block_table, seq_lens, softmax_scale, num_splits, impl=impl,
-                            follows_q_quant=True)
+    if q_rope.shape[:3] != (B, s_q, H):
+        raise SnapMLAInputError(f"q_nope {tuple(q_nope.shape)} and q_rope {tuple(q_rope.shape)} disagree on "
+                                "[B, s_q, H]")
+    check_pool(kv_content, kv_scale, kv_rope)
+    if block_table.dim() != 2:
+        raise SnapMLAInputError(f"block_table must be [B={B}, max_pages] int32 page ids, got "
+                                f"{tuple(block_table.shape)}")
+    plan = decode_plan.plan_decode(B, s_q, H, block_table.shape[1], q_nope.device, impl, num_splits,
+                                   q_in_decode=q_in_decode)
+    check_decode_step(block_table, seq_lens, plan, kv_content.shape[0])
+    _check_device(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens)
+    return quantize_and_decode_planned(q_nope.reshape(B * s_q, H, -1), q_rope.reshape(B * s_q, H, -1), kv_content,
+                                       kv_scale, kv_rope, block_table, seq_lens, softmax_scale, plan)

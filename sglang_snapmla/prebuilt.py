@@ -39,9 +39,11 @@ _P, _I32, _I64, _F32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c
 class DecodeParams(ctypes.Structure):
     """snapmla::DecodeParams (kernels/cuda/snapmla_decode_sm90.h), field by field in the header's order and C types
     (tests/product/test_prebuilt.py compares the two; the library reports its sizeof, which `PrebuiltDecode` checks)."""
-    _fields_ = [("q8", _P), ("q_scale", _P), ("q_rope", _P), ("kv_content", _P), ("kv_scale", _P), ("kv_rope", _P),
-                ("block_table", _P), ("seq_lens", _P), ("o_part", _P), ("lse_part", _P), ("out", _P),
-                ("lse_out", _P), ("pool_rows", _I64), ("bt_entries", _I64), ("stride_bt", _I32), ("batch", _I32),
+    _fields_ = [("q8", _P), ("q_scale", _P), ("q_rope", _P), ("q_nope", _P), ("q_pe", _P), ("kv_content", _P),
+                ("kv_scale", _P), ("kv_rope", _P), ("block_table", _P), ("seq_lens", _P), ("o_part", _P),
+                ("lse_part", _P), ("out", _P), ("lse_out", _P), ("pool_rows", _I64), ("bt_entries", _I64),
+                ("stride_qn_t", _I64), ("stride_qn_h", _I64), ("stride_qp_t", _I64), ("stride_qp_h", _I64),
+                ("stride_bt", _I32), ("batch", _I32),
                 ("R", _I32), ("H", _I32), ("S_Q", _I32), ("num_splits", _I32), ("part_slots", _I32),
                 ("launch_flags", _I32), ("qk_scale_log2", _F32)]
 
@@ -59,14 +61,11 @@ def build(out: Path = LIBRARY, nvcc: str | None = None, source_dir: Path = CUDA_
     return out
 
 
-def split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
-                 lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
-                 launch_flags: int) -> DecodeParams:
-    """The kernel's DecodeParams for the torch binding's `decode_split` arguments, checked as the binding checks them
-    (what the kernel's address arithmetic relies on); any device, nothing launched. Either the split partials o_part
-    [B, R, slots, 512] / lse_part [B, R, slots] (slots >= num_splits: the decode plan may space rows further apart
-    than the splits, `decode_plan.partial_slots`) or, with one split, the final out / lse_out."""
-    for t in (q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
+def _common_params(kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse_out, batch: int,
+                   R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
+                   launch_flags: int) -> DecodeParams:
+    """DecodeParams without Q, checked as the binding's common_params checks them."""
+    for t in (kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
         if not t.is_contiguous():
             raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
     final = out.numel() > 0
@@ -86,20 +85,55 @@ def split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table
     if not 0 <= bt_entries <= storage:
         raise RuntimeError("snapmla sm90 decode: bt_entries exceeds the block table's storage")
     return DecodeParams(
-        q8=q8.data_ptr(), q_scale=q_scale.data_ptr(), q_rope=q_rope.data_ptr(), kv_content=kv_content.data_ptr(),
-        kv_scale=kv_scale.data_ptr(), kv_rope=kv_rope.data_ptr(), block_table=block_table.data_ptr(),
-        seq_lens=seq_lens.data_ptr(), o_part=None if final else o_part.data_ptr(),
+        kv_content=kv_content.data_ptr(), kv_scale=kv_scale.data_ptr(), kv_rope=kv_rope.data_ptr(),
+        block_table=block_table.data_ptr(), seq_lens=seq_lens.data_ptr(), o_part=None if final else o_part.data_ptr(),
         lse_part=None if final else lse_part.data_ptr(), out=out.data_ptr() if final else None,
         lse_out=lse_out.data_ptr() if final else None, pool_rows=kv_content.shape[0], bt_entries=bt_entries,
-        stride_bt=block_table.stride(0), batch=q8.shape[0], R=R, H=H, S_Q=S_Q, num_splits=num_splits,
+        stride_bt=block_table.stride(0), batch=batch, R=R, H=H, S_Q=S_Q, num_splits=num_splits,
         part_slots=slots, launch_flags=launch_flags, qk_scale_log2=qk_scale_log2)
+
+
+def split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
+                 lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
+                 launch_flags: int) -> DecodeParams:
+    """The kernel's DecodeParams for the torch binding's `decode_split` arguments, checked as the binding checks them
+    (what the kernel's address arithmetic relies on); any device, nothing launched. Either the split partials o_part
+    [B, R, slots, 512] / lse_part [B, R, slots] (slots >= num_splits: the decode plan may space rows further apart
+    than the splits, `decode_plan.partial_slots`) or, with one split, the final out / lse_out."""
+    for t in (q8, q_scale, q_rope):
+        if not t.is_contiguous():
+            raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
+    p = _common_params(kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse_out,
+                       q8.shape[0], R, H, S_Q, qk_scale_log2, num_splits, bt_entries, launch_flags)
+    p.q8, p.q_scale, p.q_rope = q8.data_ptr(), q_scale.data_ptr(), q_rope.data_ptr()
+    return p
+
+
+def split_params_q_bf16(q_nope, q_pe, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out,
+                        lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int, bt_entries: int,
+                        launch_flags: int) -> DecodeParams:
+    """The same for the binding's `decode_split_q_bf16` (bf16 Q rows, quantized by the 64-row kernel)."""
+    if not (q_nope.dtype == q_pe.dtype == torch.bfloat16 and q_nope.dim() == q_pe.dim() == 3
+            and q_nope.shape[2] == nx.KV_LORA_RANK and q_pe.shape[2] == nx.ROPE_DIM and q_nope.stride(2) == 1
+            and q_pe.stride(2) == 1 and q_nope.shape[0] == q_pe.shape[0] and q_nope.shape[1] == q_pe.shape[1] == H
+            and S_Q > 0 and q_nope.shape[0] % S_Q == 0):
+        raise RuntimeError("snapmla sm90 decode: q_nope [B x s_q, H, 512] and q_pe [B x s_q, H, 64] bf16 on CUDA, "
+                           "last dim contiguous")
+    if not (q_nope.data_ptr() % 16 == 0 and q_nope.stride(0) % 8 == 0 and q_nope.stride(1) % 8 == 0
+            and q_pe.data_ptr() % 4 == 0 and q_pe.stride(0) % 2 == 0 and q_pe.stride(1) % 2 == 0):
+        raise RuntimeError("snapmla sm90 decode: q_nope rows must be 16-byte aligned and q_pe rows 4-byte aligned")
+    p = _common_params(kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse_out,
+                       q_nope.shape[0] // S_Q, R, H, S_Q, qk_scale_log2, num_splits, bt_entries, launch_flags)
+    p.q_nope, p.q_pe = q_nope.data_ptr(), q_pe.data_ptr()
+    p.stride_qn_t, p.stride_qn_h, p.stride_qp_t, p.stride_qp_h = (*q_nope.stride()[:2], *q_pe.stride()[:2])
+    return p
 
 
 def launch_error(err: int, describe) -> str:
     """The message for the library's error code `err` (`describe`: its snapmla_error_string)."""
     return (f"snapmla sm90 decode launch failed: {describe(err).decode()}"
-            + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be 16-byte aligned)"
-               if err == 1 else ""))
+            + (" (TMA descriptor encoding failed: the pool arrays, q8, q_rope and out must be 16-byte aligned; or bf16 "
+               "Q for fewer than 33 query rows)" if err == 1 else ""))
 
 
 class PrebuiltDecode:
@@ -123,9 +157,22 @@ class PrebuiltDecode:
         for t in (q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
             if not t.is_cuda:
                 raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
-        params = split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
-                              lse_part, out, lse_out, R, H, S_Q, qk_scale_log2, num_splits, bt_entries, launch_flags)
-        err = self.fn(ctypes.byref(params), torch.cuda.current_stream(q8.device).cuda_stream)
+        self._launch(split_params(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                  lse_part, out, lse_out, R, H, S_Q, qk_scale_log2, num_splits, bt_entries,
+                                  launch_flags), q8.device)
+
+    def decode_split_q_bf16(self, q_nope, q_pe, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                            lse_part, out, lse_out, R: int, H: int, S_Q: int, qk_scale_log2: float, num_splits: int,
+                            bt_entries: int, launch_flags: int) -> None:
+        for t in (q_nope, q_pe, kv_content, kv_scale, kv_rope, o_part, lse_part, out, lse_out):
+            if not t.is_cuda:
+                raise RuntimeError("snapmla sm90 decode: CUDA, contiguous tensors expected")
+        self._launch(split_params_q_bf16(q_nope, q_pe, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part,
+                                         lse_part, out, lse_out, R, H, S_Q, qk_scale_log2, num_splits, bt_entries,
+                                         launch_flags), q_nope.device)
+
+    def _launch(self, params: DecodeParams, device: torch.device) -> None:
+        err = self.fn(ctypes.byref(params), torch.cuda.current_stream(device).cuda_stream)
         if err != 0:
             raise RuntimeError(launch_error(err, self.lib.snapmla_error_string))
 

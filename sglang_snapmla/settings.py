@@ -12,6 +12,8 @@ import os
 
 DECODE_IMPL_ENV = "SNAPMLA_DECODE_IMPL"  # auto | cuda | triton
 PDL_ENV = "SNAPMLA_PDL"  # 0 turns programmatic dependent launch off
+# 1: the sm_90a 64-row decode quantizes Q from its bf16 rows itself instead of behind the Q-quant kernel (opt-in)
+Q_IN_DECODE_ENV = "SNAPMLA_Q_IN_DECODE"
 CHECK_INDICES_ENV = "SNAPMLA_CHECK_INDICES"  # 1: the public ops check slot ids, page ids and lengths (a host sync)
 EXTEND_ROUTE_ENV = "SNAPMLA_EXTEND_ROUTE"  # auto | mha | absorbed: the route of prefills over a cached prefix
 HICACHE_COPIES_ENV = "SNAPMLA_HICACHE_COPIES"  # kernels (default) | torch: what moves HiCache pages between host and device
@@ -34,6 +36,10 @@ def requested_decode_impl() -> str:
 
 def pdl_allowed() -> bool:
     return os.environ.get(PDL_ENV, "1") != "0"
+
+
+def q_in_decode_requested() -> bool:
+    return os.environ.get(Q_IN_DECODE_ENV, "0") == "1"
 
 
 def requested_extend_route() -> str:

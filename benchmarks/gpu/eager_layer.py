@@ -47,9 +47,7 @@ def measure(heads: int, batch: int, seq_len: int) -> dict:
 
     def snapmla():  # backend.SnapMLAForward._save + _attend, the step's plan made once
         library.append_kv(new_k[:, :512], new_k[:, 512:], loc, x["kv8"], x["ks"], x["kr"])
-        q8, q_scale, q_rope_al = library.quantize_q(q_nope, q_rope)
-        library.decode(q8.view(batch, 1, heads, -1), q_scale.view(batch, 1, heads), q_rope_al.view(batch, 1, heads, -1),
-                       x["kv8"], x["ks"], x["kr"], table, lens, scale, plan, follows_q_quant=True)
+        library.quantize_and_decode(q_nope, q_rope, x["kv8"], x["ks"], x["kr"], table, lens, scale, plan)
 
     kv = x["ckv"].view(-1, 1, 576)
     metadata, splits = get_mla_metadata(lens, heads, 1)  # per step in FlashMLA's backend

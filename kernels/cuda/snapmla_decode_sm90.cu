@@ -29,6 +29,8 @@
 // Stale bytes: slots past seq_len are zeroed in V^T and masked in the softmax (their scale too), so no byte of them
 // reaches the output; block-table reads stop at the sequence's pages and, for the speculative first-page reads at
 // one split, at the table's allocation (bt_entries), never at the width of the caller's view (CUDA-graph capture).
+// Q: FP8 content, aligned RoPE and scales from the Q-quant kernel by TMA, or (kQuantizeQ, opt-in) quantized from its
+// bf16 rows by the CTA's threads (quantize_q_tile), the same bytes, with no Q-quant launch before the decode.
 // Outputs are the same split partials as the Triton split kernel (o_part fp32, base-2 LSE), merged by its combine;
 // with one split (large batches) the kernel writes the final bf16 output and natural-log LSE itself instead, exactly
 // what the combine would make of a single partial, which saves the partials' round trip through DRAM (fp32 write +
@@ -90,7 +92,9 @@ constexpr int kRowF = kP8 + 2 * kP8Bytes;             // 2 x [64] fp32 per-row O
 constexpr int kRowS = kRowF + 2 * kRows * 4;          // [64] fp32 final scale 1 / l
 constexpr int kRowL = kRowS + kRows * 4;              // [64] fp32 final base-2 LSE
 constexpr int kBar = kRowL + kRows * 4;               // mbarriers: full / empty per stage, pfull / pempty per P8, qfull
-constexpr int kSmemBytes = kBar + (2 * kStages + 5) * 8 + 1024;  // + 1024: slack to align the base
+// [64] fp32 Q scales, where the kernel quantizes Q itself (after the barriers: the TMA path's offsets stay as they are)
+constexpr int kRowQ = kBar + (2 * kStages + 5) * 8;
+constexpr int kSmemBytes = kRowQ + kRows * 4 + 1024;  // + 1024: slack to align the base
 static_assert(kSmemBytes <= 227 * 1024, "shared memory over the sm_90 per-CTA limit");
 
 // byte offset of (row, byte) in a run of 128 B-swizzled [64 rows x 128 B] tiles that hold rows wider than 128 B
@@ -330,6 +334,86 @@ __device__ __forceinline__ uint16_t to_fp8x2(float lo, float hi) {
   return pair;
 }
 
+// Q's quantization inside the 64-row kernel (`q_nope` passed; sglang_snapmla.numerics.quantize_q bit for bit, as the
+// Triton Q-quant computes it): scale = max(amax / 448, 2^-20) by IEEE division, content = fp8(x / scale) (RNE,
+// saturating), RoPE' = bf16(rope / scale); a row holding a NaN or an infinity is stored as content 0, RoPE 0 and
+// scale NaN. Reading the bf16 rows here instead of the Q-quant's output saves the quantized Q's round trip through
+// DRAM (written by one kernel, read by the next) and the Q-quant's launch: at h128 b128 that is 21 MB of 40.
+constexpr float kFp8Max = 448.f, kScaleFloor = 0x1p-20f;
+constexpr uint32_t kBf16Inf = 0x7F80u;  // |bf16| bit patterns above this are NaNs
+// x / s for a value x of the row and r = RN(1 / s): x r and one Markstein correction, the division's correctly
+// rounded quotient for every bf16 x with |x| <= 448 s under every scale a bf16 row can have (the Triton kernels'
+// _div_rn; `python -m tools.kernel_dev.q_division_sweep` checks them all); x's sign bit keeps x = -0 at -0.
+__device__ __forceinline__ float div_by_scale(float x, float s, float r) {
+  const float q = __fmul_rn(x, r);
+  const float e = __fmaf_rn(-s, q, x);  // x - s q, exact
+  return __uint_as_float(__float_as_uint(__fmaf_rn(e, r, q)) | (__float_as_uint(x) & 0x80000000u));
+}
+// Rows [tile x 64, +64) of sequence b quantized into the Q8 and Q RoPE tiles (the layout the TMA path loads) and
+// `rows_q` [64], by all 384 threads (`t`) while the first pages are in flight: warp w takes rows w, w + 12, ..., lane
+// l a row's content values 16 l .. 16 l + 15 and RoPE values 2 l, 2 l + 1. Row r of the sequence is (token
+// b x S_Q + r / H, head r % H) of q_nope [T, H, 512] / q_pe [T, H, 64] (strides in elements; rows 16-byte aligned,
+// RoPE pairs 4-byte aligned: `ops` checks). Rows past R become zeros. All loads go out before the first row is
+// reduced: one DRAM round trip per CTA.
+__device__ __forceinline__ void quantize_q_tile(uint8_t* smem, float* rows_q, const __nv_bfloat16* q_nope,
+                                                const __nv_bfloat16* q_pe, int64_t sn_t, int64_t sn_h, int64_t sp_t,
+                                                int64_t sp_h, int b, int tile, int R, int H, int S_Q, int t) {
+  constexpr int kWarps = kThreads / 32, kPerWarp = (kRows + kWarps - 1) / kWarps;  // 12 warps, 5 or 6 rows each
+  const int w = t / 32, lane = t % 32;
+  uint4 c[kPerWarp][2];
+  uint32_t rp[kPerWarp];
+  // (token, head) of the warp's first row, then stepped by kWarps rows (one integer division per thread)
+  int grow = tile * kRows + w, tok = b * S_Q + grow / H, head = grow % H;
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i, grow += kWarps) {
+    c[i][0] = c[i][1] = make_uint4(0, 0, 0, 0), rp[i] = 0;
+    if (w + kWarps * i < kRows && grow < R) {
+      const uint4* src = reinterpret_cast<const uint4*>(q_nope + tok * sn_t + head * sn_h) + 2 * lane;
+      c[i][0] = __ldg(src), c[i][1] = __ldg(src + 1);
+      rp[i] = __ldg(reinterpret_cast<const unsigned int*>(q_pe + tok * sp_t + head * sp_h) + lane);
+    }
+    for (head += kWarps; head >= H; head -= H) ++tok;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int row = w + kWarps * i;
+    if (row >= kRows) break;
+    const uint32_t words[8] = {c[i][0].x, c[i][0].y, c[i][0].z, c[i][0].w, c[i][1].x, c[i][1].y, c[i][1].z, c[i][1].w};
+    // the row's largest |content| and |RoPE| as bf16 bit patterns with the sign cleared (finite magnitudes order as
+    // their values, +inf above them, every NaN above +inf): content in the high half, RoPE in the low half of one
+    // word, so one per-halfword max (vmaxu2) per shuffle reduces both
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = __vmaxu2(m, words[k] & 0x7FFF7FFFu);
+    uint32_t both = (max(m & 0xFFFFu, m >> 16) << 16) | max(rp[i] & 0x7FFFu, (rp[i] >> 16) & 0x7FFFu);
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) both = __vmaxu2(both, __shfl_xor_sync(0xffffffff, both, x));
+    uint4* content = reinterpret_cast<uint4*>(smem + kQ8 + sw128(row, 16 * lane));
+    __nv_bfloat162* rope = reinterpret_cast<__nv_bfloat162*>(smem + kQR + sw128(row, 4 * lane));
+    if ((both >> 16) >= kBf16Inf || (both & 0xFFFFu) >= kBf16Inf) {  // warp-uniform: the spec's non-finite row
+      *content = make_uint4(0, 0, 0, 0);
+      *rope = __floats2bfloat162_rn(0.f, 0.f);
+      if (lane == 0) rows_q[row] = __uint_as_float(0x7FC00000u);  // NaN
+      continue;
+    }
+    const float s = fmaxf(__fdiv_rn(__uint_as_float(both & 0xFFFF0000u), kFp8Max), kScaleFloor);
+    const float r = __fdiv_rn(1.f, s);
+    uint32_t q8[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t lo = words[2 * k], hi = words[2 * k + 1];
+      q8[k] = to_fp8x2(div_by_scale(__uint_as_float(lo << 16), s, r),
+                       div_by_scale(__uint_as_float(lo & 0xFFFF0000u), s, r)) |
+              static_cast<uint32_t>(to_fp8x2(div_by_scale(__uint_as_float(hi << 16), s, r),
+                                             div_by_scale(__uint_as_float(hi & 0xFFFF0000u), s, r))) << 16;
+    }
+    *content = make_uint4(q8[0], q8[1], q8[2], q8[3]);
+    *rope = __floats2bfloat162_rn(__fdiv_rn(__uint_as_float(rp[i] << 16), s),
+                                  __fdiv_rn(__uint_as_float(rp[i] & 0xFFFF0000u), s));
+    if (lane == 0) rows_q[row] = s;
+  }
+}
+
 // The pages [first, last) of split `split` of a sequence of `len` tokens
 __device__ __forceinline__ void split_pages(int len, int split, int num_splits, int& first, int& last) {
   const int pages = (len + kPage - 1) / kPage, per_split = (pages + num_splits - 1) / num_splits;
@@ -362,7 +446,16 @@ __device__ __noinline__ void load_first_pages(uint8_t* stage0, uint64_t* full, c
 
 // kFinal: one split, the final outputs (out, lse_out) instead of the partials (a template parameter, not a runtime
 // flag: the flag and the two extra pointers kept live through the page loop doubled the spills)
-template <bool kFinal>
+// q_nope / q_pe and their strides (elements) where the kernel quantizes Q itself (kQuantizeQ), else empty
+struct QBf16 {
+  const __nv_bfloat16* nope;
+  const __nv_bfloat16* pe;
+  int64_t nope_t, nope_h, pe_t, pe_h;
+};
+
+// kQuantizeQ: Q from bf16 rows (qb), quantized by the kernel's threads, instead of Q8 / RoPE' / scales by TMA (an
+// instantiation of its own: without it the kernel's code is the TMA path's alone)
+template <bool kFinal, bool kQuantizeQ>
 __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const __grid_constant__ CUtensorMap map_kv, const __grid_constant__ CUtensorMap map_rope,
     const __grid_constant__ CUtensorMap map_q8, const __grid_constant__ CUtensorMap map_qr,
@@ -370,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     const float* __restrict__ kv_scale, const int* __restrict__ block_table, const int* __restrict__ seq_lens,
     float* __restrict__ o_part, float* __restrict__ lse_part, float* __restrict__ lse_out, int stride_bt,
     int64_t bt_entries, int R, int H, int S_Q, float qk_scale_log2, int num_splits, int part_slots,
-    int kv_before_wait) {
+    int kv_before_wait, const QBf16 qb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ uint8_t smem_raw[];
   // 1024 B alignment (128 B swizzle atoms) by an offset from smem_raw: the pointer keeps its shared-memory provenance
@@ -381,12 +474,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   uint64_t* empty = full + kStages;                            // [kStages] QK (wg 0) and both V^T halves done
   uint64_t* pfull = empty + kStages;                           // [2] P8 / row factors published (wg 0)
   uint64_t* pempty = pfull + 2;                                // [2] PV done with P8 (wg 1 and 2)
-  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)
+  uint64_t* qfull = pempty + 2;                                // Q landed (TMA) or quantized here
+  // Q from bf16 rows: every thread quantizes part of it into the same tiles and arrives on qfull
+  constexpr bool quantize_q = kQuantizeQ;
+  constexpr int kQuantizers = kThreads;
 
   if (t == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(full + i, kTmaArrivals), mbar_init(empty + i, kStageReleases);
     for (int i = 0; i < 2; ++i) mbar_init(pfull + i, kP8Publishers), mbar_init(pempty + i, kP8Consumers);
-    mbar_init(qfull, kTmaArrivals);
+    mbar_init(qfull, quantize_q ? kQuantizers : kTmaArrivals);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();  // the barriers are initialised before any thread uses them
@@ -403,7 +499,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     load_first_pages<kStages>(smem + kStage0, full, &map_kv, &map_rope, kv_scale, bt, seq_lens[b], split, num_splits,
                               bt_readable);
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  if (t == 32) {  // Q of the tile by TMA (a warp other than the page loader's, which may still be in its round trips)
+  if (t == 32 && !quantize_q) {  // Q of the tile by TMA (a warp other than the page loader's, still in its round trips)
     mbar_expect_tx(qfull, 5 * kTile);
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk) tma_load_3d(smem + kQ8 + blk * kTile, &map_q8, blk * 128, tile * kRows, b, qfull);
@@ -422,7 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // shared memory: its issuer waits for it before the CTA may exit.
     if (t < kRows && tile * kRows + t < R)
       lse_part[((int64_t)b * R + tile * kRows + t) * part_slots + split] = -INFINITY;
-    if (t == 32) mbar_wait(qfull, 0);
+    if (t == 32 && !quantize_q) mbar_wait(qfull, 0);
     return;
   }
 
@@ -437,14 +533,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
   auto valid_of = [&](int page) { return min(kPage, seq_len - page * kPage); };
   float* rows_s = reinterpret_cast<float*>(smem + kRowS);
   float* rows_l = reinterpret_cast<float*>(smem + kRowL);
+  float* rows_q = reinterpret_cast<float*>(smem + kRowQ);
+  if (quantize_q) {
+    quantize_q_tile(smem, rows_q, qb.nope, qb.pe, qb.nope_t, qb.nope_h, qb.pe_t, qb.pe_h, b, tile, R, H, S_Q, t);
+    mbar_arrive(qfull);  // release: the tiles and rows_q are visible to the softmax warpgroup once it has waited
+  }
 
   if (wg == 0) {
     // ---- softmax warpgroup: QK of page c+1 runs on the tensor cores while the softmax of page c runs here ----
     // registers: 184 here (80 of them hold Q), 160 in each PV warpgroup (128 accumulators): 184 + 2 x 160 = 3 x 168,
     // the launch's allocation
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kSoftmaxRegs));
-    const float qs0 = grow0 < R ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
-    const float qs1 = grow1 < R ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
+    float qs0 = grow0 < R && !quantize_q ? q_scale[(int64_t)b * R + grow0] * qk_scale_log2 : 0.f;
+    float qs1 = grow1 < R && !quantize_q ? q_scale[(int64_t)b * R + grow1] * qk_scale_log2 : 0.f;
     const int last_key0 = seq_len - S_Q + grow0 / H, last_key1 = seq_len - S_Q + grow1 / H;
     // pages below this one hold only keys that every row of the tile sees (no causal or sequence-end mask)
     const int unmasked_end = (seq_len - S_Q + 1) / kPage;
@@ -457,6 +558,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_split_sm90_kernel(
     // instead of 80: docs/KERNEL.md).
     uint32_t q_frag[kLatent / 32][4], qr_frag[kRope * 2 / 32][4];
     mbar_wait(qfull, 0);
+    if (quantize_q) {
+      qs0 = grow0 < R ? rows_q[row0] * qk_scale_log2 : 0.f;
+      qs1 = grow1 < R ? rows_q[row1] * qk_scale_log2 : 0.f;
+    }
     {
       const int frow = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), fbyte = 16 * (lane / 16);
 #pragma unroll
@@ -1234,8 +1339,10 @@ cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream)
   // once per process (SGLang runs one process per GPU; the attribute applies to the current device), outside the
   // per-launch path so that a CUDA-graph capture records only the kernel launch
   static cudaError_t attr = [] {
-    cudaError_t e = allow_smem(decode_split_sm90_kernel<false>, kSmemBytes);
-    if (e == cudaSuccess) e = allow_smem(decode_split_sm90_kernel<true>, kSmemBytes);
+    cudaError_t e = allow_smem(decode_split_sm90_kernel<false, false>, kSmemBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_split_sm90_kernel<true, false>, kSmemBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_split_sm90_kernel<false, true>, kSmemBytes);
+    if (e == cudaSuccess) e = allow_smem(decode_split_sm90_kernel<true, true>, kSmemBytes);
     if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<16, false>, NarrowSmem<16>::kBytes);
     if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<16, true>, NarrowSmem<16>::kBytes);
     if (e == cudaSuccess) e = allow_smem(decode_narrow_sm90_kernel<32, false>, NarrowSmem<32>::kBytes);
@@ -1244,25 +1351,26 @@ cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream)
   }();
   if (attr != cudaSuccess) return attr;
   const int narrow = narrow_rows(p.R), box_rows = narrow ? narrow : kRows;
+  // Q from bf16 rows: the 64-row kernel only, and never with kv_before_wait (the previous kernel is then not ours)
+  const bool quantize_q = p.q_nope != nullptr;
+  if (quantize_q && (narrow || p.q_pe == nullptr || (p.launch_flags & kLaunchKvBeforeWait)))
+    return cudaErrorInvalidValue;
   // The tensor maps are kernel parameters (host-side encoding, no device work): a captured graph replays them with
   // the addresses they were encoded with. The pool's stay fixed for the life of a server; Q and `out` inside a
   // captured graph come from the graph's memory pool (fixed for every replay), as pointer arguments would. Without
   // final outputs the output map is unused (zeroed).
-  CUtensorMap map_kv, map_rope, map_q8, map_qr, map_out = {};
+  CUtensorMap map_kv, map_rope, map_q8 = {}, map_qr = {}, map_out = {};
   if (!encode_pool_map(&map_kv, p.kv_content, p.pool_rows, kLatent, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1) ||
       !encode_pool_map(&map_rope, p.kv_rope, p.pool_rows, kRope * 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2) ||
-      !encode_rows_map(&map_q8, p.q8, p.batch, p.R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows) ||
-      !encode_rows_map(&map_qr, p.q_rope, p.batch, p.R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows) ||
+      (!quantize_q && !encode_rows_map(&map_q8, p.q8, p.batch, p.R, kLatent, 1, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows)) ||
+      (!quantize_q && !encode_rows_map(&map_qr, p.q_rope, p.batch, p.R, kRope, 2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, box_rows)) ||
       (p.out != nullptr && !encode_rows_map(&map_out, p.out, p.batch, p.R, kLatent, 2,
                                             CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                             box_rows)))
     return cudaErrorInvalidValue;
   const bool final_out = p.out != nullptr;
-  auto kernel = narrow == 16 ? (final_out ? decode_narrow_sm90_kernel<16, true> : decode_narrow_sm90_kernel<16, false>)
-              : narrow == 32 ? (final_out ? decode_narrow_sm90_kernel<32, true> : decode_narrow_sm90_kernel<32, false>)
-                             : (final_out ? decode_split_sm90_kernel<true> : decode_split_sm90_kernel<false>);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(narrow ? 1 : (p.R + kRows - 1) / kRows, p.batch, p.num_splits);
   config.blockDim = dim3(kThreads);
@@ -1273,11 +1381,24 @@ cudaError_t launch_decode_split_sm90(const DecodeParams& p, cudaStream_t stream)
   attrs[0].val.programmaticStreamSerializationAllowed = (p.launch_flags & kLaunchPdl) ? 1 : 0;
   config.attrs = attrs;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, map_kv, map_rope, map_q8, map_qr, map_out, p.q_scale, p.kv_scale,
-                            p.block_table, p.seq_lens, p.o_part, p.lse_part, p.lse_out, static_cast<int>(p.stride_bt),
-                            p.bt_entries, static_cast<int>(p.R), static_cast<int>(p.H), static_cast<int>(p.S_Q),
-                            p.qk_scale_log2, static_cast<int>(p.num_splits), static_cast<int>(p.part_slots),
-                            (p.launch_flags & kLaunchKvBeforeWait) ? 1 : 0);
+  const int kv_before_wait = (p.launch_flags & kLaunchKvBeforeWait) ? 1 : 0;
+  auto launch = [&](auto kernel, auto... extra) {
+    return cudaLaunchKernelEx(&config, kernel, map_kv, map_rope, map_q8, map_qr, map_out, p.q_scale, p.kv_scale,
+                              p.block_table, p.seq_lens, p.o_part, p.lse_part, p.lse_out,
+                              static_cast<int>(p.stride_bt), p.bt_entries, static_cast<int>(p.R),
+                              static_cast<int>(p.H), static_cast<int>(p.S_Q), p.qk_scale_log2,
+                              static_cast<int>(p.num_splits), static_cast<int>(p.part_slots), kv_before_wait,
+                              extra...);
+  };
+  if (narrow == 16)
+    return launch(final_out ? decode_narrow_sm90_kernel<16, true> : decode_narrow_sm90_kernel<16, false>);
+  if (narrow == 32)
+    return launch(final_out ? decode_narrow_sm90_kernel<32, true> : decode_narrow_sm90_kernel<32, false>);
+  const QBf16 qb = {static_cast<const __nv_bfloat16*>(p.q_nope), static_cast<const __nv_bfloat16*>(p.q_pe),
+                    p.stride_qn_t, p.stride_qn_h, p.stride_qp_t, p.stride_qp_h};
+  if (quantize_q)
+    return launch(final_out ? decode_split_sm90_kernel<true, true> : decode_split_sm90_kernel<false, true>, qb);
+  return launch(final_out ? decode_split_sm90_kernel<true, false> : decode_split_sm90_kernel<false, false>, qb);
 }
 
 }  // namespace snapmla

@@ -26,10 +26,13 @@ CASES = [(16, 2, False, 4096), (16, 140, True, 4096), (128, 2, False, 4096), (12
 PADDED = {(128, 2, 1024, "decode")}
 
 
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("impl", ["triton", "cuda", "cuda_q_in_decode"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("heads,bs,one_split,context", CASES)
 def test_captured_graph_replays_what_eager_computes(gen, monkeypatch, heads, bs, one_split, context, mode, impl):
+    if impl == "cuda_q_in_decode":  # SNAPMLA_Q_IN_DECODE=1: the 64-row kernel (> 32 query rows) quantizes Q
+        monkeypatch.setenv("SNAPMLA_Q_IN_DECODE", "1")
+        impl = "cuda"
     if impl == "cuda" and decode_plan.decode_impl("auto") != "cuda":
         pytest.skip("the sm_90a decode needs an sm_90 GPU")
     monkeypatch.setenv("SNAPMLA_DECODE_IMPL", impl)

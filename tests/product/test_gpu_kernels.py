@@ -1,6 +1,7 @@
 """GPU-size checks of the kernels (`pytest -m gpu` on the Hopper host; skipped without CUDA). Decode runs twice:
 Triton, and the default (`auto`: the sm_90a CUDA kernel on sm_90)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -63,26 +64,36 @@ def test_decode_real_sizes(gen, seq_lens, heads, s_q, impl):
     assert_close(out.float(), gold, rel_l2=5.5e-2, one_minus_cos=1.5e-3, what=f"{impl} vs golden")
 
 
-@pytest.mark.parametrize("impl", ["triton", "auto"])
-def test_decode_cuda_graph_replay_matches_eager(gen, impl):
-    p = _to(paged_problem(gen, [300, 4000, 64], 16, s_q=1), "cuda")
+# (heads, impl, q_in_decode): the last one the 64-row kernel quantizing Q itself
+@pytest.mark.parametrize("heads,impl,q_in_decode", [(16, "triton", None), (16, "auto", None), (128, "triton", None),
+                                                    (128, "auto", None), (128, "cuda", True)])
+def test_decode_cuda_graph_replay_matches_eager(gen, heads, impl, q_in_decode):
+    if impl == "cuda":
+        from sglang_snapmla import cuda_ext
+
+        if cuda_ext.unavailable_reason():
+            pytest.skip(cuda_ext.unavailable_reason())
+    p = _to(paged_problem(gen, [300, 4000, 64], heads, s_q=1), "cuda")
     cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
     kv = pool_arrays(cache)
     qn, qr = p["q_nope"].to(torch.bfloat16), p["q_rope"].to(torch.bfloat16)
     lens = p["seq_lens"].clone()
-    eager, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+    eager, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl,
+                                       q_in_decode=q_in_decode)
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.cuda.graph(g):
-        graphed, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+        graphed, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl,
+                                             q_in_decode=q_in_decode)
     torch.cuda.current_stream().wait_stream(s)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(graphed, eager)
     lens[1] = 1000  # metadata changes between replays without re-capture
     g.replay()
-    ref, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl)
+    ref, _ = ops.quantize_and_decode(qn, qr, *kv, p["block_table"], lens, p["softmax_scale"], impl=impl,
+                                     q_in_decode=q_in_decode)
     assert torch.equal(graphed, ref)
 
 
@@ -131,6 +142,72 @@ def test_cuda_sm90_decode_matches_reference(gen, seq_lens, heads, s_q, outlier):
     tri, _ = ops.quantize_and_decode(q_nope, q_rope, *kv, p["block_table"], p["seq_lens"], p["softmax_scale"],
                                 impl="triton")
     assert_close(out.float(), tri.float(), rel_l2=SMALL_CASE_REL_L2, what="cuda sm90 vs triton")
+
+
+def _hard_query_rows(q_nope, q_rope, gen):
+    """Q rows [T, H, ...] (bf16, in place) that reach every branch of the Q quantization: row scales from 1e-6 (under
+    the 2^-20 scale floor) to 1e30, an all-zero row, signed zeros, subnormal bf16 values, and the spec's non-finite
+    rows (a NaN in the content, an infinity in the RoPE, -inf in the content)."""
+    T, H = q_nope.shape[:2]
+    rows = torch.randperm(T * H, generator=gen)[:8].tolist()
+    at = [(r // H, r % H) for r in rows]
+    for (t, h), f in zip(at[:3], (1e-6, 1e30, 1e-30)):
+        q_nope[t, h] *= f
+        q_rope[t, h] *= f
+    q_nope[at[3]] = 0
+    q_rope[at[3]] = 0
+    q_nope[at[4]][::7] = -0.0
+    q_nope[at[4]][1::7] = torch.tensor(2.0 ** -130, dtype=torch.bfloat16)  # a subnormal
+    q_nope[at[5]][3] = float("nan")
+    q_rope[at[6]][60] = float("inf")
+    q_nope[at[7]][500] = float("-inf")
+
+
+# (seq_lens, heads, s_q): several splits and one (a batch of 200 sequences of 2 tiles), a last tile only partly
+# inside R (48 heads x 2 tokens = 96 rows), 3 tokens of 16 heads (48 rows: tiles across tokens)
+Q_IN_DECODE_CASES = [([640] * 4, 128, 1), ([16384, 777], 128, 2), ([1024 + 7 * i for i in range(200)], 128, 1),
+                     ([300, 64, 4097], 48, 2), ([1000, 70], 16, 3), ([2000 + 13 * i for i in range(40)], 64, 1)]
+
+
+@pytest.mark.parametrize("seq_lens,heads,s_q", Q_IN_DECODE_CASES)
+@pytest.mark.parametrize("layout", ["contiguous", "head_major"])
+def test_q_in_decode_gives_the_bits_of_the_q_quant_kernel(gen, monkeypatch, seq_lens, heads, s_q, layout):
+    """The 64-row kernel quantizing Q itself (`DecodePlan.q_in_decode`) computes the Q-quant kernel's bytes (the
+    spec's, tests/product/test_kernels.py) and then the same decode: out and LSE equal bit for bit to the Q-quant
+    kernel followed by the decode, on hard rows (`_hard_query_rows`: non-finite rows give NaN outputs in both), with
+    q_nope contiguous or head-major as SGLang's absorbed BMM writes it ([H, T, 512] transposed) and q_rope a slice of
+    wider rows."""
+    from sglang_snapmla import cuda_ext
+
+    if cuda_ext.unavailable_reason():
+        pytest.skip(cuda_ext.unavailable_reason())
+    p = _to(paged_problem(gen, seq_lens, heads, s_q=s_q, zero_rows=2), "cuda")
+    cache = nx.quantize_kv(p["c_kv"], p["k_rope"])
+    kv = pool_arrays(cache)
+    B, T = len(seq_lens), len(seq_lens) * s_q
+    qn = p["q_nope"].to(torch.bfloat16).view(T, heads, 512)
+    qr = p["q_rope"].to(torch.bfloat16).view(T, heads, 64)
+    _hard_query_rows(qn, qr, gen)
+    if layout == "head_major":
+        qn = qn.transpose(0, 1).contiguous().transpose(0, 1)
+    wide = torch.zeros(T, heads, 576, dtype=torch.bfloat16, device="cuda")
+    wide[..., 512:] = qr
+    qr = wide[..., 512:]
+    table, lens = p["block_table"], p["seq_lens"]
+    fused = decode_plan.plan_decode(B, s_q, heads, table.shape[1], qn.device, "cuda", q_in_decode=True)
+    assert fused.q_in_decode
+    ops.check_decode_step(table, lens, fused, kv[0].shape[0])
+    quantize_q = ops.quantize_q
+    monkeypatch.setattr(ops, "quantize_q", lambda *a: pytest.fail("the Q-quant kernel ran for a q_in_decode plan"))
+    out, lse = ops.quantize_and_decode_planned(qn, qr, *kv, table, lens, p["softmax_scale"], fused)
+    monkeypatch.setattr(ops, "quantize_q", quantize_q)
+    ref, ref_lse = ops.quantize_and_decode_planned(qn, qr, *kv, table, lens, p["softmax_scale"],
+                                                   dataclasses.replace(fused, q_in_decode=False))
+    torch.cuda.synchronize()
+    differ = (out.view(torch.int16) != ref.view(torch.int16)).any(-1)
+    assert not differ.any(), f"{int(differ.sum())} of {differ.numel()} rows differ, first {differ.nonzero()[0]}"
+    assert torch.equal(lse.view(torch.int32), ref_lse.view(torch.int32))
+    assert out.isnan().any() and not out.isnan().all()  # the non-finite rows reached the output, the others did not
 
 
 @pytest.mark.parametrize("impl", ["triton", "auto"])

@@ -6,6 +6,7 @@ the replayed forward's output is checked against the spec (Triton).
 The GPU twin (tests/product/test_gpu_graph_protocol.py) captures and replays real CUDA graphs."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -36,6 +37,11 @@ class LaunchLog:
                 log.launches.append(("cuda.decode_split", None, args, {}))
                 for t in args[8:12]:
                     t.zero_()  # defined outputs for the combine
+
+            def decode_split_q_bf16(self, *args):  # the 64-row kernel quantizing Q itself (128 heads)
+                log.launches.append(("cuda.decode_split_q_bf16", None, args, {}))
+                for t in args[7:11]:
+                    t.zero_()
 
         monkeypatch.setattr(cuda_ext, "load", lambda: StandInExtension())
 
@@ -71,10 +77,15 @@ def describe(value, static: set[int]):
 CASES = [(16, 2, 3, False), (16, 16, 3, True), (128, 1, 2, False), (128, 4, 2, True)]
 
 
-@pytest.mark.parametrize("impl", ["triton", "cuda"])
+@pytest.mark.parametrize("impl", ["triton", "cuda", "cuda_q_in_decode"])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("heads,bs,window,one_split", CASES)
 def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, bs, window, one_split, mode, impl):
+    if impl == "cuda_q_in_decode":  # SNAPMLA_Q_IN_DECODE=1: the 64-row kernel quantizes Q (128 heads)
+        if heads != 128:
+            pytest.skip("the narrow kernel's cases: the same launches as 'cuda'")
+        monkeypatch.setenv("SNAPMLA_Q_IN_DECODE", "1")
+        impl = "cuda"
     monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: impl)
     if heads == 128:  # the Q-quant in blocks of 8 heads, as at serving batches (here a few tokens reach the floor)
         monkeypatch.setattr(decode_plan, "Q_QUANT_MIN_PROGRAMS", 8)
@@ -96,7 +107,11 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
     assert names == [launch[0] for launch in replayed] and any("decode" in n for n in names)
     assert ("combine_kernel" not in names) == one_split, names
     quant_grids = [grid for name, grid, _, _ in captured if name == "quantize_q_kernel"]
-    assert quant_grids and all(g[1] == math.ceil(heads / (8 if heads == 128 else 1)) for g in quant_grids), quant_grids
+    plan = proto.backend.step_plan.decode
+    # the 64-row sm_90a kernel quantizes Q itself where asked (more than 32 query rows)
+    assert plan.q_in_decode == (os.environ.get("SNAPMLA_Q_IN_DECODE") == "1" and plan.s_q * heads > 32)
+    assert ("cuda.decode_split_q_bf16" in names) == plan.q_in_decode and bool(quant_grids) != plan.q_in_decode
+    assert all(g[1] == math.ceil(heads / (8 if heads == 128 else 1)) for g in quant_grids), quant_grids
     for (name, grid, args, kwargs), (_, grid2, args2, kwargs2) in zip(captured, replayed):
         assert grid == grid2, f"{name}: grid {grid} at capture, {grid2} at replay"
         assert kwargs == kwargs2, f"{name}: {kwargs} at capture, {kwargs2} at replay"
@@ -105,7 +120,8 @@ def test_replay_reuses_every_captured_launch_argument(gen, monkeypatch, heads, b
                 f"{name} argument {i}: {describe(a, static)} at capture, {describe(b, static)} at replay"
     for name, _, args, _ in captured:  # the step's block table and lengths: buffers refilled in place at a replay
         if "decode" in name:
-            assert None not in [describe(t, static)[-1] for t in args[6:8]], \
+            paging = args[5:7] if name == "cuda.decode_split_q_bf16" else args[6:8]
+            assert None not in [describe(t, static)[-1] for t in paging], \
                 f"{name} reads a block table or lengths made at capture: a replay would read a freed tensor"
     if impl == "triton":
         assert_close(out.float(), proto.reference(mode, q, q_rope), rel_l2=3e-2, what=f"{mode} after replay")

@@ -103,6 +103,25 @@ def test_decode_opcheck(gen, batch, s_q, splits):
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
+def test_quantize_and_decode_opcheck(gen, batch, s_q, splits):
+    pages, heads = 3, 16
+    arrays = pool(gen, pages)
+    table, lens = paging(gen, batch, pages)
+    lens = lens.clamp(min=s_q)
+    q = queries(gen, batch * s_q, heads)
+    plan = decode_plan.plan_decode(batch, s_q, heads, pages, q[0].device, num_splits=splits)
+    args = (*q, *arrays, table, lens, 0.1, s_q, plan.impl, plan.splits, plan.slots, plan.pdl, [], plan.q_in_decode)
+    before = snapshot(args[:7])
+    torch.library.opcheck(torch.ops.snapmla.quantize_and_decode.default, args, test_utils=OPCHECK)
+    assert_unchanged(before, args[:7])
+    assert written_arguments(torch.ops.snapmla.quantize_and_decode.default) == []
+    out, lse = torch.ops.snapmla.quantize_and_decode(*args)
+    want_out, want_lse = ops.quantize_and_decode(q[0].view(batch, s_q, heads, -1), q[1].view(batch, s_q, heads, -1),
+                                                 *arrays, table, lens, 0.1, num_splits=splits)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
 def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatch):
     """Append the step's new keys, fetch some rows back, Q-quant and decode: torch.compile(fullgraph=True) must trace
     it without a graph break (a plain call into `ops` breaks it: Dynamo would trace the launch code) and compute what
@@ -138,7 +157,8 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatc
         out, lse = library.decode(q8.view(batch, 1, heads, -1), q_scale.view(batch, 1, heads),
                                   q_rope.view(batch, 1, heads, -1), *arrays, table, lens, 0.1, plan,
                                   follows_q_quant=True)
-        return out, lse, *fetched
+        both = library.quantize_and_decode(*q, *arrays, table, lens, 0.1, plan)  # the backend's one call
+        return out, lse, *both, *fetched
 
     eager_in = inputs()
     eager = step(*eager_in)
@@ -147,7 +167,7 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatc
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(*compiled_in)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
-    assert launches == [(plan, True), (plan, True)], launches
+    assert launches == [(plan, True)] * 4, launches
     for a, b in zip(eager_in[0], compiled_in[0]):  # the pool writes happened in the compiled step too
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
@@ -155,7 +175,7 @@ def test_a_decode_step_compiles_to_one_graph_with_eagers_outputs(gen, monkeypatc
 def test_eager_calls_reach_ops_without_the_dispatcher(gen, monkeypatch):
     """Outside a trace each function calls `ops` directly: a custom op's dispatch costs tens of microseconds of host
     time per call, which eager prefill would pay per layer (library.py). The typed ops are replaced by failures here."""
-    for name in ("quantize_q", "decode", "append_kv", "fetch_dequant"):
+    for name in ("quantize_q", "decode", "quantize_and_decode", "append_kv", "fetch_dequant"):
         getattr(torch.ops.snapmla, name)  # resolved first, so that monkeypatch restores the real one
         monkeypatch.setattr(torch.ops.snapmla, name,
                             lambda *a, _name=name, **k: pytest.fail(f"an eager {_name} went through the dispatcher"))
@@ -170,4 +190,6 @@ def test_eager_calls_reach_ops_without_the_dispatcher(gen, monkeypatch):
     plan = decode_plan.plan_decode(batch, 1, heads, pages, torch.device("cpu"), num_splits=1, tiling=(16, 4, 1))
     out, _ = library.decode(q8.view(batch, 1, heads, -1), q_scale.view(batch, 1, heads),
                             q_rope.view(batch, 1, heads, -1), *arrays, table, lens, 0.1, plan)
+    assert out.shape == (batch, 1, heads, nx.KV_LORA_RANK)
+    out, _ = library.quantize_and_decode(*queries(gen, batch, heads), *arrays, table, lens, 0.1, plan)
     assert out.shape == (batch, 1, heads, nx.KV_LORA_RANK)

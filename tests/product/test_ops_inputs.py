@@ -207,3 +207,72 @@ def test_index_checks_refuse_a_negative_length(monkeypatch):
     decode()  # well-formed: accepted
     with pytest.raises(ops.SnapMLAInputError, match=r"seq_lens must be >= 0, got \[100, -1\]"):
         decode(lens=torch.tensor([100, -1], dtype=torch.int32, device=DEV))
+
+
+def test_the_plan_lets_the_64_row_kernel_quantize_q(monkeypatch):
+    """`DecodePlan.q_in_decode` with SNAPMLA_Q_IN_DECODE=1 wherever the sm_90a 64-row kernel runs (more than 32 query
+    rows a sequence), off by default; never for the narrow kernel or the Triton decode, and asked for there, refused
+    by name."""
+    dev = torch.device(DEV)
+    monkeypatch.setattr(decode_plan, "decode_impl", lambda requested=None: requested or "cuda")
+    assert not decode_plan.plan_decode(4, 1, 128, 8, dev).q_in_decode
+    assert decode_plan.plan_decode(4, 1, 128, 8, dev, q_in_decode=True).q_in_decode
+    monkeypatch.setenv("SNAPMLA_Q_IN_DECODE", "1")
+    assert decode_plan.plan_decode(4, 1, 128, 8, dev).q_in_decode
+    assert decode_plan.plan_decode(4, 3, 16, 8, dev).q_in_decode  # 48 rows: the 64-row kernel
+    assert not decode_plan.plan_decode(4, 2, 16, 8, dev).q_in_decode  # 32 rows: the narrow kernel
+    assert not decode_plan.plan_decode(4, 1, 128, 8, dev, "triton").q_in_decode
+    assert not decode_plan.plan_decode(4, 1, 128, 8, dev, q_in_decode=False).q_in_decode
+    for heads, want in ((16, "cuda"), (128, "triton")):
+        with pytest.raises(ops.SnapMLAInputError, match="only by the sm_90a 64-row kernel"):
+            decode_plan.plan_decode(4, 1, heads, 8, dev, want, q_in_decode=True)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "head_major", "misaligned"])
+def test_q_in_decode_hands_the_kernel_the_bf16_rows(monkeypatch, caplog, layout):
+    """With `plan.q_in_decode` the 64-row kernel gets q_nope / q_rope as they are (no Q-quant launch, their strides
+    passed on, never told it follows the Q-quant) and the block table's entries to the end of its storage (not the
+    width of the view: SGLang's width-1 capture view); rows it cannot load (a q_nope row stride that is not a
+    multiple of 16 bytes) take the Q-quant kernel and the quantized decode, logged once per layout."""
+    from sglang_snapmla import cuda_ext
+
+    seen = []
+
+    class Recorder:
+        def decode_split(self, *args):
+            seen.append(("decode_split", args))
+
+        def decode_split_q_bf16(self, *args):
+            seen.append(("decode_split_q_bf16", args))
+
+    monkeypatch.setattr(cuda_ext, "load", lambda: Recorder())
+    quantized = []
+    quantize_q = ops.quantize_q
+    monkeypatch.setattr(ops, "quantize_q", lambda *a: quantized.append(a) or quantize_q(*a))
+    heads, s_q = 48, 2
+    T = B * s_q
+    monkeypatch.setattr(ops, "_q_layouts_refused", set())
+    bf16 = lambda *shape: torch.randn(*shape).to(torch.bfloat16).to(DEV)  # noqa: E731
+    q_nope = {"contiguous": lambda: bf16(T, heads, 512),
+              "head_major": lambda: bf16(heads, T, 512).transpose(0, 1),  # SGLang's absorbed BMM output
+              "misaligned": lambda: wider(bf16(T, heads, 512), 516)}[layout]()
+    q_rope = torch.zeros(T, heads, 576, dtype=torch.bfloat16, device=DEV)[..., 512:]  # a slice, as SGLang's q_pe
+    plan = dataclasses.replace(decode_plan.plan_decode(B, s_q, heads, PAGES, torch.device(DEV), "triton", 1),
+                               impl="cuda", q_in_decode=True, pdl=True)
+    t, s = table()
+    wide = torch.zeros(B, 8, dtype=torch.int32, device=DEV)
+    wide[:, :PAGES] = t
+    for _ in range(2):
+        ops.quantize_and_decode_planned(q_nope, q_rope, *pool(), wide[:, :1], s, 0.1, plan)
+    if layout == "misaligned":
+        assert [name for name, _ in seen] == ["decode_split"] * 2 and len(quantized) == 2
+        assert seen[0][1][-1] == ops.CUDA_LAUNCH_FLAGS["kLaunchPdl"] | ops.CUDA_LAUNCH_FLAGS["kLaunchKvBeforeWait"]
+        assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+        assert "runs the Q-quant kernel first" in caplog.records[0].message
+        return
+    assert [name for name, _ in seen] == ["decode_split_q_bf16"] * 2 and not quantized
+    args = seen[0][1]
+    assert args[0] is q_nope and args[1] is q_rope
+    assert args[11:14] == (s_q * heads, heads, s_q)  # R, H, S_Q
+    assert args[-2] == B * 8  # the table's storage from its first element
+    assert args[-1] == ops.CUDA_LAUNCH_FLAGS["kLaunchPdl"]  # never kLaunchKvBeforeWait

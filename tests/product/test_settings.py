@@ -44,6 +44,7 @@ def test_every_switch_is_documented_and_every_documented_one_exists():
 READERS = {
     settings.DECODE_IMPL_ENV: (settings.requested_decode_impl, "auto", [("cuda", "cuda"), ("triton", "triton")]),
     settings.PDL_ENV: (settings.pdl_allowed, True, [("0", False), ("1", True)]),
+    settings.Q_IN_DECODE_ENV: (settings.q_in_decode_requested, False, [("1", True), ("0", False), ("yes", False)]),
     settings.CHECK_INDICES_ENV: (settings.index_checks_enabled, False, [("1", True), ("0", False), ("yes", False)]),
     settings.EXTEND_ROUTE_ENV: (settings.requested_extend_route, "auto", [("mha", "mha"), ("absorbed", "absorbed")]),
     settings.HICACHE_COPIES_ENV: (settings.requested_hicache_copies, "kernels", [("torch", "torch")]),

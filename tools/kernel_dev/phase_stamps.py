@@ -30,7 +30,7 @@ MAX_CTAS = 8192  # the device array's CTAs (h128 b256 at 16 splits: 8 192); CTAs
 # (name, what the CTA has done when the point is stamped, thread, kernel text the stamp follows)
 POINTS = [
     ("start", "entered the kernel", "t == 0",
-     "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA)\n"),
+     "  uint64_t* qfull = pempty + 2;                                // Q landed (TMA) or quantized here\n"),
     ("barriers", "initialised its mbarriers (a block barrier)", "t == 0",
      "  __syncthreads();  // the barriers are initialised before any thread uses them\n"),
     ("released", "passed griddepcontrol.wait (the Q-quant has completed)", "t == 0",
