@@ -96,16 +96,6 @@ MUTANTS = (
     _m("binding_bt_entries_unchecked", "binding: a block-table bound past the table's storage accepted",
        ("TORCH_CHECK(bt_entries >= 0 && bt_entries <=", "TORCH_CHECK(true || bt_entries <=", 1),
        file="binding.cpp"),
-    # the 64-row kernel quantizing Q itself (kQuantizeQ, SNAPMLA_Q_IN_DECODE=1)
-    _m("q_in_decode_without_sign", "Q in the decode: the quotient without x's sign bit (x = -0 quantized to +0)",
-       ("return __uint_as_float(__float_as_uint(__fmaf_rn(e, r, q)) | (__float_as_uint(x) & 0x80000000u));",
-        "return __fmaf_rn(e, r, q);", 1)),
-    _m("q_in_decode_token_of_row", "Q in the decode: every row of a sequence read from its first query token",
-       ("tok = b * S_Q + grow / H, head = grow % H;", "tok = b * S_Q, head = grow % H;", 1),
-       ("for (head += kWarps; head >= H; head -= H) ++tok;", "for (head += kWarps; head >= H; head -= H) {}", 1)),
-    _m("q_in_decode_without_floor", "Q in the decode: a row's scale not floored at 2^-20",
-       ("const float s = fmaxf(__fdiv_rn(__uint_as_float(both & 0xFFFF0000u), kFp8Max), kScaleFloor);",
-        "const float s = fmaxf(__fdiv_rn(__uint_as_float(both & 0xFFFF0000u), kFp8Max), 0x1p-126f);", 1)),
 )
 BY_NAME = {m.name: m for m in MUTANTS}
 
