@@ -27,6 +27,14 @@ CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
 CUDA_NARROW_MAX_ROWS = 32
 
 
+def q_rows_fit_the_kernel(q_nope: torch.Tensor, q_rope: torch.Tensor) -> bool:
+    """Whether the 64-row kernel can read these bf16 Q rows itself: 16-byte loads of q_nope's rows and 4-byte loads
+    of q_rope's pairs, i.e. 16-byte aligned q_nope rows (pointer and strides) and 4-byte aligned q_rope rows."""
+    return (q_nope.data_ptr() % 16 == 0 and q_nope.stride(0) % 8 == 0 and q_nope.stride(1) % 8 == 0
+            and q_rope.data_ptr() % 4 == 0 and q_rope.stride(0) % 2 == 0 and q_rope.stride(1) % 2 == 0
+            and q_nope.stride(2) == 1 and q_rope.stride(2) == 1)
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(device_index: int) -> int:
     if not torch.cuda.is_available():

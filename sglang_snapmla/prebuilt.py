@@ -25,7 +25,7 @@ import torch
 
 from . import numerics as nx
 from .cuda_sources import CODEGEN_FLAGS, SOURCE_DIR as CUDA_DIR
-from .decode_plan import PARTIAL_MIN_SLOTS
+from .decode_plan import PARTIAL_MIN_SLOTS, q_rows_fit_the_kernel
 
 log = logging.getLogger(__name__)
 LIBRARY = CUDA_DIR / "prebuilt" / "libsnapmla_decode_sm90.so"
@@ -119,8 +119,7 @@ def split_params_q_bf16(q_nope, q_pe, kv_content, kv_scale, kv_rope, block_table
             and S_Q > 0 and q_nope.shape[0] % S_Q == 0):
         raise RuntimeError("snapmla sm90 decode: q_nope [B x s_q, H, 512] and q_pe [B x s_q, H, 64] bf16 on CUDA, "
                            "last dim contiguous")
-    if not (q_nope.data_ptr() % 16 == 0 and q_nope.stride(0) % 8 == 0 and q_nope.stride(1) % 8 == 0
-            and q_pe.data_ptr() % 4 == 0 and q_pe.stride(0) % 2 == 0 and q_pe.stride(1) % 2 == 0):
+    if not q_rows_fit_the_kernel(q_nope, q_pe):
         raise RuntimeError("snapmla sm90 decode: q_nope rows must be 16-byte aligned and q_pe rows 4-byte aligned")
     p = _common_params(kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part, out, lse_out,
                        q_nope.shape[0] // S_Q, R, H, S_Q, qk_scale_log2, num_splits, bt_entries, launch_flags)

@@ -84,14 +84,24 @@ def test_append_kv_opcheck_declares_what_it_writes(gen):
         assert torch.equal(bits(got[loc]), bits(want))
 
 
-@pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
-def test_decode_opcheck(gen, batch, s_q, splits):
-    pages, heads = 3, 16
+HEADS = 16
+
+
+def decode_problem(gen, batch: int, s_q: int, splits: int, pages: int = 3):
+    """A small paged decode problem: bf16 queries [batch * s_q, 16, 512] / [.., 64], the pool of `pages` pages, a
+    block table and lengths of at least s_q, and the plan with `splits` splits."""
     arrays = pool(gen, pages)
     table, lens = paging(gen, batch, pages)
-    lens = lens.clamp(min=s_q)
-    q8, q_scale, q_rope = ops.quantize_q(*queries(gen, batch * s_q, heads))
-    plan = decode_plan.plan_decode(batch, s_q, heads, pages, q8.device, num_splits=splits)
+    q = queries(gen, batch * s_q, HEADS)
+    plan = decode_plan.plan_decode(batch, s_q, HEADS, pages, q[0].device, num_splits=splits)
+    return q, arrays, table, lens.clamp(min=s_q), plan
+
+
+@pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
+def test_decode_opcheck(gen, batch, s_q, splits):
+    q, arrays, table, lens, plan = decode_problem(gen, batch, s_q, splits)
+    heads = HEADS
+    q8, q_scale, q_rope = ops.quantize_q(*q)
     args = (q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads), q_rope.view(batch, s_q, heads, -1),
             *arrays, table, lens, 0.1, plan.impl, plan.splits, plan.slots, plan.pdl, [], False)
     before = snapshot(args[:8])
@@ -105,12 +115,8 @@ def test_decode_opcheck(gen, batch, s_q, splits):
 
 @pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
 def test_quantize_and_decode_opcheck(gen, batch, s_q, splits):
-    pages, heads = 3, 16
-    arrays = pool(gen, pages)
-    table, lens = paging(gen, batch, pages)
-    lens = lens.clamp(min=s_q)
-    q = queries(gen, batch * s_q, heads)
-    plan = decode_plan.plan_decode(batch, s_q, heads, pages, q[0].device, num_splits=splits)
+    q, arrays, table, lens, plan = decode_problem(gen, batch, s_q, splits)
+    heads = HEADS
     args = (*q, *arrays, table, lens, 0.1, s_q, plan.impl, plan.splits, plan.slots, plan.pdl, [], plan.q_in_decode)
     before = snapshot(args[:7])
     torch.library.opcheck(torch.ops.snapmla.quantize_and_decode.default, args, test_utils=OPCHECK)
