@@ -47,12 +47,9 @@ ROW_CHUNK = 4096  # rows (or experts) quantized at once: bounds the float32 temp
 
 
 def requested() -> bool:
-    """Whether this process asks for deployment-like dummy weights; any value but the two named is refused."""
-    value = requested_dummy_weights()
-    if value not in ("sglang", "deployment"):
-        raise ValueError(f"{DUMMY_WEIGHTS_ENV}={value!r}: set it to 'deployment' (block-FP8 dummy weights as a "
-                         "deployment's, docs/DEPLOY.md) or 'sglang' (SGLang's own draw), or unset it")
-    return value == "deployment"
+    """Whether this process asks for deployment-like dummy weights (block-FP8 weights drawn as a deployment's,
+    docs/DEPLOY.md) rather than SGLang's own draw; any other value is refused (`settings.read`)."""
+    return requested_dummy_weights() == "deployment"
 
 
 def fan_in_bound(weight: torch.Tensor) -> float:

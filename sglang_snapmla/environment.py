@@ -104,9 +104,16 @@ def report() -> tuple[list[str], int]:
         lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}, sm_{major}{minor}")
     if gpus == 0:
         lines.append("GPU: none")
-    decode = decode_choice()
+    try:
+        settings.check_switches()
+    except ValueError as e:
+        problems.append(str(e))
+    try:
+        decode = decode_choice()
+    except ValueError as e:  # SNAPMLA_DECODE_IMPL's own value, among the problems already
+        decode = Decode("none", str(e))
     lines.append(f"decode: {decode.kind} ({decode.why})")
-    if decode.kind == "none":
+    if decode.kind == "none" and decode.why not in problems:
         problems.append(decode.why)
     lines.append("compile caches (keep them on a persistent volume in containers):")
     for what, var, folder in cache_folders():  # FlashInfer's variable names the folder above its .cache/flashinfer

@@ -38,7 +38,6 @@ from .settings import requested_extend_route
 
 logger = logging.getLogger(__name__)
 
-EXTEND_ROUTES = ("auto", "mha", "absorbed")
 # A request joins the current launch while its new span fills at least this share of the launch's longest one:
 # padding stays under 1 / 0.75 - 1 = 33 % of a launch's query rows.
 LAUNCH_FILL = 0.75
@@ -119,8 +118,6 @@ def prefers_absorbed(prefix_lens: list[int] | None, extend_lens: list[int] | Non
     without a cached prefix or above ABSORBED_MAX_ROWS, else the cheaper route under ROUTE_COSTS (or the route
     SNAPMLA_EXTEND_ROUTE pins)."""
     route = requested_extend_route()
-    if route not in EXTEND_ROUTES:
-        raise ValueError(f"SNAPMLA_EXTEND_ROUTE must be one of {EXTEND_ROUTES}, got {route!r}")
     if route == "mha" or not prefix_lens or not extend_lens or not any(prefix_lens):
         return False
     groups = group_requests(extend_lens)

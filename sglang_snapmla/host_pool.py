@@ -179,10 +179,7 @@ class SnapMLATokenToKVPoolHost(MLATokenToKVPoolHost):
         and move records as the torch copies do (checked once on two records of the host buffer, restored
         afterwards), else "torch" (SNAPMLA_HICACHE_COPIES=torch, or a failed check, whose reason is logged once)."""
         device = self.device_pool.kv_buffer[0].device
-        requested = requested_hicache_copies()
-        if requested not in ("torch", "kernels"):
-            raise ValueError(f"{HICACHE_COPIES_ENV}={requested}: use kernels (the default) or torch")
-        if requested == "torch":
+        if requested_hicache_copies() == "torch":
             return "torch"
         if device.type != "cuda" and not interpreter_mode():
             return _fall_back("the device pool is not on a GPU")

@@ -46,7 +46,7 @@ import torch
 
 from . import dummy_weights, extend
 from . import sglang_release as release
-from . import server_policy
+from . import server_policy, settings
 from .server_policy import (BACKEND, SERVER_ARGS_STEPS, check_integration, integration_failure, is_selected,
                             print_config_errors_as_one_line)
 
@@ -77,8 +77,8 @@ def register() -> None:
     handlers.AttentionBackendRegistry.register(BACKEND, _dispatch_attention_method)
     hooks = {**sglang_hooks(HookType), **release.server_args_hooks(SERVER_ARGS_STEPS, HookType)}
     try:
-        dummy_weights.requested()
-    except ValueError as e:  # SGLang's plugin loader would log it and serve SGLang's draw
+        settings.check_switches()
+    except ValueError as e:  # SGLang's plugin loader would log it and serve without what the switch asked for
         raise SystemExit(f"sglang-snapmla: {e}") from e
     before = {target: resolve(target) for target in hooks}
     for target, (fn, kind) in hooks.items():

@@ -30,32 +30,66 @@ def interpreter_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+# each switch's values, its default first (docs/DEPLOY.md, "Environment variables"); unset or empty is the default
+VALUES = {
+    DECODE_IMPL_ENV: ("auto", "cuda", "triton"),
+    PDL_ENV: ("1", "0"),
+    Q_IN_DECODE_ENV: ("0", "1"),
+    CHECK_INDICES_ENV: ("0", "1"),
+    EXTEND_ROUTE_ENV: ("auto", "mha", "absorbed"),
+    HICACHE_COPIES_ENV: ("kernels", "torch"),
+    FLASHMLA_SCHEDULE_ENV: ("0", "1"),
+    DUMMY_WEIGHTS_ENV: ("sglang", "deployment"),
+}
+
+
+def read(name: str) -> str:
+    """A switch's value, one of VALUES[name]. Any other value is refused with the values it takes: read as the
+    default, a typo (`SNAPMLA_CHECK_INDICES=true`, `SNAPMLA_PDL=off`) would leave a server silently without what it
+    asked for."""
+    values = VALUES[name]
+    value = os.environ.get(name, "")
+    if value == "":
+        return values[0]
+    if value not in values:
+        raise ValueError(f"{name}={value!r}: set it to {' or '.join(map(repr, values))} ({values[0]!r} is the "
+                         "default; docs/DEPLOY.md, \"Environment variables\"), or unset it")
+    return value
+
+
+def check_switches() -> None:
+    """Reads every switch once, so that an unknown value stops a process where it starts (the plugin calls this
+    when SGLang loads it) rather than at the first step that reads it."""
+    for name in VALUES:
+        read(name)
+
+
 def requested_decode_impl() -> str:
-    return os.environ.get(DECODE_IMPL_ENV, "auto")
+    return read(DECODE_IMPL_ENV)
 
 
 def pdl_allowed() -> bool:
-    return os.environ.get(PDL_ENV, "1") != "0"
+    return read(PDL_ENV) == "1"
 
 
 def q_in_decode_requested() -> bool:
-    return os.environ.get(Q_IN_DECODE_ENV, "0") == "1"
+    return read(Q_IN_DECODE_ENV) == "1"
 
 
 def requested_extend_route() -> str:
-    return os.environ.get(EXTEND_ROUTE_ENV, "auto")
+    return read(EXTEND_ROUTE_ENV)
 
 
 def index_checks_enabled() -> bool:
-    return os.environ.get(CHECK_INDICES_ENV, "0") == "1"
+    return read(CHECK_INDICES_ENV) == "1"
 
 
 def requested_hicache_copies() -> str:
-    return os.environ.get(HICACHE_COPIES_ENV, "kernels")
+    return read(HICACHE_COPIES_ENV)
 
 
 def flashmla_schedule_computed() -> bool:
-    return os.environ.get(FLASHMLA_SCHEDULE_ENV, "0") == "1"
+    return read(FLASHMLA_SCHEDULE_ENV) == "1"
 
 
 def cuda_source_dir() -> str | None:
@@ -63,4 +97,4 @@ def cuda_source_dir() -> str | None:
 
 
 def requested_dummy_weights() -> str:
-    return os.environ.get(DUMMY_WEIGHTS_ENV, "sglang")
+    return read(DUMMY_WEIGHTS_ENV)

@@ -11,6 +11,7 @@ from torch import nn
 
 from sglang_snapmla import block_fp8, dummy_weights
 from sglang_snapmla.dummy_weights import DUMMY_WEIGHTS_ENV
+from sglang_snapmla.settings import CHECK_INDICES_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 FP8_CONFIGS = ["deepseek-v3-fp8-tp8", "deepseek-v3-fp8-dp-attention", "kimi-k2-fp8-tp8", "kimi-k2-fp8-dp-attention"]
@@ -332,9 +333,11 @@ def test_an_unknown_switch_value_is_refused(monkeypatch):
         dummy_weights.requested()
 
 
-def test_an_unknown_switch_value_stops_a_server_command_when_the_plugin_loads():
-    """SGLang's plugin loader logs a plugin's exception and goes on, which would serve SGLang's own dummy draw: the
-    plugin stops the command instead, with one line (any backend: the switch is the process's)."""
+@pytest.mark.parametrize("switch,value", [(DUMMY_WEIGHTS_ENV, "real"), (CHECK_INDICES_ENV, "true")])
+def test_an_unknown_switch_value_stops_a_server_command_when_the_plugin_loads(switch, value):
+    """SGLang's plugin loader logs a plugin's exception and goes on, which would serve SGLang's own dummy draw (or
+    without the index checks asked for): the plugin stops the command instead, with one line (any backend: the
+    switches are the process's)."""
     import os
     import subprocess
     import sys
@@ -342,9 +345,9 @@ def test_an_unknown_switch_value_stops_a_server_command_when_the_plugin_loads():
     argv = ["--model-path", str(ROOT / "configs/models/deepseek-v2-lite-shape"), "--load-format", "dummy",
             "--attention-backend", "triton", "--device", "cpu"]
     res = subprocess.run([sys.executable, "-m", "sglang.launch_server", *argv], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, DUMMY_WEIGHTS_ENV: "real"})
+                         timeout=300, env={**os.environ, switch: value})
     last = res.stderr.strip().splitlines()[-1]
-    assert res.returncode != 0 and last.startswith(f"sglang-snapmla: {DUMMY_WEIGHTS_ENV}='real': set it to"), \
+    assert res.returncode != 0 and last.startswith(f"sglang-snapmla: {switch}={value!r}: set it to"), \
         res.stderr[-2000:]
 
 

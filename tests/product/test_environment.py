@@ -137,3 +137,13 @@ def test_no_sglang_installed_is_a_reason_not_to_serve(monkeypatch):
     lines, status = environment.report()
     assert status == 1 and "SGLang: not installed" in lines
     assert f"cannot serve here: SGLang is not installed: {sglang_release.install_fix()}" in lines
+
+
+@pytest.mark.parametrize("switch,value", [("SNAPMLA_DECODE_IMPL", "sm90"), ("SNAPMLA_PDL", "off")])
+def test_a_switch_set_to_a_value_it_does_not_take_is_a_reason_not_to_serve(monkeypatch, switch, value):
+    """The report names it once, with the values it takes, and exits non-zero (a decode switch included: the
+    report then has no decode to name)."""
+    monkeypatch.setenv(switch, value)
+    lines, status = environment.report()
+    refusals = [ln for ln in lines if ln.startswith(f"cannot serve here: {switch}={value!r}: set it to")]
+    assert status == 1 and len(refusals) == 1, lines

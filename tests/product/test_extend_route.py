@@ -136,7 +136,7 @@ def test_row_cap_and_pins(monkeypatch):
     assert extend.prefers_absorbed([16384], [8192], 16)
     assert not extend.prefers_absorbed([0], [8192], 16), "without a prefix even the pin keeps MHA"
     monkeypatch.setenv("SNAPMLA_EXTEND_ROUTE", "fast")
-    with pytest.raises(ValueError, match="SNAPMLA_EXTEND_ROUTE must be one of"):
+    with pytest.raises(ValueError, match="SNAPMLA_EXTEND_ROUTE='fast': set it to 'auto' or 'mha' or 'absorbed'"):
         extend.prefers_absorbed([16], [16], 16)
 
 

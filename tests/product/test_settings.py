@@ -5,6 +5,8 @@ development one in docs/DEVELOPING.md -- and every variable the table lists is o
 import re
 from pathlib import Path
 
+import pytest
+
 from helpers import doc_sections, doc_tables
 from sglang_snapmla import settings
 
@@ -43,9 +45,9 @@ def test_every_switch_is_documented_and_every_documented_one_exists():
 # each switch's reader: unset -> the default the DEPLOY table names, then what values it takes
 READERS = {
     settings.DECODE_IMPL_ENV: (settings.requested_decode_impl, "auto", [("cuda", "cuda"), ("triton", "triton")]),
-    settings.PDL_ENV: (settings.pdl_allowed, True, [("0", False), ("1", True)]),
-    settings.Q_IN_DECODE_ENV: (settings.q_in_decode_requested, False, [("1", True), ("0", False), ("yes", False)]),
-    settings.CHECK_INDICES_ENV: (settings.index_checks_enabled, False, [("1", True), ("0", False), ("yes", False)]),
+    settings.PDL_ENV: (settings.pdl_allowed, True, [("0", False), ("1", True), ("", True)]),
+    settings.Q_IN_DECODE_ENV: (settings.q_in_decode_requested, False, [("1", True), ("0", False), ("", False)]),
+    settings.CHECK_INDICES_ENV: (settings.index_checks_enabled, False, [("1", True), ("0", False), ("", False)]),
     settings.EXTEND_ROUTE_ENV: (settings.requested_extend_route, "auto", [("mha", "mha"), ("absorbed", "absorbed")]),
     settings.HICACHE_COPIES_ENV: (settings.requested_hicache_copies, "kernels", [("torch", "torch")]),
     settings.FLASHMLA_SCHEDULE_ENV: (settings.flashmla_schedule_computed, False, [("1", True), ("0", False)]),
@@ -56,7 +58,7 @@ READERS = {
 
 def test_each_switch_reads_as_the_docs_say(monkeypatch):
     """Unset, each reader gives the default the docs name (the table's "(default" value, or the opt-in's off state);
-    set, the value it was given (an opt-in only by the documented `1`). A switch read at its use sees a value set
+    set, the value it was given, set empty the default. A switch read at its use sees a value set
     after the import; Triton's own TRITON_INTERPRET is read the same way."""
     assert set(READERS) == switches()
     rows = {r["variable"].strip("`"): r["effect"] for r in
@@ -76,3 +78,27 @@ def test_each_switch_reads_as_the_docs_say(monkeypatch):
     assert settings.interpreter_mode()
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not settings.interpreter_mode()
+
+
+# values a serving engineer might type for a switch that takes others
+TYPOS = ["true", "yes", "on", "off", "false", "TRITON", "Cuda", " 1", "kernel", "real", "2"]
+
+
+def test_every_switch_refuses_a_value_it_does_not_take(monkeypatch):
+    """A value outside a switch's documented ones is an error naming the switch, the value and the values it takes:
+    read as the default, `SNAPMLA_CHECK_INDICES=true` would serve with no index checks and `SNAPMLA_PDL=off` with
+    PDL on, silently. Only the development switch SNAPMLA_CUDA_SOURCE_DIR takes any value (a folder)."""
+    assert set(settings.VALUES) == switches() - {settings.CUDA_SOURCE_DIR_ENV}
+    for var, (reader, _, _) in READERS.items():
+        if var == settings.CUDA_SOURCE_DIR_ENV:
+            continue
+        for typo in (t for t in TYPOS if t not in settings.VALUES[var]):
+            monkeypatch.setenv(var, typo)
+            with pytest.raises(ValueError) as e:
+                reader()
+            assert str(e.value).startswith(f"{var}={typo!r}: set it to ") and all(
+                repr(v) in str(e.value) for v in settings.VALUES[var]), str(e.value)
+            with pytest.raises(ValueError, match=var):
+                settings.check_switches()
+        monkeypatch.delenv(var)
+    settings.check_switches()
