@@ -15,12 +15,13 @@ import torch
 
 from .errors import SnapMLAInputError
 from .layout import KV_LORA_RANK, PAGE_SIZE
-from .settings import interpreter_mode, pdl_allowed, q_in_decode_requested, requested_decode_impl
+from .settings import (DECODE_IMPL_ENV, VALUES, interpreter_mode, pdl_allowed, q_in_decode_requested,
+                       requested_decode_impl)
 
 MAX_SPLITS = 64
 # Decode implementation: "auto" (default: the sm_90a CUDA kernel where it builds and runs, else Triton, the reason
 # logged once), "cuda" (an error if the CUDA kernel is unavailable) or "triton".
-DECODE_IMPLS = ("triton", "cuda", "auto")
+DECODE_IMPLS = VALUES[DECODE_IMPL_ENV]
 CUDA_ROWS = 64  # the sm_90a kernel's row tile (one WGMMA M)
 # the most query rows per sequence the sm_90a narrow kernel takes (snapmla_decode_sm90.cu, narrow_rows); more run on
 # the 64-row kernel, which can quantize Q itself

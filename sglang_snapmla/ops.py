@@ -274,8 +274,9 @@ def launch_cuda_decode(q8, q_scale, q_rope, kv_content, kv_scale, kv_rope, block
 def launch_cuda_decode_q_bf16(q_nope, q_rope, kv_content, kv_scale, kv_rope, block_table, seq_lens, o_part, lse_part,
                               out, lse, softmax_scale: float, splits: int, s_q: int, pdl: bool = False):
     """`launch_cuda_decode` from bf16 Q, which the 64-row kernel quantizes itself: q_nope [B * s_q, H, 512], q_rope
-    [B * s_q, H, 64] (any strides on the first two dims, last dim contiguous; rows as `decode_plan.q_rows_fit_the_kernel` says),
-    s_q * H > 32. Never behind the Q-quant (no kv_before_wait): the kernel before it may be one that writes the pool."""
+    [B * s_q, H, 64] (any strides on the first two dims, last dim contiguous; rows as
+    `decode_plan.q_rows_fit_the_kernel` says), s_q * H > 32. Never behind the Q-quant (no kv_before_wait): the kernel
+    before it may be one that writes the pool."""
     from . import cuda_ext
 
     H = q_nope.shape[1]
@@ -423,8 +424,8 @@ def quantize_and_decode_planned(q_nope: torch.Tensor, q_rope: torch.Tensor, kv_c
     """Q-quant + decode chain of a checked step from bf16 Q, no checks here: q_nope [B * s_q, H, 512], q_rope
     [B * s_q, H, 64] bf16 (any strides on the first two dims; the last one contiguous), the rest as `decode_planned`.
     With `plan.q_in_decode` the 64-row sm_90a kernel quantizes Q itself (one launch fewer, and Q's quantized copy
-    never goes through DRAM); Q rows it cannot load (`decode_plan.q_rows_fit_the_kernel`: misaligned) take the Q-quant kernel
-    instead, logged once per layout. Otherwise `quantize_q`, then `decode_planned` behind it."""
+    never goes through DRAM); Q rows it cannot load (`decode_plan.q_rows_fit_the_kernel`: misaligned) take the
+    Q-quant kernel instead, logged once per layout. Otherwise `quantize_q`, then `decode_planned` behind it."""
     if plan.q_in_decode:
         if decode_plan.q_rows_fit_the_kernel(q_nope, q_rope):
             def launch(o_part, lse_part, out, lse):

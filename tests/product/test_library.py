@@ -100,9 +100,8 @@ def decode_problem(gen, batch: int, s_q: int, splits: int, pages: int = 3):
 @pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
 def test_decode_opcheck(gen, batch, s_q, splits):
     q, arrays, table, lens, plan = decode_problem(gen, batch, s_q, splits)
-    heads = HEADS
     q8, q_scale, q_rope = ops.quantize_q(*q)
-    args = (q8.view(batch, s_q, heads, -1), q_scale.view(batch, s_q, heads), q_rope.view(batch, s_q, heads, -1),
+    args = (q8.view(batch, s_q, HEADS, -1), q_scale.view(batch, s_q, HEADS), q_rope.view(batch, s_q, HEADS, -1),
             *arrays, table, lens, 0.1, plan.impl, plan.splits, plan.slots, plan.pdl, [], False)
     before = snapshot(args[:8])
     torch.library.opcheck(torch.ops.snapmla.decode.default, args, test_utils=OPCHECK)
@@ -116,14 +115,13 @@ def test_decode_opcheck(gen, batch, s_q, splits):
 @pytest.mark.parametrize("batch,s_q,splits", [(2, 1, 1), (3, 2, 3)])
 def test_quantize_and_decode_opcheck(gen, batch, s_q, splits):
     q, arrays, table, lens, plan = decode_problem(gen, batch, s_q, splits)
-    heads = HEADS
     args = (*q, *arrays, table, lens, 0.1, s_q, plan.impl, plan.splits, plan.slots, plan.pdl, [], plan.q_in_decode)
     before = snapshot(args[:7])
     torch.library.opcheck(torch.ops.snapmla.quantize_and_decode.default, args, test_utils=OPCHECK)
     assert_unchanged(before, args[:7])
     assert written_arguments(torch.ops.snapmla.quantize_and_decode.default) == []
     out, lse = torch.ops.snapmla.quantize_and_decode(*args)
-    want_out, want_lse = ops.quantize_and_decode(q[0].view(batch, s_q, heads, -1), q[1].view(batch, s_q, heads, -1),
+    want_out, want_lse = ops.quantize_and_decode(q[0].view(batch, s_q, HEADS, -1), q[1].view(batch, s_q, HEADS, -1),
                                                  *arrays, table, lens, 0.1, num_splits=splits)
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
 
